@@ -1,0 +1,228 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// State is the state of a row in the outbox table.
+type State string
+
+// The states of an outbox row.
+const (
+	StatePending State = "pending" // waiting to be published
+	StateSent    State = "sent"    // acknowledged by the broker, kept for the retention period
+	StateDead    State = "dead"    // failed by itself too often; kept until requeued or purged
+)
+
+// Stats describes what is in the outbox.
+type Stats struct {
+	Pending       int64     // messages waiting to be published
+	PendingBytes  int64     // their payload bytes
+	OldestPending time.Time // creation time of the oldest pending message; zero if none
+	Dead          int64     // dead messages
+	Sent          int64     // sent messages still within retention
+	// MaxPendingMessages and MaxPendingBytes are the stored limits; 0 means none.
+	MaxPendingMessages int64
+	MaxPendingBytes    int64
+	SchemaVersion      int
+	LeaseOwner         string    // relay holding the lease; empty if none
+	LeaseExpires       time.Time // by the holder's clock at its last renewal
+}
+
+// Stats reads the outbox's counters. It is cheap except for Sent, which
+// counts an index.
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
+	return readStats(ctx, o.db)
+}
+
+func readStats(ctx context.Context, q querier) (Stats, error) {
+	var s Stats
+	err := q.QueryRowContext(ctx, `SELECT pending_count, pending_bytes, max_pending_count, max_pending_bytes,
+		(SELECT count(*) FROM outbox WHERE state = 'dead'),
+		(SELECT count(*) FROM outbox WHERE state = 'sent'),
+		(SELECT created_at FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT 1),
+		(SELECT coalesce(max(version), 0) FROM outbox_schema),
+		coalesce((SELECT owner FROM outbox_lease WHERE name = 'relay'), ''),
+		coalesce((SELECT expires_at FROM outbox_lease WHERE name = 'relay'), 0)
+		FROM outbox_counters WHERE id = 1`).Scan(
+		&s.Pending, &s.PendingBytes, &s.MaxPendingMessages, &s.MaxPendingBytes,
+		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, millis{&s.LeaseExpires})
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	return s, nil
+}
+
+// Record is one row of the outbox table.
+type Record struct {
+	Seq         int64
+	ID          string
+	Topic       string
+	Type        string
+	ContentType string
+	Size        int    // payload bytes
+	Payload     []byte // only when ListOptions.WithPayload
+	State       State
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	SentAt      time.Time // zero unless sent
+	DeadAt      time.Time // zero unless dead
+}
+
+// ListOptions selects rows for List.
+type ListOptions struct {
+	State       State // empty means pending
+	AfterSeq    int64 // rows with a larger sequence number only, for paging
+	Limit       int   // zero means 100
+	WithPayload bool  // payloads are left out unless asked for
+}
+
+// List returns outbox rows in sequence order.
+func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
+	state := opts.State
+	if state == "" {
+		state = StatePending
+	}
+	if state != StatePending && state != StateSent && state != StateDead {
+		return nil, fmt.Errorf("outbox: list: unknown state %q", state)
+	}
+	limit := opts.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	payload := `NULL`
+	if opts.WithPayload {
+		payload = `payload`
+	}
+	// The state is spliced in as a literal (it was checked above) so that
+	// SQLite can use the partial index for it.
+	rows, err := o.db.QueryContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)), `+payload+`,
+		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
+		FROM outbox WHERE state = '`+string(state)+`' AND seq > ? ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list: %w", err)
+	}
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		r := Record{State: state}
+		if err := rows.Scan(&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size, &r.Payload,
+			&r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt}); err != nil {
+			return nil, fmt.Errorf("outbox: list: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: list: %w", err)
+	}
+	return out, nil
+}
+
+// Requeue makes the dead messages with the given ids pending again, with
+// their attempts reset, and wakes the relay. A requeued message keeps its
+// sequence number and is published before newer ones still pending when the
+// relay next starts a pass over the queue. It returns how many were requeued.
+func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var total int64
+	for start := 0; start < len(ids); start += 500 {
+		chunk := ids[start:min(start+500, len(ids))]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		res, err := o.db.ExecContext(ctx, `UPDATE outbox SET state = 'pending', attempts = 0, last_error = NULL, dead_at = NULL
+			WHERE state = 'dead' AND id IN (`+placeholders(len(chunk))+`)`, args...)
+		if err != nil {
+			return total, fmt.Errorf("outbox: requeue: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+	}
+	o.wake.notify()
+	return total, nil
+}
+
+// RequeueDead makes every dead message pending again; see Requeue.
+func (o *Outbox) RequeueDead(ctx context.Context) (int64, error) {
+	res, err := o.db.ExecContext(ctx, `UPDATE outbox SET state = 'pending', attempts = 0, last_error = NULL, dead_at = NULL WHERE state = 'dead'`)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeue: %w", err)
+	}
+	o.wake.notify()
+	return res.RowsAffected()
+}
+
+// PurgeDead deletes every dead message and returns how many.
+func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
+	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'dead' LIMIT ?)`, purgeBatch)
+}
+
+// PurgeSent deletes sent messages acknowledged before the given time and
+// returns how many. The relay does this by itself for its retention period.
+func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error) {
+	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'sent' AND sent_at < ? LIMIT ?)`, before.UnixMilli(), purgeBatch)
+}
+
+// purgeBatch bounds each DELETE so that no purge holds the write lock for
+// long: writers wait at most one batch.
+const purgeBatch = 1000
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// purgeBatches runs a bounded DELETE until it deletes nothing.
+func purgeBatches(ctx context.Context, db execer, query string, args ...any) (int64, error) {
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return total, fmt.Errorf("outbox: purge: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n == 0 || ctx.Err() != nil {
+			return total, ctx.Err()
+		}
+	}
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
+}
+
+// millis scans Unix milliseconds into a time.Time.
+type millis struct{ t *time.Time }
+
+func (m millis) Scan(v any) error {
+	n, ok := v.(int64)
+	if !ok {
+		return fmt.Errorf("expected integer milliseconds, got %T", v)
+	}
+	*m.t = time.UnixMilli(n)
+	return nil
+}
+
+// nullMillis is millis that leaves a NULL as the zero time.
+type nullMillis struct{ t *time.Time }
+
+func (m nullMillis) Scan(v any) error {
+	if v == nil {
+		*m.t = time.Time{}
+		return nil
+	}
+	return millis(m).Scan(v)
+}

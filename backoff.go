@@ -1,0 +1,56 @@
+package outbox
+
+import (
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Backoff is an exponential backoff with jitter that never gives up: each
+// wait is Initial × Multiplier^n, capped at Max, then spread by ±Jitter
+// (a fraction) so that a fleet of devices does not reconnect in lockstep.
+// The zero value uses the defaults given on each field.
+type Backoff struct {
+	Initial    time.Duration // first wait; default 500 ms
+	Max        time.Duration // cap on one wait; default 30 s
+	Multiplier float64       // default 2
+	Jitter     float64       // 0..1; default 0.5. Negative means none.
+}
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial <= 0 {
+		b.Initial = 500 * time.Millisecond
+	}
+	if b.Max <= 0 {
+		b.Max = 30 * time.Second
+	}
+	if b.Max < b.Initial {
+		b.Max = b.Initial
+	}
+	if b.Multiplier < 1 {
+		b.Multiplier = 2
+	}
+	switch {
+	case b.Jitter < 0:
+		b.Jitter = 0
+	case b.Jitter == 0:
+		b.Jitter = 0.5
+	case b.Jitter > 1:
+		b.Jitter = 1
+	}
+	return b
+}
+
+// newBackOff returns a fresh sequence of waits for this policy. The elapsed
+// time limit is off: an outage of any length is waited out.
+func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
+	b = b.withDefaults()
+	eb := backoff.NewExponentialBackOff()
+	eb.InitialInterval = b.Initial
+	eb.MaxInterval = b.Max
+	eb.Multiplier = b.Multiplier
+	eb.RandomizationFactor = b.Jitter
+	eb.MaxElapsedTime = 0
+	eb.Reset()
+	return eb
+}

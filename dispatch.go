@@ -1,0 +1,588 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// How the relay tells a message's own failure from an outage
+// ("the isolation rule"):
+//
+//   - Connection refused, timeouts, a lost connection or a missing
+//     acknowledgement never count against the messages in flight. The relay
+//     remembers the first message that was in flight (the suspect) and, on
+//     the next connection, sends it alone before opening the window again.
+//   - If that connection is lost too while the suspect is alone in flight —
+//     it was written to a fresh connection and no acknowledgement came back —
+//     the suspect is charged one attempt. This is how MQTT 3.1.1 brokers
+//     refuse a publish (they close the connection), so a message that a
+//     broker keeps refusing is parked as dead after MaxAttempts, while a
+//     broker that is merely down never sees the message and never charges it.
+//   - A Publisher error wrapping ErrRejected charges the message at once.
+//   - A message that cannot be encoded (a bad topic written by plain SQL, or
+//     too large for MQTT) can never succeed and is parked as dead at once.
+//
+// A message that keeps failing holds back the ones after it until it is
+// dead, so order holds for everything that is delivered.
+
+const (
+	// maxBatchBytes bounds the payload bytes read per batch, so a backlog of
+	// large messages never sits in memory at once.
+	maxBatchBytes = 4 << 20
+	// maxMarkBatch bounds the rows marked sent in one statement.
+	maxMarkBatch = 512
+)
+
+var (
+	errNoAck          = errors.New("no acknowledgement within the ack timeout")
+	errConnectionLost = errors.New("connection lost")
+)
+
+// connectionLoser is implemented by publishers that can tell when their
+// connection drops while idle (MQTTPublisher does), so the relay reconnects
+// before the next message is due rather than when it fails.
+type connectionLoser interface {
+	ConnectionLost() <-chan struct{}
+}
+
+// flight is a publish awaiting its acknowledgement.
+type flight struct {
+	seq   int64
+	tok   Token
+	sent  time.Time
+	probe bool
+}
+
+// failure is the first thing that went wrong in a session.
+type failure struct {
+	seq      int64
+	err      error
+	probe    bool
+	rejected bool // the publisher blamed the message
+	notSent  bool // the message never left: there was no connection
+}
+
+type session struct {
+	r    *Relay
+	conn *relayConn
+	l    *lease
+
+	ctx    context.Context // parent: cancelled on shutdown
+	sctx   context.Context // this connection: cancelled on failure too
+	cancel context.CancelCauseFunc
+
+	flights chan flight
+	slots   chan struct{}
+	marks   chan int64
+	probeOK chan struct{}
+
+	outstanding atomic.Int64 // dispatched, not yet marked or given up
+	progress    atomic.Bool
+
+	mu   sync.Mutex
+	fail *failure
+}
+
+type sessionResult struct {
+	progress   bool
+	err        error         // why the connection ended; nil on shutdown
+	retryAfter time.Duration // minimum wait before reconnecting
+	fatal      error         // the relay cannot go on
+}
+
+// drain connects, runs sessions and reconnects until ctx ends.
+func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
+	bo := r.opts.Reconnect.newBackOff()
+	for ctx.Err() == nil {
+		if err := r.pub.Connect(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.setErr(err)
+			wait := bo.NextBackOff()
+			r.log.Warn("outbox relay cannot connect", "err", err, "retry_in", wait.Round(time.Millisecond))
+			if !r.sleep(ctx, wait) {
+				break
+			}
+			continue
+		}
+		r.connected.Store(true)
+		r.log.Info("outbox relay connected")
+		start := time.Now()
+		res := r.session(ctx, conn, l)
+		r.pub.Disconnect()
+		r.connected.Store(false)
+		if res.fatal != nil {
+			return res.fatal
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		// A connection that carried messages or lasted resets the backoff;
+		// one that dies at once keeps growing it.
+		if res.progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
+			bo.Reset()
+		}
+		if res.err != nil {
+			r.setErr(res.err)
+		}
+		wait := max(bo.NextBackOff(), res.retryAfter)
+		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
+		if !r.sleep(ctx, wait) {
+			break
+		}
+	}
+	r.log.Info("outbox relay stopped")
+	return nil
+}
+
+// sleep waits d, or less if ReconnectNow is called; false if ctx ended.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.kick:
+		return true
+	case <-t.C:
+		return true
+	}
+}
+
+// session publishes over one connection until it fails or ctx ends.
+func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionResult {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s := &session{
+		r: r, conn: conn, l: l,
+		ctx: ctx, sctx: sctx, cancel: cancel,
+		flights: make(chan flight, r.opts.Window),
+		slots:   make(chan struct{}, r.opts.Window),
+		marks:   make(chan int64, r.opts.Window),
+		probeOK: make(chan struct{}),
+	}
+	var wg sync.WaitGroup
+	if cl, ok := r.pub.(connectionLoser); ok {
+		if lost := cl.ConnectionLost(); lost != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case <-lost:
+					cancel(errConnectionLost)
+				case <-sctx.Done():
+				}
+			}()
+		}
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); s.ackLoop() }()
+	go func() { defer wg.Done(); s.markLoop() }()
+	fatal := s.dispatch()
+	if fatal != nil {
+		cancel(fatal)
+	}
+	close(s.flights)
+	if ctx.Err() == nil {
+		// The connection failed: disconnecting completes the tokens still
+		// in flight, so the ack loop can finish.
+		r.pub.Disconnect()
+	}
+	wg.Wait()
+	return s.result(fatal)
+}
+
+// result settles the session's failure: it charges the message to blame,
+// if any, and chooses the suspect for the next connection.
+func (s *session) result(fatal error) sessionResult {
+	r := s.r
+	res := sessionResult{progress: s.progress.Load(), fatal: fatal}
+	f := s.fail
+	if f == nil {
+		if s.ctx.Err() == nil && fatal == nil {
+			res.err = context.Cause(s.sctx)
+		}
+		return res
+	}
+	res.err = f.err
+	switch {
+	case f.rejected:
+		r.suspect = f.seq
+		attempts, dead, err := r.charge(s.conn, f.seq, f.err)
+		if err != nil {
+			res.fatal = err
+		} else if !dead {
+			res.retryAfter = retryDelay(r.opts.Retry, attempts)
+		}
+	case f.notSent:
+		// Nothing reached the broker; the suspect stays as it was.
+	case f.probe && f.seq == r.suspect:
+		_, dead, err := r.charge(s.conn, f.seq, f.err)
+		if err != nil {
+			res.fatal = err
+		} else if dead {
+			r.suspect = 0
+		}
+	default:
+		r.suspect = f.seq
+	}
+	return res
+}
+
+// retryDelay is the wait before attempt n+1 of a message that failed n times.
+func retryDelay(b Backoff, attempts int) time.Duration {
+	b = b.withDefaults()
+	d := float64(b.Initial)
+	for i := 1; i < attempts && d < float64(b.Max); i++ {
+		d *= b.Multiplier
+	}
+	return min(time.Duration(d), b.Max)
+}
+
+func (s *session) setFail(f failure) {
+	s.mu.Lock()
+	if s.fail == nil {
+		s.fail = &f
+	}
+	s.mu.Unlock()
+	s.cancel(f.err)
+}
+
+// dispatch reads pending rows in sequence order and publishes them, keeping
+// at most Window unacknowledged. It returns when the session ends; a non-nil
+// error means the relay cannot go on.
+func (s *session) dispatch() error {
+	r := s.r
+	var cursor int64
+	probe := r.suspect != 0
+	for s.sctx.Err() == nil {
+		if !s.l.valid() {
+			// The lease was not renewed for half its TTL (a stalled
+			// database?): publish nothing until it is.
+			if !sleepCtx(s.sctx, s.l.ttl/16) {
+				break
+			}
+			continue
+		}
+		wake := r.ob.wake.wait()
+		version, rows, err := r.fetch(s.sctx, s.conn, cursor)
+		if err != nil {
+			if s.sctx.Err() != nil {
+				break
+			}
+			r.setErr(err)
+			r.log.Error("outbox relay cannot read the outbox", "err", err)
+			if !sleepCtx(s.sctx, time.Second) {
+				break
+			}
+			continue
+		}
+		if len(rows) == 0 {
+			if cursor != 0 && s.outstanding.Load() == 0 {
+				// Everything dispatched is settled: start the next pass
+				// from the front, which picks up requeued messages.
+				cursor = 0
+				continue
+			}
+			if !r.waitForWork(s.sctx, s.conn, wake, version) {
+				break
+			}
+			continue
+		}
+		for i := range rows {
+			m := &rows[i]
+			cursor = m.seq
+			if m.encErr != nil {
+				if err := r.markDead(s.conn, m, m.encErr); err != nil {
+					return err
+				}
+				continue
+			}
+			select {
+			case s.slots <- struct{}{}:
+			case <-s.sctx.Done():
+				return nil
+			}
+			tok := r.pub.Publish(m.topic, m.wire)
+			r.inFlight.Add(1)
+			s.outstanding.Add(1)
+			s.flights <- flight{seq: m.seq, tok: tok, sent: time.Now(), probe: probe}
+			if probe {
+				select {
+				case <-s.probeOK:
+				case <-s.sctx.Done():
+					return nil
+				}
+				probe = false
+			}
+		}
+	}
+	return nil
+}
+
+// ackLoop waits for the acknowledgements in publish order.
+func (s *session) ackLoop() {
+	r := s.r
+	defer close(s.marks)
+	var giveUp <-chan time.Time // armed once the session ends
+	done := s.sctx.Done()
+	arm := func() {
+		if giveUp == nil {
+			giveUp = time.After(r.opts.ShutdownTimeout)
+		}
+		done = nil
+	}
+	abandoned := false
+	for f := range s.flights {
+		if abandoned {
+			r.inFlight.Add(-1)
+			s.outstanding.Add(-1)
+			continue
+		}
+		var err error
+		timer := time.NewTimer(time.Until(f.sent.Add(r.opts.AckTimeout)))
+	wait:
+		for {
+			select {
+			case <-f.tok.Done():
+				err = f.tok.Error()
+				break wait
+			case <-timer.C:
+				s.setFail(failure{seq: f.seq, err: errNoAck, probe: f.probe})
+				// Disconnecting completes this token with an error.
+				r.pub.Disconnect()
+			case <-done:
+				arm()
+			case <-giveUp:
+				// Shutdown or a publisher that does not complete its
+				// tokens: leave the rest pending; they are sent again
+				// next time.
+				abandoned = true
+				err = errors.New("abandoned at shutdown")
+				break wait
+			}
+		}
+		timer.Stop()
+		if err == nil {
+			s.marks <- f.seq
+			<-s.slots
+			s.progress.Store(true)
+			if f.probe {
+				r.suspect = 0
+				close(s.probeOK)
+			}
+			continue
+		}
+		r.inFlight.Add(-1)
+		s.outstanding.Add(-1)
+		<-s.slots
+		if !abandoned {
+			s.setFail(failure{
+				seq:      f.seq,
+				err:      err,
+				probe:    f.probe,
+				rejected: errors.Is(err, ErrRejected),
+				notSent:  errors.Is(err, ErrNotConnected),
+			})
+		}
+	}
+}
+
+// markLoop records acknowledged messages as sent, many per statement.
+func (s *session) markLoop() {
+	r := s.r
+	batch := make([]int64, 0, maxMarkBatch)
+	for seq := range s.marks {
+		batch = append(batch[:0], seq)
+	more:
+		for len(batch) < maxMarkBatch {
+			select {
+			case seq, ok := <-s.marks:
+				if !ok {
+					break more
+				}
+				batch = append(batch, seq)
+			default:
+				break more
+			}
+		}
+		for attempt := 0; ; attempt++ {
+			err := r.markSent(s.conn, batch)
+			if err == nil {
+				break
+			}
+			r.setErr(err)
+			r.log.Error("outbox relay cannot mark messages sent", "err", err, "rows", len(batch))
+			if s.ctx.Err() != nil && attempt >= 3 {
+				// Shutting down: the rows stay pending and are sent again
+				// by the next relay (a duplicate, never a loss).
+				break
+			}
+			time.Sleep(min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second))
+		}
+		n := int64(len(batch))
+		r.inFlight.Add(-n)
+		s.outstanding.Add(-n)
+	}
+}
+
+// row is an outbox row read for publishing, already encoded.
+type row struct {
+	outgoing
+	wire   []byte
+	encErr error
+}
+
+// fetch reads the next pending rows after cursor, with the data_version
+// read before them (so a commit after the read is never missed).
+func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64, []row, error) {
+	var version int64
+	var out []row
+	err := conn.do(func(c *sql.Conn) error {
+		if err := c.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&version); err != nil {
+			return err
+		}
+		rows, err := c.QueryContext(ctx, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
+			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, cursor, r.opts.BatchSize)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		bytes := 0
+		for rows.Next() {
+			var m row
+			var payload sql.RawBytes
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
+				return err
+			}
+			m.payload = payload
+			m.wire, m.encErr = r.enc.encode(make([]byte, 0, len(payload)*4/3+256+len(m.id)), &m.outgoing)
+			if m.encErr == nil && len(m.wire)+len(m.topic)+2 > MaxMQTTPayloadBytes {
+				m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
+			}
+			m.payload = nil // RawBytes is only valid until Next
+			out = append(out, m)
+			bytes += len(m.wire)
+			if bytes >= maxBatchBytes {
+				break
+			}
+		}
+		return rows.Err()
+	})
+	return version, out, err
+}
+
+// waitForWork waits until a commit may have added rows: an in-process
+// notification, a change of data_version (another connection or process
+// committed), or the end of ctx (false).
+func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
+	t := time.NewTicker(r.opts.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wake:
+			return true
+		case <-t.C:
+		}
+		var v int64
+		err := conn.do(func(c *sql.Conn) error {
+			return c.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v)
+		})
+		if err != nil || v != version {
+			return ctx.Err() == nil
+		}
+	}
+}
+
+func (r *Relay) markSent(conn *relayConn, seqs []int64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	args := make([]any, 0, len(seqs)+1)
+	var q string
+	if r.opts.Retention < 0 {
+		q = `DELETE FROM outbox WHERE state = 'pending' AND seq IN (` + placeholders(len(seqs)) + `)`
+	} else {
+		q = `UPDATE outbox SET state = 'sent', sent_at = ? WHERE state = 'pending' AND seq IN (` + placeholders(len(seqs)) + `)`
+		args = append(args, r.ob.now().UnixMilli())
+	}
+	for _, s := range seqs {
+		args = append(args, s)
+	}
+	err := conn.do(func(c *sql.Conn) error {
+		_, err := c.ExecContext(ctx, q, args...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
+	}
+	r.sent.Add(int64(len(seqs)))
+	r.mu.Lock()
+	r.lastAck = r.ob.now()
+	r.mu.Unlock()
+	return nil
+}
+
+// markDead parks a message that can never be published.
+func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
+	err := conn.do(func(c *sql.Conn) error {
+		_, err := c.ExecContext(ctx, `UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ?, dead_at = ?
+			WHERE seq = ? AND state = 'pending'`, msg, r.ob.now().UnixMilli(), m.seq)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: mark dead: %w", err)
+	}
+	r.dead.Add(1)
+	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
+	return nil
+}
+
+// charge counts one failed attempt against a message and parks it as dead
+// when it reached MaxAttempts.
+func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var id, state string
+	err = conn.do(func(c *sql.Conn) error {
+		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
+			state = CASE WHEN attempts + 1 >= ? THEN 'dead' ELSE state END,
+			dead_at = CASE WHEN attempts + 1 >= ? THEN ? ELSE dead_at END
+			WHERE seq = ? AND state = 'pending' RETURNING attempts, state, id`,
+			cause.Error(), r.opts.MaxAttempts, r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &state, &id)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
+	}
+	dead = state == string(StateDead)
+	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
+	if dead {
+		r.dead.Add(1)
+	}
+	return attempts, dead, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

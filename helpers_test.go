@@ -1,0 +1,414 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+)
+
+// testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func openTest(t testing.TB, opts Options) *Outbox {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = testLogger()
+	}
+	ob, err := Open(context.Background(), filepath.Join(t.TempDir(), "outbox.db"), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { ob.Close() })
+	_, err = ob.DB().Exec(`CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)`)
+	require.NoError(t, err)
+	return ob
+}
+
+// commitOrder writes a business row and its event in one transaction.
+func commitOrder(t testing.TB, ob *Outbox, topic string, n int) {
+	t.Helper()
+	err := ob.Transact(context.Background(), func(tx *sql.Tx) error {
+		if _, err := tx.Exec(`INSERT INTO orders (item) VALUES (?)`, fmt.Sprint("item-", n)); err != nil {
+			return err
+		}
+		return ob.Enqueue(context.Background(), tx, Message{Topic: topic, Payload: fmt.Appendf(nil, `{"n":%d}`, n)})
+	})
+	require.NoError(t, err)
+}
+
+// fastRelay returns relay options that make tests quick: short backoffs and
+// timeouts.
+func fastRelay() RelayOptions {
+	return RelayOptions{
+		Source:          "/test/device",
+		Reconnect:       Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		Retry:           Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		AckTimeout:      2 * time.Second,
+		LeaseTTL:        2 * time.Second,
+		ShutdownTimeout: 2 * time.Second,
+	}
+}
+
+// startRelay runs r until the test ends and checks that Run returned nil.
+func startRelay(t testing.TB, r *Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("relay.Run: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Errorf("relay did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// eventually waits for cond, polling, and fails the test at the deadline.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// delivery is one message as a subscriber received it.
+type delivery struct {
+	topic   string
+	payload []byte
+	ev      Event
+	evErr   error
+}
+
+// recorder records every message the broker routes to it.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []delivery
+}
+
+func (r *recorder) add(topic string, payload []byte) {
+	d := delivery{topic: topic, payload: append([]byte(nil), payload...)}
+	d.ev, d.evErr = DecodeEvent(d.payload)
+	r.mu.Lock()
+	r.msgs = append(r.msgs, d)
+	r.mu.Unlock()
+}
+
+func (r *recorder) all() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.msgs...)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+// uniqueSeqs returns the sequence numbers in order of first delivery.
+func (r *recorder) firstDeliveries() (seqs []int64, dups int) {
+	seen := map[string]bool{}
+	for _, d := range r.all() {
+		if seen[d.ev.ID] {
+			dups++
+			continue
+		}
+		seen[d.ev.ID] = true
+		seqs = append(seqs, d.ev.Sequence)
+	}
+	return seqs, dups
+}
+
+// broker is an in-process mochi broker on a free loopback port.
+type broker struct {
+	srv  *mochi.Server
+	addr string
+	rec  *recorder
+}
+
+// denyHook makes the broker refuse publishes to topics under "denied/",
+// as an ACL would: an MQTT 3.1.1 broker closes the connection.
+type denyHook struct {
+	mochi.HookBase
+}
+
+func (h *denyHook) ID() string { return "deny" }
+func (h *denyHook) Provides(b byte) bool {
+	return b == mochi.OnACLCheck || b == mochi.OnConnectAuthenticate
+}
+func (h *denyHook) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
+func (h *denyHook) OnACLCheck(_ *mochi.Client, topic string, write bool) bool {
+	return !(write && len(topic) >= 7 && topic[:7] == "denied/")
+}
+
+func startBroker(t testing.TB) *broker {
+	t.Helper()
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, srv.AddHook(new(denyHook), nil))
+	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	require.NoError(t, srv.AddListener(l))
+	require.NoError(t, srv.Serve())
+	rec := &recorder{}
+	require.NoError(t, srv.Subscribe("#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
+		rec.add(pk.TopicName, pk.Payload)
+	}))
+	t.Cleanup(func() { srv.Close() })
+	return &broker{srv: srv, addr: l.Address(), rec: rec}
+}
+
+func (b *broker) url() string { return "tcp://" + b.addr }
+
+// proxy is a TCP proxy between the relay and the broker that can refuse
+// connections (an outage), cut them, and swallow bytes flowing back to the
+// client (PUBACKs that never return).
+type proxy struct {
+	t      testing.TB
+	target string
+	addr   string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+
+	swallowDown atomic.Bool
+	accepted    atomic.Int64
+}
+
+func startProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	p := &proxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.down)
+	return p
+}
+
+func (p *proxy) url() string { return "tcp://" + p.addr }
+
+func (p *proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.accepted.Add(1)
+			go p.pipe(c)
+		}
+	}()
+}
+
+func (p *proxy) pipe(client net.Conn) {
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.ln == nil { // went down meanwhile
+		p.mu.Unlock()
+		client.Close()
+		server.Close()
+		return
+	}
+	p.conns[client] = struct{}{}
+	p.conns[server] = struct{}{}
+	p.mu.Unlock()
+	go func() {
+		io.Copy(server, client)
+		server.Close()
+		client.Close()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && !p.swallowDown.Load() {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	client.Close()
+	server.Close()
+}
+
+// cut closes every proxied connection; new ones are still accepted.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// down closes the listener and every connection: connections are refused.
+func (p *proxy) down() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	p.mu.Unlock()
+	p.cut()
+}
+
+// up listens again on the same address.
+func (p *proxy) up() {
+	var ln net.Listener
+	var err error
+	// The port was just released; binding it again may take a moment.
+	for i := 0; i < 200; i++ {
+		ln, err = net.Listen("tcp", p.addr)
+		if err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.NoError(p.t, err)
+	p.serve(ln)
+}
+
+// fakePublisher is a Publisher under the test's control.
+type fakePublisher struct {
+	mu        sync.Mutex
+	connected bool
+	connErr   error                    // Connect fails with it while set
+	reject    func(topic string) error // per-message failure
+	hold      bool                     // tokens wait until release
+	held      []*fakeToken
+	published []string // payloads, in publish order
+	connects  int
+}
+
+type fakeToken struct {
+	done chan struct{}
+	err  error
+	once sync.Once
+}
+
+func (t *fakeToken) Done() <-chan struct{} { return t.done }
+func (t *fakeToken) Error() error          { return t.err }
+func (t *fakeToken) complete(err error) {
+	t.once.Do(func() { t.err = err; close(t.done) })
+}
+
+func (p *fakePublisher) Connect(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.connects++
+	if p.connErr != nil {
+		return p.connErr
+	}
+	p.connected = true
+	return nil
+}
+
+func (p *fakePublisher) Publish(topic string, payload []byte) Token {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := &fakeToken{done: make(chan struct{})}
+	if !p.connected {
+		t.complete(ErrNotConnected)
+		return t
+	}
+	if p.reject != nil {
+		if err := p.reject(topic); err != nil {
+			t.complete(err)
+			return t
+		}
+	}
+	p.published = append(p.published, string(payload))
+	if p.hold {
+		p.held = append(p.held, t)
+		return t
+	}
+	t.complete(nil)
+	return t
+}
+
+func (p *fakePublisher) Disconnect() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.connected = false
+	for _, t := range p.held {
+		t.complete(errors.New("connection closed"))
+	}
+	p.held = nil
+}
+
+// release acknowledges the first n held publishes.
+func (p *fakePublisher) release(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := 0; i < n && len(p.held) > 0; i++ {
+		p.held[0].complete(nil)
+		p.held = p.held[1:]
+	}
+}
+
+func (p *fakePublisher) heldCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held)
+}
+
+func (p *fakePublisher) publishedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.published)
+}
+
+// rowState returns the state of the row with the given sequence number.
+func rowState(t testing.TB, ob *Outbox, seq int64) (state string, attempts int) {
+	t.Helper()
+	require.NoError(t, ob.DB().QueryRow(`SELECT state, attempts FROM outbox WHERE seq = ?`, seq).Scan(&state, &attempts))
+	return state, attempts
+}
+
+func countState(t testing.TB, ob *Outbox, state string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox WHERE state = ?`, state).Scan(&n))
+	return n
+}

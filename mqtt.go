@@ -1,0 +1,218 @@
+package outbox
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// MQTTOptions configures an MQTTPublisher.
+type MQTTOptions struct {
+	// Broker is the broker's URL: tcp://, mqtt:// (plain) or ssl://, tls://,
+	// mqtts:// (TLS), with host and port. Required.
+	Broker string
+	// ClientID must be unique per broker. Default: "outbox-" + host name +
+	// "-" + process id.
+	ClientID string
+	// Username and Password authenticate to the broker. They are never
+	// logged.
+	Username string
+	Password string
+	// TLSConfig is used for TLS URLs. Nil means the system roots, the
+	// broker's host name checked, and TLS 1.2 at least.
+	TLSConfig *tls.Config
+	// ConnectTimeout bounds connecting, including the CONNACK. Default 10 s.
+	ConnectTimeout time.Duration
+	// WriteTimeout bounds handing one packet to the connection. Default 10 s.
+	WriteTimeout time.Duration
+	// KeepAlive is the MQTT keepalive; a dead connection is noticed within
+	// about KeepAlive + PingTimeout. Default 30 s.
+	KeepAlive time.Duration
+	// PingTimeout is how long to wait for a PINGRESP. Default 10 s.
+	PingTimeout time.Duration
+}
+
+// MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 3.1.1, for a
+// Relay. It opens a fresh clean session for every Connect and never
+// reconnects by itself: paho's automatic reconnection can complete a QoS 1
+// token without a PUBACK, so the relay does it instead.
+type MQTTPublisher struct {
+	opts MQTTOptions
+	url  *url.URL
+
+	mu     sync.Mutex
+	client mqtt.Client
+	lost   chan struct{}
+}
+
+// NewMQTTPublisher checks opts and returns a publisher; it connects only
+// when the relay asks.
+func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
+	u, err := ParseBrokerURL(opts.Broker)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ClientID == "" {
+		host, _ := os.Hostname()
+		opts.ClientID = "outbox-" + host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if len(opts.ClientID) > 65535 {
+		return nil, fmt.Errorf("outbox: mqtt: client id too long")
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.KeepAlive <= 0 {
+		opts.KeepAlive = 30 * time.Second
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = 10 * time.Second
+	}
+	return &MQTTPublisher{opts: opts, url: u}, nil
+}
+
+// ParseBrokerURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts,
+// a host and a port.
+func ParseBrokerURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: broker URL: %w", err)
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "tcp", "mqtt", "ssl", "tls", "mqtts":
+	default:
+		return nil, fmt.Errorf("outbox: broker URL %q: scheme must be tcp, mqtt, ssl, tls or mqtts", redactURL(u))
+	}
+	if u.Hostname() == "" || u.Port() == "" {
+		return nil, fmt.Errorf("outbox: broker URL %q: needs host and port", redactURL(u))
+	}
+	return u, nil
+}
+
+func redactURL(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	c := *u
+	c.User = url.User("REDACTED")
+	return c.String()
+}
+
+func isTLS(u *url.URL) bool {
+	switch strings.ToLower(u.Scheme) {
+	case "ssl", "tls", "mqtts":
+		return true
+	}
+	return false
+}
+
+// Connect opens a new connection with a clean session.
+func (p *MQTTPublisher) Connect(ctx context.Context) error {
+	p.Disconnect()
+	lost := make(chan struct{})
+	var once sync.Once
+	o := mqtt.NewClientOptions()
+	o.AddBroker(p.url.Scheme + "://" + p.url.Host)
+	o.SetClientID(p.opts.ClientID)
+	if p.opts.Username != "" {
+		o.SetUsername(p.opts.Username)
+		o.SetPassword(p.opts.Password)
+	}
+	if isTLS(p.url) {
+		cfg := p.opts.TLSConfig
+		if cfg == nil {
+			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.SetTLSConfig(cfg)
+	}
+	o.SetProtocolVersion(4)
+	o.SetCleanSession(true)
+	o.SetAutoReconnect(false)
+	o.SetConnectRetry(false)
+	o.SetConnectTimeout(p.opts.ConnectTimeout)
+	o.SetWriteTimeout(p.opts.WriteTimeout)
+	o.SetKeepAlive(p.opts.KeepAlive)
+	o.SetPingTimeout(p.opts.PingTimeout)
+	o.SetStore(mqtt.NewOrderedMemoryStore())
+	o.SetOrderMatters(false)
+	o.SetConnectionLostHandler(func(mqtt.Client, error) { once.Do(func() { close(lost) }) })
+	c := mqtt.NewClient(o)
+	tok := c.Connect()
+	select {
+	case <-tok.Done():
+	case <-ctx.Done():
+		go func() { <-tok.Done(); c.Disconnect(0) }()
+		return ctx.Err()
+	}
+	if err := tok.Error(); err != nil {
+		c.Disconnect(0)
+		return fmt.Errorf("outbox: mqtt connect to %s: %w", redactURL(p.url), err)
+	}
+	p.mu.Lock()
+	p.client, p.lost = c, lost
+	p.mu.Unlock()
+	return nil
+}
+
+// Publish sends one message at QoS 1.
+func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
+	p.mu.Lock()
+	c := p.client
+	p.mu.Unlock()
+	if c == nil {
+		return failedToken{ErrNotConnected}
+	}
+	return mqttToken{c.Publish(topic, 1, false, payload)}
+}
+
+// Disconnect closes the connection; tokens in flight complete with errors.
+func (p *MQTTPublisher) Disconnect() {
+	p.mu.Lock()
+	c := p.client
+	p.client = nil
+	p.mu.Unlock()
+	if c != nil {
+		// No quiesce: in-flight tokens must fail now, not after a grace
+		// period; the relay sends them again on the next connection.
+		c.Disconnect(0)
+	}
+}
+
+// ConnectionLost returns a channel closed when the current connection is
+// lost, so the relay reconnects without waiting for the next publish.
+func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost
+}
+
+// mqttToken maps paho's errors onto the Publisher contract.
+type mqttToken struct{ mqtt.Token }
+
+func (t mqttToken) Error() error {
+	err := t.Token.Error()
+	if errors.Is(err, mqtt.ErrNotConnected) {
+		return fmt.Errorf("%w: %w", ErrNotConnected, err)
+	}
+	return err
+}
+
+// failedToken is a token that failed before anything was sent.
+type failedToken struct{ err error }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (failedToken) Done() <-chan struct{} { return closedChan }
+func (t failedToken) Error() error        { return t.err }

@@ -1,0 +1,406 @@
+// Package outbox is a transactional outbox on SQLite for devices that are
+// often offline: the application writes its business rows and an outbox row
+// in ONE SQLite transaction, and a Relay later publishes the outbox rows, in
+// commit order, to an MQTT broker at QoS 1, whenever the broker is reachable.
+//
+// A committed event is never lost and a rolled-back one is never published.
+// Delivery is at least once: a duplicate can only follow a crash or a lost
+// connection, and every event carries a stable unique id for consumers to
+// recognise it.
+//
+// The outbox table is a contract that any language can write to; see the
+// README for its columns.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Errors that callers can test with errors.Is.
+var (
+	// ErrInvalidTopic is matched by every topic validation error below.
+	ErrInvalidTopic = errors.New("outbox: invalid topic")
+	// ErrTopicEmpty: the topic is the empty string.
+	ErrTopicEmpty = &topicError{"empty"}
+	// ErrTopicWildcard: the topic contains the MQTT wildcard '+' or '#',
+	// which may appear only in subscriptions.
+	ErrTopicWildcard = &topicError{"contains an MQTT wildcard ('+' or '#')"}
+	// ErrTopicNUL: the topic contains the NUL character.
+	ErrTopicNUL = &topicError{"contains NUL"}
+	// ErrTopicNotUTF8: the topic is not valid UTF-8.
+	ErrTopicNotUTF8 = &topicError{"not valid UTF-8"}
+	// ErrTopicTooLong: the topic is longer than MQTT's 65,535 bytes.
+	ErrTopicTooLong = &topicError{"longer than 65535 bytes"}
+
+	// ErrPayloadTooLarge: the payload is over Options.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("outbox: payload too large")
+	// ErrInvalidMessage: a field other than topic or payload is unusable.
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrFull: the pending limit (messages or bytes) is reached. The caller's
+	// transaction must roll back; nothing committed was dropped.
+	ErrFull = errors.New("outbox: full")
+	// ErrDiskFull: SQLite reported SQLITE_FULL. The transaction must roll
+	// back; the database is intact.
+	ErrDiskFull = errors.New("outbox: disk full")
+	// ErrClosed: the Outbox was closed.
+	ErrClosed = errors.New("outbox: closed")
+	// ErrNilTx: Enqueue was called without a transaction.
+	ErrNilTx = errors.New("outbox: nil transaction")
+	// ErrSchemaTooNew: the database was migrated by a newer version of this
+	// library; it is refused rather than downgraded.
+	ErrSchemaTooNew = errors.New("outbox: database schema is newer than this code")
+	// ErrNoSchema: the database has no outbox schema (returned where
+	// creating one would be wrong, e.g. for read-only inspection).
+	ErrNoSchema = errors.New("outbox: database has no outbox schema")
+	// ErrUnsupportedDB: the *sql.DB lacks a setting the outbox relies on.
+	ErrUnsupportedDB = errors.New("outbox: unsupported database setup")
+)
+
+type topicError struct{ reason string }
+
+func (e *topicError) Error() string        { return "outbox: invalid topic: " + e.reason }
+func (e *topicError) Is(target error) bool { return target == ErrInvalidTopic }
+
+const (
+	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
+	DefaultMaxPayloadBytes = 256 << 10
+	// MaxMQTTPayloadBytes is the largest payload an MQTT packet can carry.
+	MaxMQTTPayloadBytes = 268_435_455
+	maxTopicBytes       = 65_535
+	maxIDBytes          = 128
+	maxTypeBytes        = 1024
+)
+
+// ValidateTopic reports whether topic can be published: non-empty, valid
+// UTF-8, no NUL, no wildcard, at most 65,535 bytes. The errors match
+// ErrInvalidTopic.
+func ValidateTopic(topic string) error {
+	switch {
+	case topic == "":
+		return ErrTopicEmpty
+	case len(topic) > maxTopicBytes:
+		return ErrTopicTooLong
+	case strings.ContainsAny(topic, "+#"):
+		return ErrTopicWildcard
+	case strings.IndexByte(topic, 0) >= 0:
+		return ErrTopicNUL
+	case !utf8.ValidString(topic):
+		return ErrTopicNotUTF8
+	}
+	return nil
+}
+
+// Message is one event to publish.
+type Message struct {
+	// Topic is the MQTT topic. Required.
+	Topic string
+	// Payload is published as the event's data. It may be empty.
+	Payload []byte
+	// Type is the CloudEvents type, e.g. "com.example.order.created".
+	// Empty means the relay's default type.
+	Type string
+	// ContentType is the CloudEvents datacontenttype. Empty means
+	// application/json when Payload is valid JSON, else
+	// application/octet-stream.
+	ContentType string
+	// ID is the event's unique id. Empty means a new id from NewID.
+	ID string
+}
+
+// Options configures an Outbox. The zero value is ready to use.
+type Options struct {
+	// MaxPayloadBytes limits each payload. Zero means
+	// DefaultMaxPayloadBytes; at most MaxMQTTPayloadBytes.
+	MaxPayloadBytes int
+	// MaxPendingMessages and MaxPendingBytes cap what waits to be sent.
+	// When either is reached, Enqueue fails with ErrFull. The limits are
+	// stored in the database, so every writer — other processes and other
+	// languages included — is held to them. Zero leaves the stored limit as
+	// it is; a negative value removes it.
+	MaxPendingMessages int64
+	MaxPendingBytes    int64
+	// Synchronous is used by Open only.
+	Synchronous Synchronous
+	// Logger receives the outbox's and its relays' logs. Nil means
+	// slog.Default(). Payloads and credentials are never logged.
+	Logger *slog.Logger
+	// Now is the clock. Nil means time.Now. Order never depends on it.
+	Now func() time.Time
+}
+
+// Outbox writes messages into the outbox table and manages what is there.
+// It is safe for concurrent use.
+type Outbox struct {
+	db         *sql.DB
+	ownsDB     bool
+	maxPayload int
+	log        *slog.Logger
+	now        func() time.Time
+	wake       notifier
+
+	mu      sync.Mutex
+	closed  bool
+	relays  map[*Relay]struct{}
+	relayWG sync.WaitGroup
+}
+
+// Open opens (or creates) the SQLite file at path with OpenDB and returns an
+// Outbox that owns it: Close closes the database. Use DB for the
+// application's own tables.
+func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
+	db, err := OpenDB(path, DBOptions{Synchronous: opts.Synchronous})
+	if err != nil {
+		return nil, err
+	}
+	o, err := New(ctx, db, opts)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	o.ownsDB = true
+	return o, nil
+}
+
+// New returns an Outbox on the caller's database, creating or migrating the
+// schema. The database must be in WAL mode and writable; the caller keeps
+// ownership of db. For best results open it with OpenDB.
+func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
+	if db == nil {
+		return nil, fmt.Errorf("outbox: nil *sql.DB")
+	}
+	if opts.MaxPayloadBytes < 0 || opts.MaxPayloadBytes > MaxMQTTPayloadBytes {
+		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d outside 0..%d", opts.MaxPayloadBytes, MaxMQTTPayloadBytes)
+	}
+	if err := checkDB(ctx, db); err != nil {
+		return nil, err
+	}
+	if _, err := migrate(ctx, db); err != nil {
+		return nil, fmt.Errorf("outbox: schema: %w", err)
+	}
+	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {
+		return nil, fmt.Errorf("outbox: limits: %w", err)
+	}
+	o := &Outbox{
+		db:         db,
+		maxPayload: opts.MaxPayloadBytes,
+		log:        opts.Logger,
+		now:        opts.Now,
+		relays:     make(map[*Relay]struct{}),
+	}
+	if o.maxPayload == 0 {
+		o.maxPayload = DefaultMaxPayloadBytes
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	return o, nil
+}
+
+func setLimits(ctx context.Context, db *sql.DB, count, bytes int64) error {
+	set := func(col string, v int64) error {
+		if v == 0 {
+			return nil
+		}
+		_, err := db.ExecContext(ctx, `UPDATE outbox_counters SET `+col+` = ? WHERE id = 1`, max(v, 0))
+		return err
+	}
+	if err := set("max_pending_count", count); err != nil {
+		return err
+	}
+	return set("max_pending_bytes", bytes)
+}
+
+// DB returns the database the outbox writes to.
+func (o *Outbox) DB() *sql.DB { return o.db }
+
+// Close stops the relays started from this Outbox (waiting, bounded, for
+// their in-flight acknowledgements), makes further Enqueue calls fail with
+// ErrClosed and, if Open opened the database, closes it. Close is
+// idempotent.
+func (o *Outbox) Close() error {
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return nil
+	}
+	o.closed = true
+	for r := range o.relays {
+		r.stop()
+	}
+	o.mu.Unlock()
+	o.relayWG.Wait()
+	if o.ownsDB {
+		return o.db.Close()
+	}
+	return nil
+}
+
+func (o *Outbox) isClosed() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.closed
+}
+
+// Notify wakes the relays of this Outbox at once. Transact calls it after
+// every commit; call it after committing a transaction of your own that
+// called Enqueue, or rely on the relay noticing the commit within its poll
+// interval.
+func (o *Outbox) Notify() { o.wake.notify() }
+
+// validate checks every message before anything is written.
+func (o *Outbox) validate(msgs []Message) error {
+	for i := range msgs {
+		m := &msgs[i]
+		if err := ValidateTopic(m.Topic); err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
+		}
+		if len(m.Payload) > o.maxPayload {
+			return fmt.Errorf("message %d: %w: %d bytes, limit %d", i, ErrPayloadTooLarge, len(m.Payload), o.maxPayload)
+		}
+		if m.ID != "" && (len(m.ID) > maxIDBytes || !utf8.ValidString(m.ID)) {
+			return fmt.Errorf("message %d: %w: id must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxIDBytes)
+		}
+		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
+			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)
+		}
+	}
+	return nil
+}
+
+// insertChunk bounds the rows of one INSERT statement (6 parameters each,
+// far below SQLite's limit of 32,766).
+const insertChunk = 64
+
+// Enqueue writes msgs into the outbox inside tx, the caller's transaction:
+// they are published only if tx commits. All messages are validated before
+// anything is written. On ErrFull or ErrDiskFull the caller must roll tx
+// back.
+//
+// tx must belong to the database this Outbox was created on.
+func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	if tx == nil {
+		return ErrNilTx
+	}
+	if o.isClosed() {
+		return ErrClosed
+	}
+	if err := o.validate(msgs); err != nil {
+		return err
+	}
+	now := o.now()
+	created := now.UnixMilli()
+	var sb strings.Builder
+	args := make([]any, 0, 6*min(len(msgs), insertChunk))
+	for start := 0; start < len(msgs); start += insertChunk {
+		chunk := msgs[start:min(start+insertChunk, len(msgs))]
+		sb.Reset()
+		sb.WriteString(`INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES `)
+		args = args[:0]
+		for i := range chunk {
+			m := &chunk[i]
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(`(?,?,?,?,?,?)`)
+			id := m.ID
+			if id == "" {
+				id = newIDAt(now)
+			}
+			payload := m.Payload
+			if payload == nil {
+				payload = []byte{} // NOT NULL: an empty payload is a valid event
+			}
+			args = append(args, id, m.Topic, payload, m.Type, m.ContentType, created)
+		}
+		if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
+			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
+		}
+	}
+	return nil
+}
+
+// Transact runs fn in a write transaction, commits it and wakes the relay.
+// When SQLite reports the database busy (another writer held the lock past
+// the busy timeout, or a read snapshot went stale), the transaction is rolled
+// back and fn runs again, a few times, with a short random pause: fn must
+// not have effects outside tx. Any other error from fn rolls back and is
+// returned as is.
+func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if o.isClosed() {
+		return ErrClosed
+	}
+	const attempts = 8
+	var err error
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(pause):
+			}
+		}
+		err = o.transactOnce(ctx, fn)
+		if err == nil {
+			o.wake.notify()
+			return nil
+		}
+		if !isBusy(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
+}
+
+func (o *Outbox) transactOnce(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return classifyWriteErr(err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		tx.Rollback()
+		return classifyWriteErr(err)
+	}
+	return nil
+}
+
+// notifier wakes every waiter at once: wait returns a channel that the next
+// notify closes.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
+	return n.ch
+}
+
+func (n *notifier) notify() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
+}

@@ -1,0 +1,385 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite"
+)
+
+func TestEnqueueValidation(t *testing.T) {
+	ob := openTest(t, Options{MaxPayloadBytes: 1024})
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		msg  Message
+		want error
+	}{
+		{"empty topic", Message{Topic: ""}, ErrTopicEmpty},
+		{"plus wildcard", Message{Topic: "a/+/b"}, ErrTopicWildcard},
+		{"hash wildcard", Message{Topic: "a/#"}, ErrTopicWildcard},
+		{"NUL", Message{Topic: "a\x00b"}, ErrTopicNUL},
+		{"invalid UTF-8", Message{Topic: "a\xffb"}, ErrTopicNotUTF8},
+		{"too long", Message{Topic: strings.Repeat("a", 65536)}, ErrTopicTooLong},
+		{"payload over limit", Message{Topic: "t", Payload: make([]byte, 1025)}, ErrPayloadTooLarge},
+		{"bad id", Message{Topic: "t", ID: strings.Repeat("x", 200)}, ErrInvalidMessage},
+		{"bad type", Message{Topic: "t", Type: "\xff"}, ErrInvalidMessage},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := ob.DB().Begin()
+			require.NoError(t, err)
+			defer tx.Rollback()
+			// A valid message first: nothing of the batch may be written.
+			err = ob.Enqueue(ctx, tx, Message{Topic: "ok"}, c.msg)
+			require.ErrorIs(t, err, c.want)
+			if errors.Is(c.want, ErrInvalidTopic) {
+				require.ErrorIs(t, err, ErrInvalidTopic)
+			}
+			var n int
+			require.NoError(t, tx.QueryRow(`SELECT count(*) FROM outbox`).Scan(&n))
+			require.Zero(t, n, "nothing written before validation failed")
+		})
+	}
+	t.Run("exactly at limits", func(t *testing.T) {
+		err := ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: strings.Repeat("a", 65535), Payload: make([]byte, 1024)})
+		})
+		require.NoError(t, err)
+	})
+	t.Run("nil tx", func(t *testing.T) {
+		require.ErrorIs(t, ob.Enqueue(ctx, nil, Message{Topic: "t"}), ErrNilTx)
+	})
+	t.Run("finished tx", func(t *testing.T) {
+		tx, err := ob.DB().Begin()
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		require.ErrorIs(t, ob.Enqueue(ctx, tx, Message{Topic: "t"}), sql.ErrTxDone)
+	})
+}
+
+func TestValidateTopicAgreesWithSchema(t *testing.T) {
+	// The CHECK constraint guards plain-SQL writers; it must refuse what
+	// ValidateTopic refuses for empty, wildcard and NUL topics.
+	ob := openTest(t, Options{})
+	for _, topic := range []string{"", "a/+", "#", "a\x00"} {
+		_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES (?, 'x')`, topic)
+		require.Error(t, err, "topic %q", topic)
+		require.Error(t, ValidateTopic(topic))
+	}
+}
+
+func TestClosed(t *testing.T) {
+	ob := openTest(t, Options{})
+	tx, err := ob.DB().Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	require.NoError(t, ob.Close())
+	require.NoError(t, ob.Close(), "Close is idempotent")
+	require.ErrorIs(t, ob.Enqueue(context.Background(), tx, Message{Topic: "t"}), ErrClosed)
+	require.ErrorIs(t, ob.Transact(context.Background(), func(*sql.Tx) error { return nil }), ErrClosed)
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	require.ErrorIs(t, r.Run(context.Background()), ErrClosed)
+}
+
+func TestRollbackWritesNothing(t *testing.T) {
+	ob := openTest(t, Options{})
+	ctx := context.Background()
+	boom := errors.New("business rule failed")
+	err := ob.Transact(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.Exec(`INSERT INTO orders (item) VALUES ('x')`); err != nil {
+			return err
+		}
+		if err := ob.Enqueue(ctx, tx, Message{Topic: "orders"}); err != nil {
+			return err
+		}
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 0, countState(t, ob, "pending"))
+	st, err := ob.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.Pending)
+}
+
+func TestEnqueueBatchAndDefaults(t *testing.T) {
+	ob := openTest(t, Options{})
+	ctx := context.Background()
+	msgs := make([]Message, 150) // more than one INSERT chunk
+	for i := range msgs {
+		msgs[i] = Message{Topic: "t", Payload: []byte{byte(i)}}
+	}
+	msgs[3].ID = "my-id"
+	msgs[4].Payload = nil
+	require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
+	recs, err := ob.List(ctx, ListOptions{Limit: 1000, WithPayload: true})
+	require.NoError(t, err)
+	require.Len(t, recs, 150)
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	for i, r := range recs {
+		if i > 0 {
+			require.Greater(t, r.Seq, recs[i-1].Seq)
+		}
+		if i == 3 {
+			require.Equal(t, "my-id", r.ID)
+		} else {
+			require.Regexp(t, uuid, r.ID)
+		}
+		if i == 4 {
+			require.Equal(t, 0, r.Size)
+		} else {
+			require.Equal(t, []byte{byte(i)}, r.Payload)
+		}
+	}
+	st, err := ob.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 150, st.Pending)
+	require.EqualValues(t, 149, st.PendingBytes)
+	require.False(t, st.OldestPending.IsZero())
+	require.Equal(t, SchemaVersion, st.SchemaVersion)
+
+	// A duplicate id is refused by the database; the transaction rolls back.
+	err = ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, Message{Topic: "t", ID: "my-id"}) })
+	require.Error(t, err)
+}
+
+func TestPlainSQLRowsGetDefaults(t *testing.T) {
+	ob := openTest(t, Options{})
+	_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES ('a', 'text payload'), ('b', X'00FF')`)
+	require.NoError(t, err)
+	recs, err := ob.List(context.Background(), ListOptions{WithPayload: true})
+	require.NoError(t, err)
+	require.Len(t, recs, 2)
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	require.Regexp(t, uuid, recs[0].ID)
+	require.Regexp(t, uuid, recs[1].ID)
+	require.NotEqual(t, recs[0].ID, recs[1].ID)
+	require.InDelta(t, float64(recs[0].CreatedAt.UnixMilli()), float64(ob.now().UnixMilli()), 60_000)
+	require.Equal(t, 12, recs[0].Size)
+	require.Equal(t, []byte{0, 0xff}, recs[1].Payload)
+	st, err := ob.Stats(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.Pending)
+	require.EqualValues(t, 14, st.PendingBytes)
+}
+
+func TestCapacity(t *testing.T) {
+	ctx := context.Background()
+	t.Run("messages", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 3})
+		for i := 0; i < 3; i++ {
+			commitOrder(t, ob, "orders", i)
+		}
+		err := ob.Transact(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.Exec(`INSERT INTO orders (item) VALUES ('over')`); err != nil {
+				return err
+			}
+			return ob.Enqueue(ctx, tx, Message{Topic: "orders"})
+		})
+		require.ErrorIs(t, err, ErrFull)
+		var orders int
+		require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM orders`).Scan(&orders))
+		require.Equal(t, 3, orders, "the business row rolled back with the event")
+		// Plain-SQL writers are held to the same limit.
+		_, err = ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES ('x', 'y')`)
+		require.ErrorContains(t, err, "outbox full")
+		// Room comes back when a message leaves the pending state.
+		_, err = ob.DB().Exec(`UPDATE outbox SET state = 'sent' WHERE seq = 1`)
+		require.NoError(t, err)
+		commitOrder(t, ob, "orders", 4)
+		require.Equal(t, 3, countState(t, ob, "pending"))
+		require.Equal(t, 1, countState(t, ob, "sent"), "nothing committed was dropped")
+	})
+	t.Run("bytes", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingBytes: 100})
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 60)})
+		}))
+		err := ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 41)})
+		})
+		require.ErrorIs(t, err, ErrFull)
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 40)})
+		}))
+	})
+	t.Run("limit stored and removable", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 1})
+		commitOrder(t, ob, "t", 1)
+		// A second Outbox on the same database without limits keeps them.
+		ob2, err := New(ctx, ob.DB(), Options{})
+		require.NoError(t, err)
+		err = ob2.Transact(ctx, func(tx *sql.Tx) error { return ob2.Enqueue(ctx, tx, Message{Topic: "t"}) })
+		require.ErrorIs(t, err, ErrFull)
+		_, err = New(ctx, ob.DB(), Options{MaxPendingMessages: -1})
+		require.NoError(t, err)
+		commitOrder(t, ob, "t", 2)
+	})
+}
+
+func TestSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	ob, err := Open(ctx, path, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, ob.Close())
+
+	t.Run("migrations are idempotent", func(t *testing.T) {
+		for i := 0; i < 2; i++ {
+			ob, err := Open(ctx, path, Options{Logger: testLogger()})
+			require.NoError(t, err)
+			v, err := readSchemaVersion(ctx, ob.DB())
+			require.NoError(t, err)
+			require.Equal(t, SchemaVersion, v)
+			var rows int
+			require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox_schema`).Scan(&rows))
+			require.Equal(t, SchemaVersion, rows)
+			require.NoError(t, ob.Close())
+		}
+	})
+	t.Run("newer schema refused", func(t *testing.T) {
+		db, err := OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		defer db.Close()
+		_, err = db.Exec(`INSERT INTO outbox_schema (version) VALUES (?)`, SchemaVersion+1)
+		require.NoError(t, err)
+		_, err = New(ctx, db, Options{})
+		require.ErrorIs(t, err, ErrSchemaTooNew)
+		var v int
+		require.NoError(t, db.QueryRow(`SELECT max(version) FROM outbox_schema`).Scan(&v))
+		require.Equal(t, SchemaVersion+1, v, "never downgraded")
+	})
+	t.Run("pending index used", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN SELECT seq, id, topic, payload, type, content_type, created_at, attempts
+			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, 0, 10)
+		require.NoError(t, err)
+		defer rows.Close()
+		var plan strings.Builder
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
+			plan.WriteString(detail + "\n")
+		}
+		require.Contains(t, plan.String(), "outbox_pending")
+	})
+}
+
+func TestCallerDB(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	t.Run("not WAL", func(t *testing.T) {
+		db, err := sql.Open("sqlite", filepath.Join(dir, "rollback.db"))
+		require.NoError(t, err)
+		defer db.Close()
+		_, err = New(ctx, db, Options{})
+		require.ErrorIs(t, err, ErrUnsupportedDB)
+		require.ErrorContains(t, err, "WAL")
+	})
+	t.Run("read only", func(t *testing.T) {
+		path := filepath.Join(dir, "ro.db")
+		db, err := OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		db.Close()
+		ro, err := sql.Open("sqlite", "file:"+path+"?_pragma=query_only(1)")
+		require.NoError(t, err)
+		defer ro.Close()
+		_, err = New(ctx, ro, Options{})
+		require.ErrorIs(t, err, ErrUnsupportedDB)
+	})
+	t.Run("one connection", func(t *testing.T) {
+		db, err := OpenDB(filepath.Join(dir, "one.db"), DBOptions{})
+		require.NoError(t, err)
+		defer db.Close()
+		db.SetMaxOpenConns(1)
+		_, err = New(ctx, db, Options{})
+		require.ErrorIs(t, err, ErrUnsupportedDB)
+	})
+	t.Run("own WAL db works", func(t *testing.T) {
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "own.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+		require.NoError(t, err)
+		defer db.Close()
+		ob, err := New(ctx, db, Options{})
+		require.NoError(t, err)
+		commitOrderNoTable(t, ob)
+		require.NoError(t, ob.Close())
+		require.NoError(t, db.Ping(), "Close leaves a caller's database open")
+	})
+	t.Run("not a database", func(t *testing.T) {
+		path := filepath.Join(dir, "junk.db")
+		require.NoError(t, os.WriteFile(path, []byte(strings.Repeat("not sqlite ", 1000)), 0o600))
+		_, err := Open(ctx, path, Options{})
+		require.Error(t, err)
+	})
+	t.Run("odd path", func(t *testing.T) {
+		path := filepath.Join(dir, "we?ird #name%.db")
+		ob, err := Open(ctx, path, Options{})
+		require.NoError(t, err)
+		defer ob.Close()
+		_, err = os.Stat(path)
+		require.NoError(t, err, "the file is created under its literal name")
+	})
+}
+
+func commitOrderNoTable(t *testing.T, ob *Outbox) {
+	require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
+		return ob.Enqueue(context.Background(), tx, Message{Topic: "t"})
+	}))
+}
+
+func TestFilesArePrivate(t *testing.T) {
+	ob := openTest(t, Options{})
+	commitOrder(t, ob, "t", 1)
+	path := dbPath(t, ob)
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), p)
+	}
+}
+
+func dbPath(t testing.TB, ob *Outbox) string {
+	var seq int
+	var name, file string
+	require.NoError(t, ob.DB().QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file))
+	return file
+}
+
+func TestTransactRetriesBusy(t *testing.T) {
+	ob := openTest(t, Options{})
+	ctx := context.Background()
+	calls := 0
+	err := ob.Transact(ctx, func(tx *sql.Tx) error {
+		calls++
+		if calls < 3 {
+			// What SQLite returns when a deferred transaction cannot
+			// upgrade; Transact must retry it.
+			return busyErr(t, ob)
+		}
+		return ob.Enqueue(ctx, tx, Message{Topic: "t"})
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, calls)
+	require.Equal(t, 1, countState(t, ob, "pending"))
+}
+
+// busyErr produces a real SQLITE_BUSY error from the driver.
+func busyErr(t *testing.T, ob *Outbox) error {
+	db, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(0)")
+	require.NoError(t, err)
+	defer db.Close()
+	// The Transact in progress holds the write lock (BEGIN IMMEDIATE).
+	_, err = db.Exec(`INSERT INTO orders (item) VALUES ('blocked')`)
+	require.True(t, isBusy(err), "want SQLITE_BUSY, got %v", err)
+	return err
+}

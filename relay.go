@@ -1,0 +1,448 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Publisher sends messages to a broker. The relay owns the connection's
+// life: it calls Connect, with backoff, until it succeeds, publishes, and
+// calls Disconnect after any failure before connecting again.
+//
+// MQTTPublisher is the implementation for MQTT; tests and other transports
+// provide their own.
+type Publisher interface {
+	// Connect opens a new connection, returning when it is up or has failed.
+	Connect(ctx context.Context) error
+	// Publish starts sending one message and returns without waiting for the
+	// acknowledgement. The token completes with a nil error once the broker
+	// has acknowledged this very message, or with an error: one that wraps
+	// ErrRejected blames the message; ErrNotConnected says it was never
+	// sent; anything else is a connection failure.
+	Publish(topic string, payload []byte) Token
+	// Disconnect closes the connection. Tokens still in flight must then
+	// complete with an error.
+	Disconnect()
+}
+
+// Token tracks one publish. paho's mqtt.Token satisfies it.
+type Token interface {
+	// Done is closed when the publish completed or failed.
+	Done() <-chan struct{}
+	// Error is valid once Done is closed.
+	Error() error
+}
+
+var (
+	// ErrRejected is wrapped by Publisher errors that blame the message
+	// itself (the broker or endpoint refused it), as opposed to the
+	// connection. Such a message is retried with backoff up to
+	// RelayOptions.MaxAttempts, then parked as dead.
+	ErrRejected = errors.New("outbox: message rejected")
+	// ErrNotConnected is wrapped by Publisher errors for a message that was
+	// never sent because there was no connection.
+	ErrNotConnected = errors.New("outbox: not connected")
+)
+
+// RelayOptions configures a Relay. The zero value is ready to use.
+type RelayOptions struct {
+	// Envelope is what goes on the wire; CloudEvents unless set.
+	Envelope Envelope
+	// Source is the CloudEvents source, naming this device. Default:
+	// "/outbox/" + the host name.
+	Source string
+	// DefaultType is the CloudEvents type of messages enqueued without one.
+	// Default: DefaultEventType.
+	DefaultType string
+	// Window is how many publishes may await their acknowledgement at once.
+	// Default 64; at most 65,535 (MQTT packet ids).
+	Window int
+	// BatchSize is how many rows are read from the database at a time.
+	// Default 256.
+	BatchSize int
+	// AckTimeout is how long a publish may wait for its acknowledgement on
+	// a connection that is still up before the connection is deemed broken.
+	// Default 30 s.
+	AckTimeout time.Duration
+	// Reconnect is the backoff between connection attempts. It never gives
+	// up; RelayOptions.Reconnect.Max is the cap (default 30 s).
+	Reconnect Backoff
+	// Retry is the backoff before a message that failed by itself is tried
+	// again. Defaults: 1 s initial, 1 min cap.
+	Retry Backoff
+	// MaxAttempts is how many times a message may fail by itself before it
+	// is parked as dead. Default 5. Outages never count.
+	MaxAttempts int
+	// PollInterval is how often the relay checks whether another connection
+	// or process committed (SQLite's PRAGMA data_version, a cheap call).
+	// Commits through Outbox.Transact wake the relay at once. Default 2 ms.
+	PollInterval time.Duration
+	// Retention is how long sent rows are kept (for inspection) before
+	// they are deleted. Default 1 h. Negative deletes rows as soon as they
+	// are acknowledged.
+	Retention time.Duration
+	// PurgeInterval is how often sent rows past retention are deleted.
+	// Default: a tenth of Retention, between 1 s and 1 min.
+	PurgeInterval time.Duration
+	// LeaseTTL bounds how long a crashed relay blocks a successor. Default 10 s.
+	LeaseTTL time.Duration
+	// ShutdownTimeout bounds the wait for in-flight acknowledgements when
+	// the relay stops. Default 5 s.
+	ShutdownTimeout time.Duration
+	// Owner names this relay in the lease. Default: host name, process id
+	// and a random suffix.
+	Owner string
+}
+
+func (o RelayOptions) withDefaults() (RelayOptions, error) {
+	if o.Window == 0 {
+		o.Window = 64
+	}
+	if o.Window < 1 || o.Window > 65535 {
+		return o, fmt.Errorf("outbox: relay: Window %d outside 1..65535", o.Window)
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 256
+	}
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = 30 * time.Second
+	}
+	if o.Retry == (Backoff{}) {
+		o.Retry = Backoff{Initial: time.Second, Max: time.Minute}
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 5
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 2 * time.Millisecond
+	}
+	if o.Retention == 0 {
+		o.Retention = time.Hour
+	}
+	if o.PurgeInterval <= 0 {
+		o.PurgeInterval = min(max(o.Retention/10, time.Second), time.Minute)
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 10 * time.Second
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 5 * time.Second
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	if o.Source == "" {
+		o.Source = "/outbox/" + host
+	}
+	if o.DefaultType == "" {
+		o.DefaultType = DefaultEventType
+	}
+	if o.Owner == "" {
+		o.Owner = host + ":" + strconv.Itoa(os.Getpid()) + ":" + NewID()[24:]
+	}
+	return o, nil
+}
+
+// Relay drains the outbox to a Publisher in sequence (commit) order. Create
+// one with Outbox.NewRelay and call Run.
+type Relay struct {
+	ob   *Outbox
+	pub  Publisher
+	opts RelayOptions
+	enc  encoder
+	log  *slog.Logger
+	kick chan struct{}
+
+	mu      sync.Mutex
+	running bool
+	cancel  context.CancelCauseFunc
+	lastErr error
+	errAt   time.Time
+	lastAck time.Time
+
+	connected atomic.Bool
+	inFlight  atomic.Int64
+	sent      atomic.Int64
+	dead      atomic.Int64
+
+	// suspect is the sequence number of the first message that was in
+	// flight when the last connection failed; zero if none. The next
+	// connection sends it alone first (see session).
+	suspect int64
+}
+
+// NewRelay returns a relay that drains this outbox to pub.
+func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
+	if pub == nil {
+		return nil, fmt.Errorf("outbox: relay: nil Publisher")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		ob:   o,
+		pub:  pub,
+		opts: opts,
+		enc:  encoder{mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
+		log:  o.log.With("relay", opts.Owner),
+		kick: make(chan struct{}, 1),
+	}, nil
+}
+
+// ReconnectNow skips the rest of the current reconnection wait: call it
+// when the application learns that the network is back.
+func (r *Relay) ReconnectNow() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// RelayStats is the relay's view: the outbox's counters plus its own.
+type RelayStats struct {
+	Stats
+	Connected   bool
+	InFlight    int64
+	SentSince   int64 // messages acknowledged since Run started
+	DeadSince   int64 // messages parked as dead since Run started
+	LastError   string
+	LastErrorAt time.Time
+	LastAck     time.Time // last acknowledged publish
+}
+
+// Stats returns the relay's counters and the outbox's.
+func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
+	s, err := r.ob.Stats(ctx)
+	r.mu.Lock()
+	rs := RelayStats{
+		Stats:       s,
+		Connected:   r.connected.Load(),
+		InFlight:    r.inFlight.Load(),
+		SentSince:   r.sent.Load(),
+		DeadSince:   r.dead.Load(),
+		LastErrorAt: r.errAt,
+		LastAck:     r.lastAck,
+	}
+	if r.lastErr != nil {
+		rs.LastError = r.lastErr.Error()
+	}
+	r.mu.Unlock()
+	return rs, err
+}
+
+func (r *Relay) setErr(err error) {
+	r.mu.Lock()
+	r.lastErr, r.errAt = err, r.ob.now()
+	r.mu.Unlock()
+}
+
+// stop is called by Outbox.Close.
+func (r *Relay) stop() {
+	r.mu.Lock()
+	if r.cancel != nil {
+		r.cancel(ErrClosed)
+	}
+	r.mu.Unlock()
+}
+
+// relayConn is the relay's own database connection, shared by its
+// goroutines one call at a time. Its synchronous setting is NORMAL: a mark
+// lost to power failure only means a duplicate, never a loss.
+type relayConn struct {
+	mu   sync.Mutex
+	conn *sql.Conn
+}
+
+func (c *relayConn) do(fn func(*sql.Conn) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fn(c.conn)
+}
+
+// Run drains the outbox until ctx is cancelled or the Outbox is closed,
+// then waits (at most ShutdownTimeout) for in-flight acknowledgements and
+// returns nil. It first waits for the relay lease, so a second relay on the
+// same database waits until the first stops. Run returns an error only when
+// the relay cannot go on: the lease was lost, or the database failed.
+func (r *Relay) Run(ctx context.Context) error {
+	r.mu.Lock()
+	if r.running {
+		r.mu.Unlock()
+		return fmt.Errorf("outbox: relay: Run called twice")
+	}
+	r.ob.mu.Lock()
+	if r.ob.closed {
+		r.ob.mu.Unlock()
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	r.running, r.cancel = true, cancel
+	r.ob.relays[r] = struct{}{}
+	r.ob.relayWG.Add(1)
+	r.ob.mu.Unlock()
+	r.mu.Unlock()
+	defer func() {
+		cancel(nil)
+		r.ob.mu.Lock()
+		delete(r.ob.relays, r)
+		r.ob.mu.Unlock()
+		r.mu.Lock()
+		r.running, r.cancel = false, nil
+		r.mu.Unlock()
+		r.ob.relayWG.Done()
+	}()
+	err := r.run(ctx)
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, ErrClosed) {
+		err = cause
+	}
+	return err
+}
+
+func (r *Relay) run(ctx context.Context) error {
+	c, err := r.ob.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
+	defer c.Close()
+	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
+	conn := &relayConn{conn: c}
+	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now}
+	if err := l.acquire(ctx, func(holder string) {
+		r.log.Info("outbox relay waiting for the lease", "holder", holder)
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.log.Info("outbox relay started", "envelope", r.opts.Envelope.String(), "window", r.opts.Window)
+	defer func() {
+		// The context is done by now; releasing needs a fresh one.
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := l.release(rctx); err != nil {
+			r.log.Warn("outbox relay could not release its lease", "err", err)
+		}
+	}()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bg, stopBG := context.WithCancelCause(ctx)
+	defer stopBG(nil)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		r.keepLease(bg, l, stopBG)
+	}()
+	go func() {
+		defer wg.Done()
+		r.purgeLoop(bg, conn)
+	}()
+	err = r.drain(bg, conn, l)
+	if cause := context.Cause(bg); errors.Is(cause, ErrLeaseLost) {
+		return cause
+	}
+	return err
+}
+
+// keepLease renews the lease every quarter TTL; losing it stops the relay.
+func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCauseFunc) {
+	t := time.NewTicker(l.ttl / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := l.renew(ctx)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			r.log.Error("outbox relay lost its lease; stopping")
+			stop(ErrLeaseLost)
+			return
+		case err != nil && ctx.Err() == nil:
+			r.log.Warn("outbox relay could not renew its lease", "err", err)
+		}
+	}
+}
+
+// purgeLoop deletes sent rows past retention and gives free pages back.
+func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
+	if r.opts.Retention < 0 {
+		return // rows are deleted as they are acknowledged
+	}
+	t := time.NewTicker(r.opts.PurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
+			r.log.Warn("outbox purge failed", "err", err)
+		}
+	}
+}
+
+func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
+	before := r.ob.now().Add(-r.opts.Retention).UnixMilli()
+	var deleted int64
+	for ctx.Err() == nil {
+		var n int64
+		err := conn.do(func(c *sql.Conn) error {
+			res, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'sent' AND sent_at < ? LIMIT ?)`, before, purgeBatch)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		deleted += n
+		if n < purgeBatch {
+			break
+		}
+	}
+	if deleted > 0 {
+		r.log.Debug("outbox purged sent rows", "rows", deleted)
+	}
+	return reclaim(ctx, conn)
+}
+
+// reclaim returns free pages to the file system in bounded steps when the
+// database uses incremental auto-vacuum (OpenDB sets it on new files), so
+// the file shrinks after a backlog drains.
+func reclaim(ctx context.Context, conn *relayConn) error {
+	return conn.do(func(c *sql.Conn) error {
+		var mode, free int64
+		if err := c.QueryRowContext(ctx, `PRAGMA auto_vacuum`).Scan(&mode); err != nil {
+			return err
+		}
+		if err := c.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
+			return err
+		}
+		if mode != 2 || free < 64 {
+			return nil
+		}
+		// A pragma that returns no rows still has to be stepped; Exec does.
+		_, err := c.ExecContext(ctx, `PRAGMA incremental_vacuum(2048)`)
+		return err
+	})
+}

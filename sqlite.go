@@ -1,0 +1,349 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// SchemaVersion is the newest schema version this code knows. A database
+// whose schema is newer is refused with ErrSchemaTooNew, never downgraded.
+const SchemaVersion = 1
+
+// Synchronous selects SQLite's synchronous setting for a database opened by
+// Open or OpenDB.
+type Synchronous int
+
+const (
+	// SyncFull (the default) fsyncs the WAL on every commit: a commit that
+	// returned survives power loss.
+	SyncFull Synchronous = iota
+	// SyncNormal fsyncs only at checkpoints. Commits stay atomic and the
+	// file cannot be corrupted, but the last transactions before a power
+	// loss may roll back — business rows and their events together, so
+	// nothing phantom is published. Choose it only when losing the last
+	// moments of work on power loss is acceptable.
+	SyncNormal
+)
+
+func (s Synchronous) pragma() string {
+	if s == SyncNormal {
+		return "NORMAL"
+	}
+	return "FULL"
+}
+
+// DBOptions configures OpenDB.
+type DBOptions struct {
+	// Synchronous is SyncFull unless set.
+	Synchronous Synchronous
+	// BusyTimeout is how long a connection waits for another writer's lock
+	// before SQLITE_BUSY. Zero means 5 s.
+	BusyTimeout time.Duration
+	// JournalSizeLimit caps the WAL file kept after a checkpoint, in bytes.
+	// Zero means 4 MiB; negative means no limit.
+	JournalSizeLimit int64
+}
+
+// OpenDB opens (creating it if needed, readable by its owner only) the SQLite
+// file at path with the settings the outbox relies on: WAL, a busy timeout,
+// synchronous=FULL unless asked otherwise, incremental auto-vacuum for a new
+// file, and BEGIN IMMEDIATE for every transaction so that a writer takes the
+// write lock up front rather than failing on upgrade.
+//
+// Use the returned *sql.DB for the application's own tables too: the outbox
+// row must be written in the same transaction as the business rows.
+func OpenDB(path string, opts DBOptions) (*sql.DB, error) {
+	if path == "" || strings.HasPrefix(path, "file:") || path == ":memory:" {
+		return nil, fmt.Errorf("outbox: open: %q is not a file path (pass a plain path; an outbox needs a file for WAL)", path)
+	}
+	created, err := createPrivate(path)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+	}
+	if created {
+		// auto_vacuum only takes on a new file, before WAL mode or a table
+		// materialises page 1. It is set once, on a connection of its own:
+		// on an existing file the pragma wants the write lock, so it must
+		// not run for every pooled connection.
+		if err := initNewFile(path, opts); err != nil {
+			return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+		}
+	}
+	db, err := sql.Open("sqlite", dsn(path, opts, false))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+	}
+	// A quick round trip surfaces "not a database" and permission errors
+	// here rather than at the first enqueue.
+	var mode string
+	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		db.Close()
+		return nil, fmt.Errorf("outbox: open %s: journal_mode is %q, not WAL: %w", path, mode, ErrUnsupportedDB)
+	}
+	return db, nil
+}
+
+// dsn builds a file: URI. With the file: prefix the driver hands the whole URI
+// to SQLite, so the path is percent-escaped; the _pragma values are fixed
+// strings built here from numbers and enums, never from caller text, because
+// the driver runs them verbatim.
+func dsn(path string, opts DBOptions, autoVacuum bool) string {
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 5 * time.Second
+	}
+	limit := opts.JournalSizeLimit
+	if limit == 0 {
+		limit = 4 << 20
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
+	if autoVacuum {
+		q.Add("_auto_vacuum", "INCREMENTAL")
+	}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous("+opts.Synchronous.pragma()+")")
+	q.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", limit))
+	q.Add("_txlock", "immediate")
+	u := url.URL{Path: path}
+	return "file:" + u.EscapedPath() + "?" + q.Encode()
+}
+
+// createPrivate creates path with mode 0600 if it does not exist, and says
+// whether it did. SQLite gives the -wal and -shm files the mode of the
+// database file, so all three stay private.
+func createPrivate(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, f.Close()
+}
+
+func initNewFile(path string, opts DBOptions) error {
+	db, err := sql.Open("sqlite", dsn(path, opts, true))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Ping()
+}
+
+// nowMillisSQL is the creation time in Unix milliseconds, written with
+// julianday so that writers on old SQLite libraries (no unixepoch) can use
+// the table contract too.
+const nowMillisSQL = `CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)`
+
+// uuidv7SQL builds a version 7 UUID in plain SQL, so rows inserted by other
+// languages get a stable, time-sortable id without any help.
+const uuidv7SQL = `lower(printf('%08x-%04x-7%03x-%04x-%012x', ` +
+	nowMillisSQL + ` / 65536, ` + nowMillisSQL + ` % 65536, ` +
+	`random() & 4095, 32768 | (random() & 16383), random() & 281474976710655))`
+
+// migrations[i] brings the schema from version i to i+1. They are applied in
+// one IMMEDIATE transaction, so a crash leaves either the old or the new
+// schema.
+var migrations = []string{
+	// 1: the outbox table, its counters and the relay lease.
+	`
+CREATE TABLE IF NOT EXISTS outbox (
+	seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+	id           TEXT    NOT NULL UNIQUE DEFAULT (` + uuidv7SQL + `),
+	topic        TEXT    NOT NULL CHECK (length(topic) > 0 AND instr(topic, '+') = 0 AND instr(topic, '#') = 0 AND instr(topic, char(0)) = 0),
+	payload      BLOB    NOT NULL,
+	type         TEXT    NOT NULL DEFAULT '',
+	content_type TEXT    NOT NULL DEFAULT '',
+	created_at   INTEGER NOT NULL DEFAULT (` + nowMillisSQL + `),
+	state        TEXT    NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'dead')),
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	last_error   TEXT,
+	sent_at      INTEGER,
+	dead_at      INTEGER
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (seq) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (seq) WHERE state = 'dead';
+CREATE INDEX IF NOT EXISTS outbox_sent ON outbox (sent_at) WHERE state = 'sent';
+
+CREATE TABLE IF NOT EXISTS outbox_counters (
+	id                INTEGER PRIMARY KEY CHECK (id = 1),
+	pending_count     INTEGER NOT NULL DEFAULT 0,
+	pending_bytes     INTEGER NOT NULL DEFAULT 0,
+	max_pending_count INTEGER NOT NULL DEFAULT 0,
+	max_pending_bytes INTEGER NOT NULL DEFAULT 0
+);
+INSERT OR IGNORE INTO outbox_counters (id) VALUES (1);
+
+CREATE TRIGGER IF NOT EXISTS outbox_capacity BEFORE INSERT ON outbox
+WHEN (SELECT (max_pending_count > 0 AND pending_count >= max_pending_count)
+          OR (max_pending_bytes > 0 AND pending_bytes + length(CAST(NEW.payload AS BLOB)) > max_pending_bytes)
+      FROM outbox_counters WHERE id = 1)
+BEGIN SELECT RAISE(ABORT, 'outbox full: pending limit reached'); END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_count_insert AFTER INSERT ON outbox WHEN NEW.state = 'pending'
+BEGIN UPDATE outbox_counters SET pending_count = pending_count + 1,
+	pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB)) WHERE id = 1; END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_count_leave AFTER UPDATE OF state ON outbox
+WHEN OLD.state = 'pending' AND NEW.state <> 'pending'
+BEGIN UPDATE outbox_counters SET pending_count = pending_count - 1,
+	pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB)) WHERE id = 1; END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_count_enter AFTER UPDATE OF state ON outbox
+WHEN OLD.state <> 'pending' AND NEW.state = 'pending'
+BEGIN UPDATE outbox_counters SET pending_count = pending_count + 1,
+	pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB)) WHERE id = 1; END;
+
+CREATE TRIGGER IF NOT EXISTS outbox_count_delete AFTER DELETE ON outbox WHEN OLD.state = 'pending'
+BEGIN UPDATE outbox_counters SET pending_count = pending_count - 1,
+	pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB)) WHERE id = 1; END;
+
+CREATE TABLE IF NOT EXISTS outbox_lease (
+	name       TEXT    PRIMARY KEY,
+	owner      TEXT    NOT NULL DEFAULT '',
+	token      INTEGER NOT NULL DEFAULT 0,
+	expires_at INTEGER NOT NULL DEFAULT 0
+);
+`,
+}
+
+// migrate applies the missing migrations and returns the schema version.
+func migrate(ctx context.Context, db *sql.DB) (int, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	// auto_vacuum can only change before the first table exists; on a
+	// fresh database it lets retention hand space back to the file system.
+	var tables int
+	if err := conn.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema`).Scan(&tables); err != nil {
+		return 0, err
+	}
+	if tables == 0 {
+		if _, err := conn.ExecContext(ctx, `PRAGMA auto_vacuum = INCREMENTAL`); err != nil {
+			return 0, err
+		}
+	}
+	// BEGIN IMMEDIATE by hand: the caller's DSN may not ask for it, and two
+	// processes migrating at once must not both read version 0.
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		return 0, err
+	}
+	version, err := migrateLocked(ctx, conn)
+	if err != nil {
+		conn.ExecContext(context.Background(), `ROLLBACK`)
+		return 0, err
+	}
+	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		conn.ExecContext(context.Background(), `ROLLBACK`)
+		return 0, err
+	}
+	return version, nil
+}
+
+func migrateLocked(ctx context.Context, conn *sql.Conn) (int, error) {
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS outbox_schema (
+		version    INTEGER NOT NULL,
+		applied_at INTEGER NOT NULL DEFAULT (`+nowMillisSQL+`))`); err != nil {
+		return 0, err
+	}
+	var version int
+	if err := conn.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema`).Scan(&version); err != nil {
+		return 0, err
+	}
+	if version > SchemaVersion {
+		return version, fmt.Errorf("%w: database has schema version %d, this code knows up to %d", ErrSchemaTooNew, version, SchemaVersion)
+	}
+	for v := version; v < SchemaVersion; v++ {
+		if _, err := conn.ExecContext(ctx, migrations[v]); err != nil {
+			return v, fmt.Errorf("migration %d: %w", v+1, err)
+		}
+		if _, err := conn.ExecContext(ctx, `INSERT INTO outbox_schema (version) VALUES (?)`, v+1); err != nil {
+			return v, err
+		}
+	}
+	return SchemaVersion, nil
+}
+
+// readSchemaVersion reports the schema version without changing anything;
+// 0 means the database has no outbox schema.
+func readSchemaVersion(ctx context.Context, db *sql.DB) (int, error) {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_schema'`).Scan(&n); err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	var version int
+	err := db.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema`).Scan(&version)
+	return version, err
+}
+
+// checkDB verifies what the outbox relies on in a database handed in by the
+// caller.
+func checkDB(ctx context.Context, db *sql.DB) error {
+	var mode string
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		return err
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("%w: journal_mode is %q; the outbox needs WAL so that the relay's reads never block writers (open with outbox.OpenDB, or add _pragma=journal_mode(WAL) to the DSN)", ErrUnsupportedDB, mode)
+	}
+	var queryOnly int
+	if err := db.QueryRowContext(ctx, `PRAGMA query_only`).Scan(&queryOnly); err != nil {
+		return err
+	}
+	if queryOnly != 0 {
+		return fmt.Errorf("%w: the connection is read-only (query_only)", ErrUnsupportedDB)
+	}
+	if max := db.Stats().MaxOpenConnections; max > 0 && max < 2 {
+		return fmt.Errorf("%w: SetMaxOpenConns(%d); the relay holds one connection of its own, so allow at least 2", ErrUnsupportedDB, max)
+	}
+	return nil
+}
+
+// sqliteCode returns the primary SQLite result code of err, or 0.
+func sqliteCode(err error) int {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code() & 0xff
+	}
+	return 0
+}
+
+func isBusy(err error) bool {
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+}
+
+// classifyWriteErr turns SQLite failures that callers must act on into the
+// package's sentinels, keeping the original error in the chain.
+func classifyWriteErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case strings.Contains(err.Error(), "outbox full"):
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	case sqliteCode(err) == sqlite3.SQLITE_FULL:
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
+	return err
+}

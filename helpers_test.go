@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,6 +119,9 @@ type recorder struct {
 }
 
 func (r *recorder) add(topic string, payload []byte) {
+	if strings.HasPrefix(topic, "$") {
+		return // the broker's own $SYS messages
+	}
 	d := delivery{topic: topic, payload: append([]byte(nil), payload...)}
 	d.ev, d.evErr = DecodeEvent(d.payload)
 	r.mu.Lock()

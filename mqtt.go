@@ -49,9 +49,9 @@ type MQTTPublisher struct {
 	opts MQTTOptions
 	url  *url.URL
 
-	mu     sync.Mutex
-	client mqtt.Client
-	lost   chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	conn *mqttConn
 }
 
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
@@ -153,15 +153,29 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	select {
 	case <-tok.Done():
 	case <-ctx.Done():
-		go func() { <-tok.Done(); c.Disconnect(0) }()
+		// paho cannot abandon a connect under way; end it when it ends.
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); <-tok.Done(); c.Disconnect(0) }()
 		return ctx.Err()
 	}
 	if err := tok.Error(); err != nil {
 		c.Disconnect(0)
 		return fmt.Errorf("outbox: mqtt connect to %s: %w", redactURL(p.url), err)
 	}
+	cn := &mqttConn{
+		wg:      &p.wg,
+		client:  c,
+		lost:    lost,
+		queue:   make(chan *pubToken, 64),
+		forward: make(chan forwarding, 1024),
+		stop:    make(chan struct{}),
+		pending: make(map[*pubToken]struct{}),
+	}
+	p.wg.Add(2)
+	go func() { defer p.wg.Done(); cn.write() }()
+	go func() { defer p.wg.Done(); cn.forwardAcks() }()
 	p.mu.Lock()
-	p.client, p.lost = c, lost
+	p.conn = cn
 	p.mu.Unlock()
 	return nil
 }
@@ -169,25 +183,32 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 // Publish sends one message at QoS 1.
 func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
 	p.mu.Lock()
-	c := p.client
+	cn := p.conn
 	p.mu.Unlock()
-	if c == nil {
+	if cn == nil {
 		return failedToken{ErrNotConnected}
 	}
-	return mqttToken{c.Publish(topic, 1, false, payload)}
+	return cn.publish(topic, payload)
 }
 
-// Disconnect closes the connection; tokens in flight complete with errors.
+// Disconnect closes the connection at once; tokens in flight complete with
+// errors. It does not wait for paho to finish a write already under way
+// (bounded by WriteTimeout); Close does.
 func (p *MQTTPublisher) Disconnect() {
 	p.mu.Lock()
-	c := p.client
-	p.client = nil
+	cn := p.conn
+	p.conn = nil
 	p.mu.Unlock()
-	if c != nil {
-		// No quiesce: in-flight tokens must fail now, not after a grace
-		// period; the relay sends them again on the next connection.
-		c.Disconnect(0)
+	if cn != nil {
+		cn.close()
 	}
+}
+
+// Close disconnects and waits for the publisher's goroutines to end.
+func (p *MQTTPublisher) Close() error {
+	p.Disconnect()
+	p.wg.Wait()
+	return nil
 }
 
 // ConnectionLost returns a channel closed when the current connection is
@@ -195,18 +216,133 @@ func (p *MQTTPublisher) Disconnect() {
 func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.lost
+	if p.conn == nil {
+		return nil
+	}
+	return p.conn.lost
 }
 
-// mqttToken maps paho's errors onto the Publisher contract.
-type mqttToken struct{ mqtt.Token }
+// mqttConn is one paho client, used for one connection only.
+//
+// paho's Publish hands each packet to its network goroutine through an
+// unbuffered channel; once the connection is lost nobody receives, and
+// Publish blocks for the whole WriteTimeout. So publishes go through a
+// writer goroutine of our own, and the relay gets a token that Disconnect
+// can fail at once.
+type mqttConn struct {
+	wg      *sync.WaitGroup
+	client  mqtt.Client
+	lost    chan struct{}
+	queue   chan *pubToken
+	forward chan forwarding
+	stop    chan struct{}
 
-func (t mqttToken) Error() error {
-	err := t.Token.Error()
-	if errors.Is(err, mqtt.ErrNotConnected) {
-		return fmt.Errorf("%w: %w", ErrNotConnected, err)
+	mu      sync.Mutex
+	closed  bool
+	pending map[*pubToken]struct{}
+}
+
+type forwarding struct {
+	tok  *pubToken
+	paho mqtt.Token
+}
+
+func (c *mqttConn) publish(topic string, payload []byte) Token {
+	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return failedToken{ErrNotConnected}
 	}
-	return err
+	c.pending[t] = struct{}{}
+	c.mu.Unlock()
+	select {
+	case c.queue <- t:
+	case <-c.stop:
+		c.complete(t, ErrNotConnected)
+	}
+	return t
+}
+
+func (c *mqttConn) complete(t *pubToken, err error) {
+	c.mu.Lock()
+	delete(c.pending, t)
+	c.mu.Unlock()
+	t.complete(err)
+}
+
+// write hands publishes to paho in order.
+func (c *mqttConn) write() {
+	defer close(c.forward)
+	for {
+		select {
+		case <-c.stop:
+			return
+		case t := <-c.queue:
+			pt := c.client.Publish(t.topic, 1, false, t.payload)
+			t.payload = nil
+			select {
+			case c.forward <- forwarding{t, pt}:
+			case <-c.stop:
+				return
+			}
+		}
+	}
+}
+
+// forwardAcks completes the relay's tokens as paho's complete.
+func (c *mqttConn) forwardAcks() {
+	for f := range c.forward {
+		select {
+		case <-f.paho.Done():
+			err := f.paho.Error()
+			if errors.Is(err, mqtt.ErrNotConnected) {
+				err = fmt.Errorf("%w: %w", ErrNotConnected, err)
+			}
+			c.complete(f.tok, err)
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+var errDisconnected = errors.New("disconnected before the acknowledgement")
+
+func (c *mqttConn) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	close(c.stop)
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	for t := range pending {
+		t.complete(errDisconnected)
+	}
+	// Without quiesce: nothing more may be acknowledged on this connection.
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.client.Disconnect(0) }()
+}
+
+// pubToken is the relay's token for one publish.
+type pubToken struct {
+	topic   string
+	payload []byte
+	done    chan struct{}
+	err     error
+	once    sync.Once
+}
+
+func (t *pubToken) Done() <-chan struct{} { return t.done }
+func (t *pubToken) Error() error          { return t.err }
+func (t *pubToken) complete(err error) {
+	t.once.Do(func() {
+		t.err = err
+		close(t.done)
+	})
 }
 
 // failedToken is a token that failed before anything was sent.

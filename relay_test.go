@@ -1,0 +1,531 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func mqttRelay(t testing.TB, ob *Outbox, brokerURL string, opts RelayOptions) *Relay {
+	t.Helper()
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: brokerURL, ClientID: "relay-" + NewID()[24:], ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second, KeepAlive: 2 * time.Second, PingTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	return r
+}
+
+// checkOrdered asserts that first deliveries came in sequence order and
+// covered want messages.
+func checkOrdered(t *testing.T, rec *recorder, want int) (dups int) {
+	t.Helper()
+	seqs, dups := rec.firstDeliveries()
+	require.Equal(t, want, len(seqs), "distinct events delivered")
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] <= seqs[i-1] {
+			t.Fatalf("first deliveries out of commit order at %d: %d after %d", i, seqs[i], seqs[i-1])
+		}
+	}
+	for _, d := range rec.all() {
+		require.NoError(t, d.evErr)
+	}
+	return dups
+}
+
+func TestRelayCommitOrderAndAtomicity(t *testing.T) {
+	b := startBroker(t)
+	ob := openTest(t, Options{})
+	startRelay(t, mqttRelay(t, ob, b.url(), fastRelay()))
+
+	const writers, perWriter = 4, 150
+	ctx := context.Background()
+	var mu sync.Mutex
+	committed := map[string]bool{}
+	rolledBack := map[string]bool{}
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perWriter; i++ {
+				id := NewID()
+				fail := i%7 == 3
+				err := ob.Transact(ctx, func(tx *sql.Tx) error {
+					if _, err := tx.Exec(`INSERT INTO orders (item) VALUES (?)`, id); err != nil {
+						return err
+					}
+					if err := ob.Enqueue(ctx, tx, Message{ID: id, Topic: fmt.Sprintf("pos/%d/orders", w), Type: "order.created", Payload: []byte(`{"ok":true}`)}); err != nil {
+						return err
+					}
+					if fail {
+						return errors.New("rolled back on purpose")
+					}
+					return nil
+				})
+				mu.Lock()
+				if fail {
+					require.Error(t, err)
+					rolledBack[id] = true
+				} else {
+					require.NoError(t, err)
+					committed[id] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, 20*time.Second, "all committed events delivered", func() bool { return b.rec.count() >= len(committed) })
+	dups := checkOrdered(t, b.rec, len(committed))
+	require.Zero(t, dups, "no faults, so no duplicates")
+	for _, d := range b.rec.all() {
+		require.NoError(t, d.evErr)
+		require.True(t, committed[d.ev.ID], "delivered event %s was committed", d.ev.ID)
+		require.False(t, rolledBack[d.ev.ID], "rolled-back event %s published", d.ev.ID)
+		require.Equal(t, "/test/device", d.ev.Source)
+		require.Equal(t, "order.created", d.ev.Type)
+		require.Equal(t, "application/json", d.ev.DataContentType)
+		require.JSONEq(t, `{"ok":true}`, string(d.ev.Data))
+	}
+	eventually(t, 5*time.Second, "all marked sent", func() bool { return countState(t, ob, "sent") == len(committed) })
+}
+
+func TestRelayOutageMidBacklog(t *testing.T) {
+	b := startBroker(t)
+	p := startProxy(t, b.addr)
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.Window = 16
+	r := mqttRelay(t, ob, p.url(), opts)
+	const backlog = 3000
+	for i := 0; i < backlog; i += 100 {
+		msgs := make([]Message, 100)
+		for j := range msgs {
+			msgs[j] = Message{Topic: "pos/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i+j)}
+		}
+		require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error { return ob.Enqueue(context.Background(), tx, msgs...) }))
+	}
+	startRelay(t, r)
+	outages := 0
+	for _, at := range []int{300, 1200, 2400} {
+		eventually(t, 20*time.Second, "progress before the outage", func() bool { return b.rec.count() >= at })
+		p.down()
+		outages++
+		eventually(t, 5*time.Second, "relay notices the outage", func() bool {
+			s, _ := r.Stats(context.Background())
+			return !s.Connected && s.LastError != ""
+		})
+		// Keep committing while the broker is unreachable.
+		for i := 0; i < 20; i++ {
+			commitOrder(t, ob, "pos/orders", backlog+outages*100+i)
+		}
+		p.up()
+	}
+	total := backlog + 3*20
+	eventually(t, 30*time.Second, "backlog drained", func() bool { return countState(t, ob, "sent") == total })
+	dups := checkOrdered(t, b.rec, total)
+	require.LessOrEqual(t, dups, outages*opts.Window, "duplicates only from messages in flight at a cut")
+	require.Zero(t, countState(t, ob, "dead"), "an outage never dead-letters")
+	var attempts int
+	require.NoError(t, ob.DB().QueryRow(`SELECT coalesce(max(attempts), 0) FROM outbox`).Scan(&attempts))
+	require.Zero(t, attempts, "an outage never counts against a message")
+}
+
+func TestRelayWithheldPubackIsResent(t *testing.T) {
+	b := startBroker(t)
+	p := startProxy(t, b.addr)
+	ob := openTest(t, Options{})
+	startRelay(t, mqttRelay(t, ob, p.url(), fastRelay()))
+	commitOrder(t, ob, "pos/orders", 0)
+	eventually(t, 10*time.Second, "first message sent", func() bool { return countState(t, ob, "sent") == 1 })
+
+	p.swallowDown.Store(true) // PUBACKs (and everything else) from the broker vanish
+	commitOrder(t, ob, "pos/orders", 1)
+	eventually(t, 10*time.Second, "broker received the message", func() bool { return b.rec.count() == 2 })
+	// The broker has it, but no PUBACK came back: it must stay pending.
+	state, _ := rowState(t, ob, 2)
+	require.Equal(t, "pending", state)
+
+	p.cut()
+	p.swallowDown.Store(false)
+	eventually(t, 10*time.Second, "message resent and acknowledged", func() bool {
+		s, _ := rowState(t, ob, 2)
+		return s == "sent"
+	})
+	all := b.rec.all()
+	require.GreaterOrEqual(t, len(all), 3)
+	require.Equal(t, all[1].ev.ID, all[2].ev.ID, "the same event was sent again")
+	require.Zero(t, countState(t, ob, "dead"))
+}
+
+func TestRelayPoisonMessageRefusedByBroker(t *testing.T) {
+	b := startBroker(t)
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.MaxAttempts = 3
+	r := mqttRelay(t, ob, b.url(), opts)
+	commitOrder(t, ob, "pos/orders", 1)
+	commitOrder(t, ob, "denied/orders", 2) // the broker closes the connection on this one
+	commitOrder(t, ob, "pos/orders", 3)
+	commitOrder(t, ob, "pos/orders", 4)
+	startRelay(t, r)
+	eventually(t, 20*time.Second, "the rest delivered", func() bool { return countState(t, ob, "sent") == 3 })
+	state, attempts := rowState(t, ob, 2)
+	require.Equal(t, "dead", state)
+	require.Equal(t, 3, attempts)
+	dead, err := ob.List(context.Background(), ListOptions{State: StateDead})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.NotEmpty(t, dead[0].LastError)
+	require.False(t, dead[0].DeadAt.IsZero())
+	seqs, _ := b.rec.firstDeliveries()
+	require.Equal(t, []int64{1, 3, 4}, seqs)
+	s, err := r.Stats(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.Dead)
+	require.EqualValues(t, 1, s.DeadSince)
+
+	// Requeued, it is tried again (and refused again).
+	n, err := ob.RequeueDead(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	eventually(t, 20*time.Second, "dead again", func() bool { s, _ := rowState(t, ob, 2); return s == "dead" })
+	n, err = ob.PurgeDead(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+func TestRelayRejectedMessageRetriedThenDead(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{reject: func(topic string) error {
+		if topic == "bad" {
+			return fmt.Errorf("%w: 400 bad request", ErrRejected)
+		}
+		return nil
+	}}
+	opts := fastRelay()
+	opts.MaxAttempts = 4
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	commitOrder(t, ob, "good", 1)
+	commitOrder(t, ob, "bad", 2)
+	commitOrder(t, ob, "good", 3)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "good ones sent, bad one dead", func() bool {
+		return countState(t, ob, "sent") == 2 && countState(t, ob, "dead") == 1
+	})
+	state, attempts := rowState(t, ob, 2)
+	require.Equal(t, "dead", state)
+	require.Equal(t, 4, attempts)
+	require.Equal(t, 2, pub.publishedCount(), "nothing published twice without a failure")
+}
+
+func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {
+	b := startBroker(t)
+	ob := openTest(t, Options{})
+	commitOrder(t, ob, "pos/orders", 1)
+	// A plain-SQL writer stored a topic that is not UTF-8: it can never be
+	// published, so retrying is pointless.
+	_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES (CAST(X'61FF' AS TEXT), 'x')`)
+	require.NoError(t, err)
+	commitOrder(t, ob, "pos/orders", 3)
+	startRelay(t, mqttRelay(t, ob, b.url(), fastRelay()))
+	eventually(t, 10*time.Second, "valid ones sent", func() bool { return countState(t, ob, "sent") == 2 })
+	state, attempts := rowState(t, ob, 2)
+	require.Equal(t, "dead", state)
+	require.Equal(t, 1, attempts)
+	dead, err := ob.List(context.Background(), ListOptions{State: StateDead})
+	require.NoError(t, err)
+	require.Contains(t, dead[0].LastError, "UTF-8")
+}
+
+func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) {
+	b := startBroker(t)
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.PollInterval = 5 * time.Millisecond
+	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	// Another pool on the same file stands for another process: no
+	// in-process wake-up, only data_version.
+	other, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/1', '{"total": 12.5}')`)
+	require.NoError(t, err)
+	_, err = other.Exec(`INSERT INTO outbox (topic, payload, type) VALUES ('shop/1', X'DEADBEEF', 'blob.event')`)
+	require.NoError(t, err)
+	commitOrder(t, ob, "shop/1", 3)
+	eventually(t, 5*time.Second, "three delivered", func() bool { return b.rec.count() == 3 })
+	all := b.rec.all()
+	require.Equal(t, DefaultEventType, all[0].ev.Type)
+	require.Equal(t, "application/json", all[0].ev.DataContentType)
+	require.JSONEq(t, `{"total": 12.5}`, string(all[0].ev.Data))
+	require.Equal(t, "blob.event", all[1].ev.Type)
+	require.Equal(t, "application/octet-stream", all[1].ev.DataContentType)
+	require.Equal(t, []byte{0xde, 0xad, 0xbe, 0xef}, all[1].ev.Data)
+	require.Equal(t, []int64{1, 2, 3}, []int64{all[0].ev.Sequence, all[1].ev.Sequence, all[2].ev.Sequence})
+}
+
+func TestRelayWakesOnTransactWithoutPolling(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.PollInterval = time.Hour // only the in-process wake-up can deliver
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "relay connected", func() bool { s, _ := r.Stats(context.Background()); return s.Connected })
+	for i := 0; i < 5; i++ {
+		commitOrder(t, ob, "t", i)
+		eventually(t, 2*time.Second, "delivered after Transact", func() bool { return pub.publishedCount() == i+1 })
+	}
+}
+
+func TestRelayOutageNeverCounts(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{connErr: errors.New("connection refused")}
+	opts := fastRelay()
+	opts.Reconnect = Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	commitOrder(t, ob, "t", 1)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "many failed connects", func() bool {
+		pub.mu.Lock()
+		defer pub.mu.Unlock()
+		return pub.connects > 50
+	})
+	state, attempts := rowState(t, ob, 1)
+	require.Equal(t, "pending", state)
+	require.Zero(t, attempts)
+	s, err := r.Stats(context.Background())
+	require.NoError(t, err)
+	require.Contains(t, s.LastError, "connection refused")
+	require.False(t, s.Connected)
+	pub.mu.Lock()
+	pub.connErr = nil
+	pub.mu.Unlock()
+	eventually(t, 5*time.Second, "sent after the outage", func() bool { s, _ := rowState(t, ob, 1); return s == "sent" })
+}
+
+func TestRelayReconnectNow(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{connErr: errors.New("network unreachable")}
+	opts := fastRelay()
+	opts.Reconnect = Backoff{Initial: time.Hour, Max: time.Hour}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	commitOrder(t, ob, "t", 1)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "first connect failed", func() bool { s, _ := r.Stats(context.Background()); return s.LastError != "" })
+	pub.mu.Lock()
+	pub.connErr = nil
+	pub.mu.Unlock()
+	r.ReconnectNow()
+	eventually(t, 5*time.Second, "sent without waiting an hour", func() bool { s, _ := rowState(t, ob, 1); return s == "sent" })
+}
+
+func TestTwoRelaysOneDatabase(t *testing.T) {
+	b := startBroker(t)
+	path := filepath.Join(t.TempDir(), "shared.db")
+	ctx := context.Background()
+	open := func() *Outbox {
+		ob, err := Open(ctx, path, Options{Logger: testLogger()})
+		require.NoError(t, err)
+		t.Cleanup(func() { ob.Close() })
+		return ob
+	}
+	// Two Outbox values with their own pools stand for two processes.
+	obA, obB := open(), open()
+	_, err := obA.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)`)
+	require.NoError(t, err)
+	optsA, optsB := fastRelay(), fastRelay()
+	optsA.Owner, optsB.Owner = "relay-a", "relay-b"
+	relayA := mqttRelay(t, obA, b.url(), optsA)
+	stopA := startRelay(t, relayA)
+	eventually(t, 5*time.Second, "A holds the lease", func() bool { s, _ := obA.Stats(ctx); return s.LeaseOwner == "relay-a" })
+	relayB := mqttRelay(t, obB, b.url(), optsB)
+	startRelay(t, relayB)
+	// A third relay in the same process as A is held off as well.
+	relayA2 := mqttRelay(t, obA, b.url(), RelayOptions{Owner: "relay-a2", LeaseTTL: 2 * time.Second})
+	startRelay(t, relayA2)
+
+	for i := 0; i < 300; i++ {
+		ob := obA
+		if i%2 == 1 {
+			ob = obB
+		}
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	eventually(t, 10*time.Second, "all delivered", func() bool { return countState(t, obA, "sent") == 300 })
+	require.Zero(t, checkOrdered(t, b.rec, 300), "one relay at a time: no duplicates")
+	sB, err := relayB.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, sB.SentSince, "B waited")
+
+	stopA() // releases the lease: B (or A2) takes over without waiting a TTL
+	for i := 300; i < 400; i++ {
+		commitOrder(t, obB, "pos/orders", i)
+	}
+	eventually(t, 10*time.Second, "delivered by the successor", func() bool { return countState(t, obA, "sent") == 400 })
+	require.Zero(t, checkOrdered(t, b.rec, 400))
+}
+
+func TestLeaseTakenOverAfterCrash(t *testing.T) {
+	ob := openTest(t, Options{})
+	// A relay that crashed left its lease behind.
+	_, err := ob.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES ('relay', 'crashed', 7, 0)`)
+	require.NoError(t, err)
+	commitOrder(t, ob, "t", 1)
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = 300 * time.Millisecond
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	start := time.Now()
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "sent after takeover", func() bool { s, _ := rowState(t, ob, 1); return s == "sent" })
+	require.GreaterOrEqual(t, time.Since(start), opts.LeaseTTL, "waited a whole TTL before taking over")
+}
+
+func TestLeaseLostStopsRelay(t *testing.T) {
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.LeaseTTL = 200 * time.Millisecond
+	r, err := ob.NewRelay(&fakePublisher{}, opts)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	eventually(t, 5*time.Second, "lease held", func() bool { s, _ := ob.Stats(context.Background()); return s.LeaseOwner != "" })
+	_, err = ob.DB().Exec(`UPDATE outbox_lease SET owner = 'usurper'`)
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrLeaseLost)
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay kept running without its lease")
+	}
+}
+
+func TestRetention(t *testing.T) {
+	ctx := context.Background()
+	t.Run("sent rows purged after retention", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		opts := fastRelay()
+		opts.Retention = 50 * time.Millisecond
+		opts.PurgeInterval = 10 * time.Millisecond
+		r, err := ob.NewRelay(&fakePublisher{}, opts)
+		require.NoError(t, err)
+		startRelay(t, r)
+		for i := 0; i < 50; i++ {
+			commitOrder(t, ob, "t", i)
+		}
+		eventually(t, 5*time.Second, "rows purged", func() bool {
+			var n int
+			require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox`).Scan(&n))
+			return n == 0
+		})
+		st, err := ob.Stats(ctx)
+		require.NoError(t, err)
+		require.Zero(t, st.Pending)
+	})
+	t.Run("delete on ack", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		opts := fastRelay()
+		opts.Retention = -1
+		pub := &fakePublisher{}
+		r, err := ob.NewRelay(pub, opts)
+		require.NoError(t, err)
+		startRelay(t, r)
+		for i := 0; i < 20; i++ {
+			commitOrder(t, ob, "t", i)
+		}
+		eventually(t, 5*time.Second, "rows deleted", func() bool {
+			var n int
+			require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox`).Scan(&n))
+			return n == 0 && pub.publishedCount() == 20
+		})
+	})
+	t.Run("the file gives space back", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		payload := make([]byte, 4000)
+		for i := 0; i < 20; i++ {
+			msgs := make([]Message, 100)
+			for j := range msgs {
+				msgs[j] = Message{Topic: "t", Payload: payload}
+			}
+			require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
+		}
+		pages := func() (n int64) {
+			require.NoError(t, ob.DB().QueryRow(`PRAGMA page_count`).Scan(&n))
+			return n
+		}
+		full := pages()
+		opts := fastRelay()
+		opts.Retention = time.Millisecond
+		opts.PurgeInterval = 10 * time.Millisecond
+		r, err := ob.NewRelay(&fakePublisher{}, opts)
+		require.NoError(t, err)
+		startRelay(t, r)
+		eventually(t, 10*time.Second, "file shrinks", func() bool { return pages() < full/4 })
+	})
+}
+
+func TestShutdownWaitsForInFlight(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{hold: true}
+	opts := fastRelay()
+	opts.ShutdownTimeout = 500 * time.Millisecond
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	for i := 0; i < 10; i++ {
+		commitOrder(t, ob, "t", i)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	eventually(t, 5*time.Second, "all ten in flight", func() bool { return pub.heldCount() == 10 })
+	cancel()
+	pub.release(4) // acknowledgements that arrive during shutdown still count
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within the shutdown timeout")
+	}
+	require.Equal(t, 4, countState(t, ob, "sent"))
+	require.Equal(t, 6, countState(t, ob, "pending"), "unacknowledged messages stay pending")
+	s, err := ob.Stats(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, s.LeaseOwner, "lease released on shutdown")
+	pub.Disconnect() // complete the abandoned tokens
+}
+
+func TestCloseStopsRelays(t *testing.T) {
+	ob := openTest(t, Options{})
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	eventually(t, 5*time.Second, "relay running", func() bool { s, _ := r.Stats(context.Background()); return s.Connected })
+	require.NoError(t, ob.Close())
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not stop the relay")
+	}
+}

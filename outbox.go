@@ -141,6 +141,7 @@ type Options struct {
 // It is safe for concurrent use.
 type Outbox struct {
 	db         *sql.DB
+	insert     *sql.Stmt
 	ownsDB     bool
 	maxPayload int
 	log        *slog.Logger
@@ -189,8 +190,13 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {
 		return nil, fmt.Errorf("outbox: limits: %w", err)
 	}
+	insert, err := db.PrepareContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
 	o := &Outbox{
 		db:         db,
+		insert:     insert,
 		maxPayload: opts.MaxPayloadBytes,
 		log:        opts.Logger,
 		now:        opts.Now,
@@ -241,6 +247,7 @@ func (o *Outbox) Close() error {
 	}
 	o.mu.Unlock()
 	o.relayWG.Wait()
+	o.insert.Close()
 	if o.ownsDB {
 		return o.db.Close()
 	}
@@ -279,16 +286,13 @@ func (o *Outbox) validate(msgs []Message) error {
 	return nil
 }
 
-// insertChunk bounds the rows of one INSERT statement (6 parameters each,
-// far below SQLite's limit of 32,766).
-const insertChunk = 64
-
 // Enqueue writes msgs into the outbox inside tx, the caller's transaction:
 // they are published only if tx commits. All messages are validated before
 // anything is written. On ErrFull or ErrDiskFull the caller must roll tx
 // back.
 //
-// tx must belong to the database this Outbox was created on.
+// tx must come from the *sql.DB this Outbox was created on; a transaction of
+// another database is refused.
 func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
 	if tx == nil {
 		return ErrNilTx
@@ -299,32 +303,24 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	if err := o.validate(msgs); err != nil {
 		return err
 	}
+	// The statement is prepared once per connection: preparing an INSERT
+	// that fires the capacity and counter triggers costs more than
+	// running it.
+	stmt := tx.StmtContext(ctx, o.insert)
+	defer stmt.Close()
 	now := o.now()
 	created := now.UnixMilli()
-	var sb strings.Builder
-	args := make([]any, 0, 6*min(len(msgs), insertChunk))
-	for start := 0; start < len(msgs); start += insertChunk {
-		chunk := msgs[start:min(start+insertChunk, len(msgs))]
-		sb.Reset()
-		sb.WriteString(`INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES `)
-		args = args[:0]
-		for i := range chunk {
-			m := &chunk[i]
-			if i > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(`(?,?,?,?,?,?)`)
-			id := m.ID
-			if id == "" {
-				id = newIDAt(now)
-			}
-			payload := m.Payload
-			if payload == nil {
-				payload = []byte{} // NOT NULL: an empty payload is a valid event
-			}
-			args = append(args, id, m.Topic, payload, m.Type, m.ContentType, created)
+	for i := range msgs {
+		m := &msgs[i]
+		id := m.ID
+		if id == "" {
+			id = newIDAt(now)
 		}
-		if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{} // NOT NULL: an empty payload is a valid event
+		}
+		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created); err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
 	}

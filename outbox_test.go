@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -382,4 +383,47 @@ func busyErr(t *testing.T, ob *Outbox) error {
 	_, err = db.Exec(`INSERT INTO orders (item) VALUES ('blocked')`)
 	require.True(t, isBusy(err), "want SQLITE_BUSY, got %v", err)
 	return err
+}
+
+func TestDiskFull(t *testing.T) {
+	// A file system that fills up is simulated with max_page_count, which
+	// makes SQLite report SQLITE_FULL exactly as a full disk does.
+	ob := openTest(t, Options{})
+	ctx := context.Background()
+	commitOrder(t, ob, "t", 1)
+	conn, err := ob.DB().Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	var pages int
+	require.NoError(t, conn.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages))
+	_, err = conn.ExecContext(ctx, `PRAGMA max_page_count = `+strconv.Itoa(pages+2))
+	require.NoError(t, err)
+	tx, err := conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(`INSERT INTO orders (item) VALUES ('big order')`)
+	require.NoError(t, err)
+	err = ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 200_000)})
+	require.ErrorIs(t, err, ErrDiskFull)
+	require.NoError(t, tx.Rollback())
+
+	var check string
+	require.NoError(t, conn.QueryRowContext(ctx, `PRAGMA integrity_check`).Scan(&check))
+	require.Equal(t, "ok", check)
+	require.Equal(t, 1, countState(t, ob, "pending"), "what was committed is intact")
+	// Space is back (here: the limit is lifted): writes resume.
+	_, err = conn.ExecContext(ctx, `PRAGMA max_page_count = 1073741823`)
+	require.NoError(t, err)
+	tx, err = conn.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 200_000)}))
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 2, countState(t, ob, "pending"))
+}
+
+func TestEnqueueRefusesOtherDatabase(t *testing.T) {
+	a, b := openTest(t, Options{}), openTest(t, Options{})
+	tx, err := b.DB().Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	require.Error(t, a.Enqueue(context.Background(), tx, Message{Topic: "t"}))
 }

@@ -61,11 +61,21 @@ func benchTx(b *testing.B, ob *Outbox, withOutbox, rawSQL bool, batch int) {
 // The enqueue benchmarks compare the business transaction alone, with a raw
 // SQL outbox insert, and with Enqueue, at synchronous=NORMAL (FULL is
 // dominated by fsync; see outboxctl bench for both).
-func BenchmarkTxBusinessOnly(b *testing.B) { benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), false, false, 1) }
-func BenchmarkTxRawSQLInsert(b *testing.B) { benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, true, 1) }
-func BenchmarkTxEnqueue(b *testing.B)      { benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, false, 1) }
-func BenchmarkTxEnqueue10(b *testing.B)    { benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, false, 10) }
-func BenchmarkTxRawSQL10(b *testing.B)     { benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, true, 10) }
+func BenchmarkTxBusinessOnly(b *testing.B) {
+	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), false, false, 1)
+}
+func BenchmarkTxRawSQLInsert(b *testing.B) {
+	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, true, 1)
+}
+func BenchmarkTxEnqueue(b *testing.B) {
+	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, false, 1)
+}
+func BenchmarkTxEnqueue10(b *testing.B) {
+	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, false, 10)
+}
+func BenchmarkTxRawSQL10(b *testing.B) {
+	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), true, true, 10)
+}
 
 func BenchmarkEncodeCloudEvents(b *testing.B) {
 	enc := encoder{source: "/outbox/device", defaultType: DefaultEventType}

@@ -400,12 +400,17 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
 }
 
 func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
-	before := r.ob.now().Add(-r.opts.Retention).UnixMilli()
+	now := r.ob.now()
+	before := now.Add(-r.opts.Retention).UnixMilli()
+	// A row sent "in the future" means the clock has since jumped back; it
+	// would otherwise be kept until the clock catches up, without bound.
+	future := now.Add(r.opts.Retention).UnixMilli()
 	var deleted int64
 	for ctx.Err() == nil {
 		var n int64
 		err := conn.do(func(c *sql.Conn) error {
-			res, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'sent' AND sent_at < ? LIMIT ?)`, before, purgeBatch)
+			res, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
+				WHERE state = 'sent' AND (sent_at < ? OR sent_at > ?) LIMIT ?)`, before, future, purgeBatch)
 			if err != nil {
 				return err
 			}

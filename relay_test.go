@@ -442,6 +442,25 @@ func TestRetention(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, st.Pending)
 	})
+	t.Run("clock jumped back", func(t *testing.T) {
+		var mu sync.Mutex
+		clock := time.Now()
+		now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+		ob := openTest(t, Options{Now: now})
+		opts := fastRelay()
+		opts.Retention = time.Hour
+		opts.PurgeInterval = 10 * time.Millisecond
+		r, err := ob.NewRelay(&fakePublisher{}, opts)
+		require.NoError(t, err)
+		startRelay(t, r)
+		commitOrder(t, ob, "t", 1)
+		eventually(t, 5*time.Second, "sent", func() bool { return countState(t, ob, "sent") == 1 })
+		require.Equal(t, 1, countState(t, ob, "sent"), "kept within retention")
+		mu.Lock()
+		clock = clock.Add(-48 * time.Hour) // the RTC was reset
+		mu.Unlock()
+		eventually(t, 5*time.Second, "purged although sent in the clock's future", func() bool { return countState(t, ob, "sent") == 0 })
+	})
 	t.Run("delete on ack", func(t *testing.T) {
 		ob := openTest(t, Options{})
 		opts := fastRelay()

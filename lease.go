@@ -50,41 +50,23 @@ func (l *lease) expiresMillis() int64 { return l.now().Add(l.ttl).UnixMilli() }
 // acquire blocks until the lease is held or ctx ends. waiting is called once
 // with the holder's name when the lease is held by another relay.
 func (l *lease) acquire(ctx context.Context, waiting func(holder string)) error {
-	var seenOwner string
-	var seenToken int64
-	var seenAt time.Time
+	var w watch
 	told := false
 	for {
 		start := time.Now()
-		owner, token, found, err := l.read(ctx)
-		if err != nil {
-			return err
-		}
-		var took bool
-		switch {
-		case !found:
-			took, err = l.exec(ctx, `INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES (?, ?, 1, ?) ON CONFLICT (name) DO NOTHING`,
-				leaseName, l.owner, l.expiresMillis())
-		case owner == "" || owner == l.owner:
-			took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ? WHERE name = ? AND owner = ? AND token = ?`,
-				l.owner, l.expiresMillis(), leaseName, owner, token)
-		case owner != seenOwner || token != seenToken:
-			seenOwner, seenToken, seenAt = owner, token, start
-			if !told && waiting != nil {
-				waiting(owner)
-				told = true
-			}
-		case time.Since(seenAt) >= l.ttl:
-			// The holder has not renewed for a whole TTL: it is gone.
-			took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ? WHERE name = ? AND owner = ? AND token = ?`,
-				l.owner, l.expiresMillis(), leaseName, owner, token)
-		}
-		if err != nil {
+		took, holder, err := l.try(ctx, &w, start)
+		// A database held busy past the busy timeout is no reason to give
+		// up: try again.
+		if err != nil && !isBusy(err) {
 			return err
 		}
 		if took {
 			l.renewed(start)
 			return nil
+		}
+		if holder != "" && !told && waiting != nil {
+			waiting(holder)
+			told = true
 		}
 		select {
 		case <-ctx.Done():
@@ -92,6 +74,38 @@ func (l *lease) acquire(ctx context.Context, waiting func(holder string)) error 
 		case <-time.After(l.ttl / 8):
 		}
 	}
+}
+
+// watch is what a contender has seen of the holder's lease.
+type watch struct {
+	owner string
+	token int64
+	since time.Time // monotonic
+}
+
+// try takes the lease if it is free, released, ours, or unrenewed for a
+// whole TTL; otherwise it returns the holder.
+func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, holder string, err error) {
+	owner, token, found, err := l.read(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	switch {
+	case !found:
+		took, err = l.exec(ctx, `INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES (?, ?, 1, ?) ON CONFLICT (name) DO NOTHING`,
+			leaseName, l.owner, l.expiresMillis())
+		return took, "", err
+	case owner == "" || owner == l.owner:
+	case owner != w.owner || token != w.token:
+		*w = watch{owner: owner, token: token, since: now}
+		return false, owner, nil
+	case now.Sub(w.since) < l.ttl:
+		return false, owner, nil
+	}
+	// Free, ours, or the holder has not renewed for a whole TTL: it is gone.
+	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ? WHERE name = ? AND owner = ? AND token = ?`,
+		l.owner, l.expiresMillis(), leaseName, owner, token)
+	return took, owner, err
 }
 
 // renew extends the lease; it returns ErrLeaseLost if another relay holds it.

@@ -318,6 +318,17 @@ func (r *Relay) run(ctx context.Context) error {
 	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
+	// A caller's database may come without a busy timeout; the relay's
+	// writes must wait for the application's transactions, not fail.
+	var busy int
+	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
+	if busy == 0 {
+		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
+			return fmt.Errorf("outbox: relay: %w", err)
+		}
+	}
 	conn := &relayConn{conn: c}
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now}
 	if err := l.acquire(ctx, func(holder string) {

@@ -548,3 +548,72 @@ func TestCloseStopsRelays(t *testing.T) {
 		t.Fatal("Close did not stop the relay")
 	}
 }
+
+func TestRelayRawEnvelope(t *testing.T) {
+	b := startBroker(t)
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.Envelope = EnvelopeRaw
+	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	payload := []byte{0x00, 0x01, 'r', 'a', 'w', 0xff}
+	require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
+		return ob.Enqueue(context.Background(), tx, Message{Topic: "raw/1", Payload: payload})
+	}))
+	eventually(t, 5*time.Second, "delivered", func() bool { return b.rec.count() == 1 })
+	d := b.rec.all()[0]
+	require.Equal(t, "raw/1", d.topic)
+	require.Equal(t, payload, d.payload, "payload bytes untouched")
+}
+
+func TestOptionChecks(t *testing.T) {
+	ob := openTest(t, Options{})
+	for _, w := range []int{-1, 65536} {
+		_, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Window: w})
+		require.Error(t, err, "window %d", w)
+	}
+	_, err := ob.NewRelay(nil, RelayOptions{})
+	require.Error(t, err)
+	_, err = New(context.Background(), ob.DB(), Options{MaxPayloadBytes: MaxMQTTPayloadBytes + 1})
+	require.Error(t, err)
+	for _, u := range []string{"", "http://h:1", "tcp://h", "tcp://:1883", "::bad"} {
+		_, err := NewMQTTPublisher(MQTTOptions{Broker: u})
+		require.Error(t, err, "broker %q", u)
+	}
+	for _, u := range []string{"tcp://h:1883", "mqtt://h:1883", "ssl://h:8883", "tls://h:8883", "mqtts://h:8883"} {
+		_, err := NewMQTTPublisher(MQTTOptions{Broker: u})
+		require.NoError(t, err, "broker %q", u)
+	}
+	_, err = NewMQTTPublisher(MQTTOptions{Broker: "http://user:secret@h:1"})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "secret", "credentials never in errors")
+	e, err := ParseEnvelope("raw")
+	require.NoError(t, err)
+	require.Equal(t, EnvelopeRaw, e)
+	_, err = ParseEnvelope("xml")
+	require.Error(t, err)
+}
+
+func TestRelayOnCallerDBWithoutBusyTimeout(t *testing.T) {
+	// A caller's pool without a busy timeout: the relay's marks must still
+	// wait for the application's write transactions instead of failing.
+	path := filepath.Join(t.TempDir(), "own.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_txlock=immediate")
+	require.NoError(t, err)
+	defer db.Close()
+	ob, err := New(context.Background(), db, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	defer ob.Close()
+	pub := &fakePublisher{}
+	r, err := ob.NewRelay(pub, fastRelay())
+	require.NoError(t, err)
+	startRelay(t, r)
+	for i := 0; i < 50; i++ {
+		require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
+			return ob.Enqueue(context.Background(), tx, Message{Topic: "t"})
+		}))
+	}
+	eventually(t, 10*time.Second, "all sent", func() bool { return countState(t, ob, "sent") == 50 })
+	s, err := r.Stats(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, s.LastError)
+}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -121,6 +122,24 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 		return nil, fmt.Errorf("outbox: list: %w", err)
 	}
 	return out, nil
+}
+
+// Get returns the row with the given id, or an error wrapping ErrNotFound.
+func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
+	var r Record
+	var state string
+	err := o.db.QueryRowContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)),
+		state, attempts, coalesce(last_error, ''), created_at, sent_at, dead_at FROM outbox WHERE id = ?`, id).Scan(
+		&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size,
+		&state, &r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt})
+	if errors.Is(err, sql.ErrNoRows) {
+		return Record{}, fmt.Errorf("%w: no message with id %q", ErrNotFound, id)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("outbox: get: %w", err)
+	}
+	r.State = State(state)
+	return r, nil
 }
 
 // Requeue makes the dead messages with the given ids pending again, with

@@ -7,8 +7,8 @@ import (
 )
 
 // Backoff is an exponential backoff with jitter that never gives up: each
-// wait is Initial × Multiplier^n, capped at Max, then spread by ±Jitter
-// (a fraction) so that a fleet of devices does not reconnect in lockstep.
+// wait is Initial × Multiplier^n spread by ±Jitter (a fraction), so that a
+// fleet of devices does not reconnect in lockstep, and never more than Max.
 // The zero value uses the defaults given on each field.
 type Backoff struct {
 	Initial    time.Duration // first wait; default 500 ms
@@ -47,7 +47,12 @@ func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
 	b = b.withDefaults()
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval = b.Initial
-	eb.MaxInterval = b.Max
+	// backoff/v4 applies the jitter after the cap; shrink the cap so that
+	// no wait exceeds Max while waits at the cap still spread out.
+	eb.MaxInterval = time.Duration(float64(b.Max) / (1 + b.Jitter))
+	if eb.MaxInterval < b.Initial {
+		eb.MaxInterval = b.Initial
+	}
 	eb.Multiplier = b.Multiplier
 	eb.RandomizationFactor = b.Jitter
 	eb.MaxElapsedTime = 0

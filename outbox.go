@@ -61,6 +61,8 @@ var (
 	// ErrNoSchema: the database has no outbox schema (returned where
 	// creating one would be wrong, e.g. for read-only inspection).
 	ErrNoSchema = errors.New("outbox: database has no outbox schema")
+	// ErrNotFound: no message has the given id.
+	ErrNotFound = errors.New("outbox: not found")
 	// ErrUnsupportedDB: the *sql.DB lacks a setting the outbox relies on.
 	ErrUnsupportedDB = errors.New("outbox: unsupported database setup")
 )
@@ -128,8 +130,11 @@ type Options struct {
 	// it is; a negative value removes it.
 	MaxPendingMessages int64
 	MaxPendingBytes    int64
-	// Synchronous is used by Open only.
+	// Synchronous, BusyTimeout and MustExist are used by Open only; see
+	// DBOptions.
 	Synchronous Synchronous
+	BusyTimeout time.Duration
+	MustExist   bool
 	// Logger receives the outbox's and its relays' logs. Nil means
 	// slog.Default(). Payloads and credentials are never logged.
 	Logger *slog.Logger
@@ -158,7 +163,7 @@ type Outbox struct {
 // Outbox that owns it: Close closes the database. Use DB for the
 // application's own tables.
 func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
-	db, err := OpenDB(path, DBOptions{Synchronous: opts.Synchronous})
+	db, err := OpenDB(path, DBOptions{Synchronous: opts.Synchronous, BusyTimeout: opts.BusyTimeout, MustExist: opts.MustExist})
 	if err != nil {
 		return nil, err
 	}

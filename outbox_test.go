@@ -427,3 +427,41 @@ func TestEnqueueRefusesOtherDatabase(t *testing.T) {
 	defer tx.Rollback()
 	require.Error(t, a.Enqueue(context.Background(), tx, Message{Topic: "t"}))
 }
+
+func TestMustExist(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.db")
+	_, err := Open(ctx, missing, Options{MustExist: true})
+	require.ErrorIs(t, err, os.ErrNotExist)
+	_, statErr := os.Stat(missing)
+	require.ErrorIs(t, statErr, os.ErrNotExist, "nothing created")
+
+	junk := filepath.Join(dir, "junk.db")
+	require.NoError(t, os.WriteFile(junk, []byte(strings.Repeat("junk", 2000)), 0o600))
+	_, err = Open(ctx, junk, Options{MustExist: true})
+	require.ErrorContains(t, err, "not a SQLite database")
+
+	plain := filepath.Join(dir, "plain.db")
+	db, err := sql.Open("sqlite", plain)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE t (x)`)
+	require.NoError(t, err)
+	db.Close()
+	_, err = Open(ctx, plain, Options{MustExist: true})
+	require.ErrorIs(t, err, ErrNoSchema)
+	db, err = sql.Open("sqlite", plain)
+	require.NoError(t, err)
+	var mode string
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	db.Close()
+	require.Equal(t, "delete", mode, "a refused file is left as it was")
+
+	good := filepath.Join(dir, "good.db")
+	ob, err := Open(ctx, good, Options{})
+	require.NoError(t, err)
+	require.NoError(t, ob.Close())
+	ob, err = Open(ctx, good, Options{MustExist: true})
+	require.NoError(t, err)
+	require.NoError(t, ob.Close())
+}

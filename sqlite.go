@@ -51,6 +51,10 @@ type DBOptions struct {
 	// JournalSizeLimit caps the WAL file kept after a checkpoint, in bytes.
 	// Zero means 4 MiB; negative means no limit.
 	JournalSizeLimit int64
+	// MustExist makes OpenDB fail, creating nothing, when the file does
+	// not exist or has no outbox schema (ErrNoSchema). Inspection tools use
+	// it so that a mistyped path never leaves an empty database behind.
+	MustExist bool
 }
 
 // OpenDB opens (creating it if needed, readable by its owner only) the SQLite
@@ -64,6 +68,11 @@ type DBOptions struct {
 func OpenDB(path string, opts DBOptions) (*sql.DB, error) {
 	if path == "" || strings.HasPrefix(path, "file:") || path == ":memory:" {
 		return nil, fmt.Errorf("outbox: open: %q is not a file path (pass a plain path; an outbox needs a file for WAL)", path)
+	}
+	if opts.MustExist {
+		if err := probeExisting(path); err != nil {
+			return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+		}
 	}
 	created, err := createPrivate(path)
 	if err != nil {
@@ -134,6 +143,35 @@ func createPrivate(path string) (bool, error) {
 		return false, err
 	}
 	return true, f.Close()
+}
+
+// probeExisting checks, read-only and without changing anything (not even
+// the journal mode), that path is a SQLite file with an outbox schema.
+func probeExisting(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("is a directory")
+	}
+	u := url.URL{Path: path}
+	db, err := sql.Open("sqlite", "file:"+u.EscapedPath()+"?mode=ro")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('outbox', 'outbox_schema')`).Scan(&n)
+	switch {
+	case sqliteCode(err) == sqlite3.SQLITE_NOTADB:
+		return fmt.Errorf("not a SQLite database")
+	case err != nil:
+		return err
+	case n < 2:
+		return ErrNoSchema
+	}
+	return nil
 }
 
 func initNewFile(path string, opts DBOptions) error {

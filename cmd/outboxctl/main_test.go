@@ -1,0 +1,418 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+// binary is outboxctl built once for all tests: every subcommand is
+// exercised as an operator runs it.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outboxctl-test-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "outboxctl")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		panic(fmt.Sprintf("go build: %v\n%s", err, out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func ctl(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return result{stdout.String(), stderr.String(), code}
+}
+
+// newOutbox creates an outbox file with some messages: pending, sent, dead.
+func newOutbox(t *testing.T) (path string, ob *outbox.Outbox) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "till.db")
+	ob, err := outbox.Open(context.Background(), path, outbox.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { ob.Close() })
+	return path, ob
+}
+
+func enqueue(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
+}
+
+func TestHelpHasExamples(t *testing.T) {
+	for _, sub := range []string{"demo", "relay", "init", "status", "list", "requeue", "purge"} {
+		r := ctl(t, sub, "--help")
+		require.Equal(t, 0, r.code, sub)
+		require.Contains(t, r.stdout, "Examples:", sub)
+		require.Contains(t, r.stdout, "outboxctl "+sub, sub)
+	}
+	r := ctl(t, "--help")
+	require.Equal(t, 0, r.code)
+	require.Contains(t, r.stdout, "Examples:")
+}
+
+func TestInit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "new.db")
+	r := ctl(t, "init", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "outbox schema version 1 (new file)")
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	r = ctl(t, "init", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "outbox schema version 1 (existing file)")
+}
+
+func TestBadDatabases(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.db")
+	junk := filepath.Join(dir, "junk.db")
+	require.NoError(t, os.WriteFile(junk, bytes.Repeat([]byte("not sqlite "), 500), 0o600))
+	plain := filepath.Join(dir, "plain.db")
+	db, err := sql.Open("sqlite", plain)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY)`)
+	require.NoError(t, err)
+	db.Close()
+	newer, ob := newOutbox(t)
+	_, err = ob.DB().Exec(`INSERT INTO outbox_schema (version) VALUES (99)`)
+	require.NoError(t, err)
+	ob.Close()
+
+	for _, cmd := range [][]string{{"status"}, {"list"}, {"requeue", "--all-dead"}, {"purge", "--dead"}} {
+		for _, c := range []struct {
+			path, want string
+		}{
+			{missing, "no such file"},
+			{junk, "is not a SQLite database"},
+			{plain, "has no outbox (create one with: outboxctl init"},
+			{newer, "schema version 99"},
+			{dir, "is a directory"},
+		} {
+			args := append(append([]string{}, cmd...), "--db", c.path)
+			r := ctl(t, args...)
+			require.Equal(t, 1, r.code, "%v", args)
+			require.Contains(t, r.stderr, c.want, "%v", args)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line: %q", r.stderr)
+		}
+	}
+	_, err = os.Stat(missing)
+	require.ErrorIs(t, err, os.ErrNotExist, "status and list never create a database")
+	var mode string
+	db, err = sql.Open("sqlite", plain)
+	require.NoError(t, err)
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	db.Close()
+	require.Equal(t, "delete", mode, "a foreign file is left as it was")
+}
+
+func TestUsageErrors(t *testing.T) {
+	path, _ := newOutbox(t)
+	for _, args := range [][]string{
+		{"status"},
+		{"list", "--db", path, "--state", "lost"},
+		{"list", "--db", path, "--limit", "0"},
+		{"requeue", "--db", path},
+		{"requeue", "--db", path, "--id", "x", "--all-dead"},
+		{"purge", "--db", path},
+		{"purge", "--db", path, "--dead", "--sent-before", "1h"},
+		{"relay", "--db", path},
+		{"relay", "--db", path, "--broker", "http://127.0.0.1:1"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--envelope", "xml"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--window", "0"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--ca-file", "/etc/hostname"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--username", "u", "--password-env", "OUTBOXCTL_TEST_UNSET"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--username", "u", "--password-file", "/nonexistent"},
+		{"status", "--db", path, "--bogus"},
+		{"status", "--db", path, "extra"},
+		{"bogus"},
+		{"--log-level", "loud", "status", "--db", path},
+	} {
+		r := ctl(t, args...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+		require.True(t, strings.HasPrefix(r.stderr, "outboxctl: "), "%v: %q", args, r.stderr)
+	}
+}
+
+func TestStatusListRequeuePurge(t *testing.T) {
+	path, ob := newOutbox(t)
+	enqueue(t, ob,
+		outbox.Message{Topic: "stores/1/orders", Type: "order.created", Payload: []byte(`{"order":1}`)},
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":2}`)},
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":3}`)},
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`secret card data`)},
+	)
+	db := ob.DB()
+	_, err := db.Exec(`UPDATE outbox SET state = 'sent', sent_at = 1000 WHERE seq = 1`)
+	require.NoError(t, err)
+	_, err = db.Exec(`UPDATE outbox SET state = 'dead', attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq IN (2, 3)`)
+	require.NoError(t, err)
+
+	r := ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	for _, k := range []string{"db", "schema_version", "pending", "pending_bytes", "oldest_pending_at", "oldest_pending_age_seconds",
+		"dead", "sent", "max_pending_messages", "max_pending_bytes", "lease_owner", "lease_expires_at", "file_bytes", "wal_bytes"} {
+		require.Contains(t, st, k)
+	}
+	require.EqualValues(t, 1, st["pending"])
+	require.EqualValues(t, 16, st["pending_bytes"])
+	require.EqualValues(t, 2, st["dead"])
+	require.EqualValues(t, 1, st["sent"])
+	require.EqualValues(t, 1, st["schema_version"])
+	require.Greater(t, st["file_bytes"], 0.0)
+
+	r = ctl(t, "status", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "pending         1 messages, 16 B")
+
+	r = ctl(t, "list", "--db", path, "--state", "dead", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	require.Len(t, recs, 2)
+	require.EqualValues(t, 2, recs[0]["seq"])
+	require.Equal(t, "refused", recs[0]["last_error"])
+	require.EqualValues(t, 5, recs[0]["attempts"])
+	require.NotContains(t, recs[0], "payload_base64", "no payload unless asked")
+	deadID := recs[0]["id"].(string)
+
+	r = ctl(t, "list", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "secret card data", "payloads only with --payload")
+	require.Contains(t, r.stdout, "SEQ")
+	r = ctl(t, "list", "--db", path, "--payload")
+	require.Contains(t, r.stdout, "secret card data")
+	r = ctl(t, "list", "--db", path, "--payload", "--json")
+	require.Contains(t, r.stdout, `"payload_base64"`)
+
+	// An unknown id changes nothing, even beside a valid one.
+	r = ctl(t, "requeue", "--db", path, "--id", deadID, "--id", "no-such-id")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `no message with id "no-such-id"`)
+	r = ctl(t, "status", "--db", path, "--json")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.EqualValues(t, 2, st["dead"])
+	// A message that is not dead is refused too.
+	r = ctl(t, "requeue", "--db", path, "--id", recsOf(t, path, "pending")[0])
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "not dead")
+
+	r = ctl(t, "requeue", "--db", path, "--id", deadID)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	r = ctl(t, "purge", "--db", path, "--dead")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "deleted 1 message(s)")
+	r = ctl(t, "purge", "--db", path, "--sent-before", "1h")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "deleted 1 message(s)")
+	r = ctl(t, "requeue", "--db", path, "--all-dead")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 0 message(s)")
+	require.Len(t, recsOf(t, path, "pending"), 2, "pending messages are never purged")
+}
+
+func recsOf(t *testing.T, path, state string) []string {
+	r := ctl(t, "list", "--db", path, "--state", state, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var recs []struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	var ids []string
+	for _, r := range recs {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+func TestLockedDatabase(t *testing.T) {
+	path, ob := newOutbox(t)
+	conn, err := ob.DB().Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(context.Background(), `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	defer conn.ExecContext(context.Background(), `ROLLBACK`)
+	start := time.Now()
+	r := ctl(t, "purge", "--db", path, "--dead", "--timeout", "300ms")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "is locked by another process (waited 300ms")
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+}
+
+// broker is an in-process MQTT broker that records what it routes.
+type broker struct {
+	addr string
+	mu   sync.Mutex
+	got  []outbox.Event
+}
+
+func startBroker(t *testing.T) *broker {
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
+	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	require.NoError(t, srv.AddListener(l))
+	require.NoError(t, srv.Serve())
+	t.Cleanup(func() { srv.Close() })
+	b := &broker{addr: l.Address()}
+	require.NoError(t, srv.Subscribe("shop/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
+		ev, err := outbox.DecodeEvent(pk.Payload)
+		if err == nil {
+			b.mu.Lock()
+			b.got = append(b.got, ev)
+			b.mu.Unlock()
+		}
+	}))
+	return b
+}
+
+func (b *broker) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.got)
+}
+
+func TestRelaySidecar(t *testing.T) {
+	b := startBroker(t)
+	path := filepath.Join(t.TempDir(), "shop.db")
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	require.NoError(t, os.WriteFile(pwFile, []byte("hunter2-secret\n"), 0o600))
+	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
+		"--client-id", "sidecar-test", "--source", "/shops/9", "--username", "u", "--password-file", pwFile,
+		"--log-format", "json", "--log-level", "debug")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill()
+
+	// The relay creates the schema; wait for it, then write as another
+	// program would: plain SQL in its own transaction.
+	var db *sql.DB
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+		require.NoError(t, err)
+		if _, err = db.Exec(`SELECT 1 FROM outbox LIMIT 1`); err == nil {
+			break
+		}
+		db.Close()
+		require.True(t, time.Now().Before(deadline), "schema never created: %s", stderr.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer db.Close()
+	_, err := db.Exec(`CREATE TABLE sales (id INTEGER PRIMARY KEY, amount INTEGER)`)
+	require.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		tx, err := db.Begin()
+		require.NoError(t, err)
+		_, err = tx.Exec(`INSERT INTO sales (amount) VALUES (?)`, i)
+		require.NoError(t, err)
+		_, err = tx.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/9/sales', ?)`, fmt.Sprintf(`{"sale":%d}`, i))
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for b.count() < 20 {
+		require.True(t, time.Now().Before(deadline), "not delivered: %s", stderr.String())
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.mu.Lock()
+	for i, ev := range b.got {
+		require.Equal(t, "/shops/9", ev.Source)
+		require.Equal(t, int64(i+1), ev.Sequence)
+	}
+	b.mu.Unlock()
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit 0 on SIGTERM: %s", stderr.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("relay did not exit on SIGTERM")
+	}
+	logs := stderr.String()
+	require.Contains(t, logs, `"msg":"outbox relay connected"`)
+	require.NotContains(t, logs, "hunter2", "the password is never logged")
+	var pending int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox WHERE state = 'pending'`).Scan(&pending))
+	require.Zero(t, pending)
+}
+
+func TestDemo(t *testing.T) {
+	r := ctl(t, "demo", "--duration", "3s", "--rate", "100", "--outages", "1", "--outage-length", "1s")
+	require.Equal(t, 0, r.code, "%s\n%s", r.stdout, r.stderr)
+	require.Contains(t, r.stdout, "lost                 0")
+	require.Contains(t, r.stdout, "out of order         0")
+	require.Contains(t, r.stdout, "-- broker down for 1s")
+	require.Contains(t, r.stdout, "-- broker back")
+	require.Contains(t, r.stdout, "OK: every committed order's event was delivered")
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+type relayFlags struct {
+	db            dbFlags
+	broker        string
+	clientID      string
+	source        string
+	username      string
+	passwordFile  string
+	passwordEnv   string
+	caFile        string
+	certFile      string
+	keyFile       string
+	serverName    string
+	envelope      string
+	window        int
+	backoffMax    time.Duration
+	pollInterval  time.Duration
+	retention     time.Duration
+	maxAttempts   int
+	shutdown      time.Duration
+	statsInterval time.Duration
+}
+
+func (a *app) relayCmd() *cobra.Command {
+	var f relayFlags
+	cmd := &cobra.Command{
+		Use:   "relay --db PATH --broker URL",
+		Short: "Drain an outbox that other processes write to an MQTT broker",
+		Long: `relay is the sidecar: it publishes the rows that any program — a Go app
+through the library, or a Python, Node or shell program that only runs
+INSERT INTO outbox (topic, payload) in its own transaction — writes to the
+outbox table, in commit order, at QoS 1, as CloudEvents JSON (or raw).
+
+It creates the schema if missing, holds the relay lease (a second relay on
+the same file waits), notices other processes' commits within milliseconds,
+reconnects with backoff for as long as it takes, and on SIGINT or SIGTERM
+waits (bounded) for in-flight acknowledgements and exits 0.
+
+The password is never a flag value (ps would show it): use --password-file
+or --password-env. Certificates and keys are read again at every connection,
+so they can be replaced on disk while the relay runs.`,
+		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
+  outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
+      --client-id store42-till7 --source /stores/42/tills/7 \
+      --username till7 --password-file /etc/till/mqtt-password \
+      --ca-file /etc/till/ca.pem --cert-file /etc/till/till.pem --key-file /etc/till/till.key
+  MQTT_PASSWORD=secret outboxctl relay --db till.db --broker tcp://broker:1883 --username till7 --password-env MQTT_PASSWORD --log-format json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			mopts, err := f.mqttOptions()
+			if err != nil {
+				return usageError{err}
+			}
+			if f.window < 1 || f.window > 65535 {
+				return usageError{fmt.Errorf("--window %d: want 1 to 65535", f.window)}
+			}
+			if f.maxAttempts < 1 {
+				return usageError{fmt.Errorf("--max-attempts %d: want at least 1", f.maxAttempts)}
+			}
+			if f.backoffMax <= 0 || f.pollInterval <= 0 || f.shutdown <= 0 {
+				return usageError{errors.New("--backoff-max, --poll-interval and --shutdown-timeout must be positive")}
+			}
+			envelope, err := outbox.ParseEnvelope(f.envelope)
+			if err != nil {
+				return usageError{err}
+			}
+			pub, err := outbox.NewMQTTPublisher(mopts)
+			if err != nil {
+				return usageError{err}
+			}
+			defer pub.Close()
+			ob, err := f.db.open(cmd.Context(), a, true)
+			if err != nil {
+				return err
+			}
+			defer ob.Close()
+			relay, err := ob.NewRelay(pub, outbox.RelayOptions{
+				Envelope:        envelope,
+				Source:          f.source,
+				Window:          f.window,
+				Reconnect:       outbox.Backoff{Max: f.backoffMax},
+				PollInterval:    f.pollInterval,
+				Retention:       f.retention,
+				MaxAttempts:     f.maxAttempts,
+				ShutdownTimeout: f.shutdown,
+			})
+			if err != nil {
+				return usageError{err}
+			}
+			if f.statsInterval > 0 {
+				go a.logStats(cmd, relay, f.statsInterval)
+			}
+			a.logger.Info("outboxctl relay", "db", f.db.path, "broker", mopts.Broker, "client_id", mopts.ClientID)
+			return relay.Run(cmd.Context())
+		},
+	}
+	f.db.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.broker, "broker", "", "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required)")
+	fl.StringVar(&f.clientID, "client-id", "", "MQTT client id, unique per broker (default outbox-HOST-PID)")
+	fl.StringVar(&f.source, "source", "", "CloudEvents source naming this device (default /outbox/HOST)")
+	fl.StringVar(&f.username, "username", "", "MQTT user name")
+	fl.StringVar(&f.passwordFile, "password-file", "", "read the MQTT password from this file (trailing newline ignored)")
+	fl.StringVar(&f.passwordEnv, "password-env", "", "read the MQTT password from this environment variable")
+	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle to verify the broker (default: system roots)")
+	fl.StringVar(&f.certFile, "cert-file", "", "PEM client certificate for mutual TLS")
+	fl.StringVar(&f.keyFile, "key-file", "", "PEM private key of the client certificate")
+	fl.StringVar(&f.serverName, "tls-server-name", "", "name to verify in the broker's certificate (default: the URL's host)")
+	fl.StringVar(&f.envelope, "envelope", "cloudevents", "cloudevents or raw (raw puts no id on the wire)")
+	fl.IntVar(&f.window, "window", 64, "publishes awaiting PUBACK at once (1-65535)")
+	fl.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "cap on the wait between connection attempts")
+	fl.DurationVar(&f.pollInterval, "poll-interval", 2*time.Millisecond, "how often to check for other processes' commits")
+	fl.DurationVar(&f.retention, "retention", time.Hour, "how long sent messages are kept; negative deletes them at once")
+	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "failures of a message by itself before it is parked as dead")
+	fl.DurationVar(&f.shutdown, "shutdown-timeout", 5*time.Second, "wait for in-flight acknowledgements when stopping")
+	fl.DurationVar(&f.statsInterval, "stats-interval", time.Minute, "log the relay's counters this often (0: never)")
+	return cmd
+}
+
+func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
+	if f.broker == "" {
+		return outbox.MQTTOptions{}, errors.New("--broker is required")
+	}
+	if f.db.path == "" {
+		return outbox.MQTTOptions{}, errors.New("--db is required")
+	}
+	o := outbox.MQTTOptions{Broker: f.broker, ClientID: f.clientID, Username: f.username}
+	switch {
+	case f.passwordFile != "" && f.passwordEnv != "":
+		return o, errors.New("give --password-file or --password-env, not both")
+	case f.passwordFile != "":
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return o, fmt.Errorf("--password-file: %w", err)
+		}
+		o.Password = strings.TrimRight(string(b), "\r\n")
+	case f.passwordEnv != "":
+		v, ok := os.LookupEnv(f.passwordEnv)
+		if !ok {
+			return o, fmt.Errorf("--password-env: environment variable %s is not set", f.passwordEnv)
+		}
+		o.Password = v
+	}
+	if o.Password != "" && o.Username == "" {
+		return o, errors.New("a password needs --username")
+	}
+	u, err := outbox.ParseBrokerURL(f.broker)
+	if err != nil {
+		return o, err
+	}
+	tlsURL := map[string]bool{"ssl": true, "tls": true, "mqtts": true}[strings.ToLower(u.Scheme)]
+	if !tlsURL && (f.caFile != "" || f.certFile != "" || f.keyFile != "") {
+		return o, fmt.Errorf("--ca-file, --cert-file and --key-file need a TLS URL (ssl://, tls:// or mqtts://)")
+	}
+	if tlsURL {
+		cfg, err := tlsConfig(f.caFile, f.certFile, f.keyFile, f.serverName)
+		if err != nil {
+			return o, err
+		}
+		o.TLSConfig = cfg
+	}
+	return o, nil
+}
+
+// tlsConfig checks the files now, for a clear error at start, and reads them
+// again at every handshake so that renewed certificates need no restart.
+func tlsConfig(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if caFile != "" {
+		pool, err := loadCA(caFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--cert-file and --key-file go together")
+	}
+	if certFile != "" {
+		if _, err := tls.LoadX509KeyPair(certFile, keyFile); err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				return nil, fmt.Errorf("client certificate: %w", err)
+			}
+			return &c, nil
+		}
+	}
+	return cfg, nil
+}
+
+func loadCA(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-file %s: no PEM certificate found", path)
+	}
+	return pool, nil
+}
+
+func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-cmd.Context().Done():
+			return
+		case <-t.C:
+		}
+		s, err := r.Stats(cmd.Context())
+		if err != nil {
+			continue
+		}
+		a.logger.Info("outbox relay stats", "connected", s.Connected, "pending", s.Pending, "pending_bytes", s.PendingBytes,
+			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "last_error", s.LastError)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -156,12 +157,35 @@ func (f *dbFlags) explain(err error) error {
 		return fmt.Errorf("%s is not a SQLite database", f.path)
 	case strings.Contains(msg, "database is locked"), strings.Contains(msg, "SQLITE_BUSY"):
 		return fmt.Errorf("%s is locked by another process (waited %s; raise --timeout to wait longer)", f.path, f.timeout)
-	case strings.Contains(msg, "readonly"), strings.Contains(msg, "read-only"), errors.Is(err, syscall.EROFS), errors.Is(err, os.ErrPermission):
-		return fmt.Errorf("%s cannot be written (read-only file or file system, or no permission): %s", f.path, lastPart(msg))
+	case strings.Contains(msg, "readonly"), strings.Contains(msg, "read-only"), errors.Is(err, syscall.EROFS), errors.Is(err, os.ErrPermission),
+		strings.Contains(msg, "unable to open database file"):
+		return f.whyNotWritable(msg)
 	case errors.Is(err, outbox.ErrSchemaTooNew):
 		return fmt.Errorf("%s: %s; use a newer outboxctl", f.path, lastPart(msg))
 	}
 	return err
+}
+
+// whyNotWritable says why SQLite could not open or write the file: it needs
+// to write the file and to create PATH-wal and PATH-shm beside it.
+func (f *dbFlags) whyNotWritable(msg string) error {
+	file, err := os.OpenFile(f.path, os.O_RDWR, 0)
+	if err == nil {
+		file.Close()
+		probe, err := os.CreateTemp(filepath.Dir(f.path), ".outboxctl-probe-*")
+		if err == nil {
+			probe.Close()
+			os.Remove(probe.Name())
+			return fmt.Errorf("%s: %s", f.path, lastPart(msg))
+		}
+	}
+	switch {
+	case errors.Is(err, syscall.EROFS):
+		return fmt.Errorf("%s is on a read-only file system (SQLite needs to write it and create %s-wal and %s-shm)", f.path, filepath.Base(f.path), filepath.Base(f.path))
+	case errors.Is(err, os.ErrPermission):
+		return fmt.Errorf("%s: no permission to write it or its directory (SQLite needs to create %s-wal and %s-shm)", f.path, filepath.Base(f.path), filepath.Base(f.path))
+	}
+	return fmt.Errorf("%s cannot be written: %v", f.path, err)
 }
 
 // lastPart drops the "outbox: open PATH:" prefixes of a wrapped error.

@@ -273,6 +273,24 @@ func recsOf(t *testing.T, path, state string) []string {
 	return ids
 }
 
+func TestReadOnlyFileSystem(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a file system here (needs root): %v %s", err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	path := filepath.Join(dir, "till.db")
+	r := ctl(t, "init", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, args := range [][]string{{"status"}, {"requeue", "--all-dead"}, {"purge", "--dead"}, {"init"}} {
+		r := ctl(t, append(args, "--db", path)...)
+		require.Equal(t, 1, r.code, "%v", args)
+		require.Contains(t, r.stderr, "is on a read-only file system", "%v", args)
+	}
+}
+
 func TestLockedDatabase(t *testing.T) {
 	path, ob := newOutbox(t)
 	conn, err := ob.DB().Conn(context.Background())

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,21 +100,32 @@ type sessionResult struct {
 // drain connects, runs sessions and reconnects until ctx ends.
 func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	bo := r.opts.Reconnect.newBackOff()
+	var failures int
+	var lastWarn time.Time
+	var lastMsg string
 	for ctx.Err() == nil {
 		if err := r.pub.Connect(ctx); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			r.setErr(err)
+			failures++
 			wait := bo.NextBackOff()
-			r.log.Warn("outbox relay cannot connect", "err", err, "retry_in", wait.Round(time.Millisecond))
+			// A long outage must not flood the log: warn when it starts,
+			// when the reason changes, and once a minute.
+			level := slog.LevelDebug
+			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
+				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
+			}
+			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
 			if !r.sleep(ctx, wait) {
 				break
 			}
 			continue
 		}
 		r.connected.Store(true)
-		r.log.Info("outbox relay connected")
+		r.log.Info("outbox relay connected", "after_attempts", failures+1)
+		failures, lastMsg = 0, ""
 		start := time.Now()
 		res := r.session(ctx, conn, l)
 		r.pub.Disconnect()

@@ -1,0 +1,242 @@
+package examples_test
+
+// These tests build the example programs and run them as a user would, then
+// check the numbers they print. Every run has its own deadline; nothing
+// waits on a sleep.
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	buildTimeout = 5 * time.Minute // a cold build compiles SQLite (pure Go)
+	runTimeout   = 60 * time.Second
+)
+
+var (
+	posSummary      = regexp.MustCompile(`(?m)^sales (\d+), declined (\d+), events committed (\d+), pending (\d+)$`)
+	posDelivered    = regexp.MustCompile(`(?m)^delivered (\d+) unique`)
+	consumerSummary = regexp.MustCompile(`(?m)^applied (\d+), duplicates (\d+), malformed (\d+)$`)
+	appliedLine     = regexp.MustCompile(`(?m)^applied source=(\S+) id=(\S+) seq=(\d+) type=(\S+)$`)
+)
+
+// build compiles ./<name> (pos or consumer) into a temporary directory and
+// returns the binary's path. With a -race test binary, the example is
+// built with -race as well.
+func build(t *testing.T, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), name)
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.CommandContext(ctx, "go", append(args, "./"+name)...).CombinedOutput()
+	require.NoError(t, err, "go build ./%s:\n%s", name, out)
+	return bin
+}
+
+// run runs bin with args to completion and returns its stdout; a non-zero
+// exit fails the test, with both outputs in the message.
+func run(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("%s %s\nstdout:\n%sstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), stdout.String(), stderr.String())
+	require.NoError(t, err, "%s %v (context: %v)", filepath.Base(bin), args, ctx.Err())
+	return stdout.String()
+}
+
+// numbers returns the integer submatches of re in out; the line must be there.
+func numbers(t *testing.T, re *regexp.Regexp, out string) []int {
+	t.Helper()
+	m := re.FindStringSubmatch(out)
+	require.NotNil(t, m, "no line matching %q in:\n%s", re, out)
+	var ns []int
+	for _, s := range m[1:] {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		ns = append(ns, n)
+	}
+	return ns
+}
+
+// TestPOS runs the till with its defaults: 20 sales, every 7th declined,
+// two events per committed sale, an embedded broker that checks delivery.
+func TestPOS(t *testing.T) {
+	t.Parallel()
+	out := run(t, build(t, "pos"))
+
+	got := numbers(t, posSummary, out)
+	require.Equal(t, []int{20, 2, 36, 0}, got, "sales, declined, events committed, pending")
+	require.Equal(t, []int{36}, numbers(t, posDelivered, out), "delivered unique = events committed")
+}
+
+// TestConsumerDemo runs the consumer against its own embedded broker and
+// demo events: 3 distinct events, one redelivered, one not JSON.
+func TestConsumerDemo(t *testing.T) {
+	t.Parallel()
+	out := run(t, build(t, "consumer"), "--demo", "--count", "3")
+
+	require.Equal(t, []int{3, 1, 1}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
+	require.Len(t, appliedLine.FindAllString(out, -1), 3)
+	require.Equal(t, 1, strings.Count(out, "\nduplicate source=/stores/1/tills/1 "), out)
+	require.Equal(t, 1, strings.Count(out, "\nmalformed topic=stores/1/orders "), out)
+}
+
+// TestPOSToConsumer runs both against one broker (started here): the
+// consumer receives the till's events while it is connected, and — thanks
+// to its persistent session — also those published while it was away.
+func TestPOSToConsumer(t *testing.T) {
+	t.Parallel()
+	pos, consumer := build(t, "pos"), build(t, "consumer")
+
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	require.NoError(t, srv.AddListener(tcp))
+	require.NoError(t, srv.Serve())
+	t.Cleanup(func() { srv.Close() })
+	broker := "tcp://" + tcp.Address()
+	clientID := "consumer-" + t.Name()
+
+	// 1. The consumer is up: it sees one sale (two events) live.
+	c := start(t, consumer, "--broker", broker, "--client-id", clientID, "--count", "2")
+	c.waitFor(t, "subscribed to stores/# ")
+	require.Equal(t, []int{1, 0, 2, 0}, numbers(t, posSummary, run(t, pos, "--broker", broker, "--orders", "1")))
+	out := c.wait(t)
+	require.Equal(t, []int{2, 0, 0}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
+
+	// 2. The consumer is away while the till sells 20 (2 declined).
+	require.Equal(t, []int{20, 2, 36, 0}, numbers(t, posSummary, run(t, pos, "--broker", broker, "--rate", "200")))
+
+	// 3. It comes back with the same client id: the broker delivers what
+	// was published in its absence.
+	out = run(t, consumer, "--broker", broker, "--client-id", clientID, "--count", "36")
+	require.Equal(t, []int{36, 0, 0}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
+	// Every committed event once: sequence numbers 1..36 (the till's
+	// database was new), half orders, half payments. Not necessarily in
+	// that order: a broker may resend a stored session's messages in any
+	// order (mochi does), so only the set is checked.
+	types := map[string]int{}
+	seqs := map[int]bool{}
+	for _, m := range appliedLine.FindAllStringSubmatch(out, -1) {
+		require.Equal(t, "/stores/1/tills/1", m[1])
+		types[m[4]]++
+		seq, err := strconv.Atoi(m[3])
+		require.NoError(t, err)
+		seqs[seq] = true
+	}
+	require.Equal(t, map[string]int{"com.example.pos.OrderPlaced": 18, "com.example.pos.PaymentCaptured": 18}, types)
+	for seq := 1; seq <= 36; seq++ {
+		require.True(t, seqs[seq], "event with seq %d not applied", seq)
+	}
+}
+
+// process is an example program running in the background.
+type process struct {
+	name   string
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	lines  chan string   // stdout, line by line
+	done   chan struct{} // closed when stdout is at EOF
+	mu     sync.Mutex
+	out    strings.Builder // all of stdout so far
+	stderr strings.Builder // read only after exit
+
+	waitOnce sync.Once
+	err      error // from cmd.Wait
+}
+
+func start(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	p := &process{name: filepath.Base(bin), cancel: cancel, lines: make(chan string, 1024), done: make(chan struct{})}
+	p.cmd = exec.CommandContext(ctx, bin, args...)
+	p.cmd.Stderr = &p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		cancel() // kills it if still running (the test failed)
+		p.exit()
+	})
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.lines <- sc.Text():
+			default: // nobody is waiting for lines any more
+			}
+		}
+	}()
+	return p
+}
+
+// waitFor waits until the process prints a line starting with prefix.
+func (p *process) waitFor(t *testing.T, prefix string) {
+	t.Helper()
+	for {
+		select {
+		case line := <-p.lines:
+			if strings.HasPrefix(line, prefix) {
+				return
+			}
+		case <-p.done:
+			out := p.stdout()
+			if strings.HasPrefix(out, prefix) || strings.Contains(out, "\n"+prefix) {
+				return // printed just before the end, still buffered in lines
+			}
+			t.Fatalf("%s ended without printing %q; stdout:\n%s", p.name, prefix, out)
+		}
+	}
+}
+
+// wait waits for the process to exit 0 and returns its whole stdout.
+func (p *process) wait(t *testing.T) string {
+	t.Helper()
+	err := p.exit()
+	t.Logf("%s stdout:\n%sstderr:\n%s", p.name, p.stdout(), p.stderr.String())
+	require.NoError(t, err, "%s", p.name)
+	return p.stdout()
+}
+
+// exit waits for stdout to be read to its end, then for the process.
+func (p *process) exit() error {
+	p.waitOnce.Do(func() {
+		<-p.done
+		p.err = p.cmd.Wait()
+	})
+	return p.err
+}
+
+func (p *process) stdout() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}

@@ -229,7 +229,7 @@ func (s *session) result(fatal error) sessionResult {
 		r.suspect = f.seq
 		attempts, dead, err := r.charge(s.conn, f.seq, f.err)
 		if err != nil {
-			res.fatal = err
+			r.writeFailed(err)
 		} else if !dead {
 			res.retryAfter = retryDelay(r.opts.Retry, attempts)
 		}
@@ -238,7 +238,7 @@ func (s *session) result(fatal error) sessionResult {
 	case f.probe && f.seq == r.suspect:
 		_, dead, err := r.charge(s.conn, f.seq, f.err)
 		if err != nil {
-			res.fatal = err
+			r.writeFailed(err)
 		} else if dead {
 			r.suspect = 0
 		}
@@ -313,7 +313,8 @@ func (s *session) dispatch() error {
 			cursor = m.seq
 			if m.encErr != nil {
 				if err := r.markDead(s.conn, m, m.encErr); err != nil {
-					return err
+					// It stays pending and is tried again on the next pass.
+					r.writeFailed(err)
 				}
 				continue
 			}
@@ -430,7 +431,9 @@ func (s *session) markLoop() {
 			if err == nil {
 				break
 			}
-			r.setErr(err)
+			if r.writeFailed(err) {
+				continue // space was freed: try again at once
+			}
 			r.log.Error("outbox relay cannot mark messages sent", "err", err, "rows", len(batch))
 			if s.ctx.Err() != nil && attempt >= 3 {
 				// Shutting down: the rows stay pending and are sent again
@@ -586,6 +589,27 @@ func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, d
 		r.dead.Add(1)
 	}
 	return attempts, dead, nil
+}
+
+// writeFailed records a failed relay write. On a full disk it gives the
+// disk reserve up, so that the relay can go on marking and deleting rows,
+// and asks the purge loop to free space now; it reports whether it freed
+// anything.
+func (r *Relay) writeFailed(err error) bool {
+	r.setErr(err)
+	if !errors.Is(err, ErrDiskFull) {
+		return false
+	}
+	r.diskFull.Store(true)
+	select {
+	case r.purgeNow <- struct{}{}:
+	default:
+	}
+	if r.ob.reserve.release() {
+		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
+		return true
+	}
+	return false
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

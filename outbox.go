@@ -135,6 +135,12 @@ type Options struct {
 	Synchronous Synchronous
 	BusyTimeout time.Duration
 	MustExist   bool
+	// ReserveBytes is disk space kept back in a file beside the database
+	// (PATH-reserve) so that, when the disk fills, the relay can still mark
+	// and delete sent rows and so free space; the application's writes fail
+	// with ErrDiskFull first. Zero means DefaultReserveBytes (1 MiB);
+	// negative means none.
+	ReserveBytes int64
 	// Logger receives the outbox's and its relays' logs. Nil means
 	// slog.Default(). Payloads and credentials are never logged.
 	Logger *slog.Logger
@@ -147,6 +153,7 @@ type Options struct {
 type Outbox struct {
 	db         *sql.DB
 	insert     *sql.Stmt
+	reserve    *reserve // nil without a file or when disabled
 	ownsDB     bool
 	maxPayload int
 	log        *slog.Logger
@@ -199,9 +206,19 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
+	var file string
+	if err := db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
+		insert.Close()
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	reserveSize := opts.ReserveBytes
+	if reserveSize == 0 {
+		reserveSize = DefaultReserveBytes
+	}
 	o := &Outbox{
 		db:         db,
 		insert:     insert,
+		reserve:    newReserve(file, reserveSize),
 		maxPayload: opts.MaxPayloadBytes,
 		log:        opts.Logger,
 		now:        opts.Now,
@@ -215,6 +232,9 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	}
 	if o.now == nil {
 		o.now = time.Now
+	}
+	if err := o.reserve.fill(); err != nil {
+		o.log.Warn("outbox could not write its disk reserve", "path", o.reserve.path, "err", err)
 	}
 	return o, nil
 }

@@ -342,7 +342,10 @@ func TestFilesArePrivate(t *testing.T) {
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "t", 1)
 	path := dbPath(t, ob)
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+	fi, err := os.Stat(path + "-reserve")
+	require.NoError(t, err)
+	require.EqualValues(t, DefaultReserveBytes, fi.Size(), "the disk reserve is written, not sparse-sized")
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-reserve"} {
 		fi, err := os.Stat(p)
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), p)

@@ -170,6 +170,8 @@ type Relay struct {
 	lastAck time.Time
 
 	connected atomic.Bool
+	diskFull  atomic.Bool   // a write failed for lack of space: purge now
+	purgeNow  chan struct{} // wakes the purge loop
 	inFlight  atomic.Int64
 	sent      atomic.Int64
 	dead      atomic.Int64
@@ -195,7 +197,8 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		opts: opts,
 		enc:  encoder{mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
 		log:  o.log.With("relay", opts.Owner),
-		kick: make(chan struct{}, 1),
+		kick:     make(chan struct{}, 1),
+		purgeNow: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -393,9 +396,6 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 
 // purgeLoop deletes sent rows past retention and gives free pages back.
 func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
-	if r.opts.Retention < 0 {
-		return // rows are deleted as they are acknowledged
-	}
 	t := time.NewTicker(r.opts.PurgeInterval)
 	defer t.Stop()
 	for {
@@ -403,19 +403,34 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.purgeNow:
 		}
 		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
+			r.writeFailed(err)
 			r.log.Warn("outbox purge failed", "err", err)
 		}
+		r.ob.reserve.refill()
 	}
 }
 
 func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
 	now := r.ob.now()
-	before := now.Add(-r.opts.Retention).UnixMilli()
+	retention := max(r.opts.Retention, 0)
+	if r.diskFull.Swap(false) {
+		// The disk is full: sent rows go now, whatever the retention.
+		retention = -24 * time.Hour
+		defer func() {
+			// Hand the WAL's space back too.
+			conn.do(func(c *sql.Conn) error {
+				_, err := c.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
+				return err
+			})
+		}()
+	}
+	before := now.Add(-retention).UnixMilli()
 	// A row sent "in the future" means the clock has since jumped back; it
 	// would otherwise be kept until the clock catches up, without bound.
-	future := now.Add(r.opts.Retention).UnixMilli()
+	future := now.Add(max(retention, time.Hour)).UnixMilli()
 	var deleted int64
 	for ctx.Err() == nil {
 		var n int64
@@ -429,7 +444,7 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
 			return err
 		})
 		if err != nil {
-			return err
+			return classifyWriteErr(err)
 		}
 		deleted += n
 		if n < purgeBatch {

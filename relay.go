@@ -192,11 +192,11 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		return nil, err
 	}
 	return &Relay{
-		ob:   o,
-		pub:  pub,
-		opts: opts,
-		enc:  encoder{mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
-		log:  o.log.With("relay", opts.Owner),
+		ob:       o,
+		pub:      pub,
+		opts:     opts,
+		enc:      encoder{mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
+		log:      o.log.With("relay", opts.Owner),
 		kick:     make(chan struct{}, 1),
 		purgeNow: make(chan struct{}, 1),
 	}, nil

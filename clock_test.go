@@ -1,0 +1,80 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// jumpyClock is a device clock that the test moves by hours at will, as an
+// RTC reset or an NTP sync does.
+type jumpyClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *jumpyClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *jumpyClock) jump(d time.Duration) {
+	c.mu.Lock()
+	c.offset += d
+	c.mu.Unlock()
+}
+
+// TestClockJumpsChangeNothing: the device clock jumping hours back and
+// forward changes neither delivery order nor the lease.
+func TestClockJumpsChangeNothing(t *testing.T) {
+	b := startBroker(t)
+	clock := &jumpyClock{}
+	ob := openTest(t, Options{Now: clock.now})
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	eventually(t, 5*time.Second, "lease held", func() bool { s, _ := ob.Stats(context.Background()); return s.LeaseOwner != "" })
+
+	// A second relay on the same database, with the same jumpy clock,
+	// waits for the lease. It must not take over because the clock jumped.
+	other, err := ob.NewRelay(&fakePublisher{}, RelayOptions{LeaseTTL: time.Second, Owner: "contender"})
+	require.NoError(t, err)
+	startRelay(t, other)
+
+	jumps := []time.Duration{-5 * time.Hour, 9 * time.Hour, -365 * 24 * time.Hour, 365*24*time.Hour + 3*time.Hour, -30 * time.Minute}
+	ctx := context.Background()
+	for i := 0; i < 200; i++ {
+		if i%40 == 0 {
+			clock.jump(jumps[i/40])
+		}
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: "pos/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+		}))
+	}
+	eventually(t, 10*time.Second, "all delivered", func() bool { return countState(t, ob, "sent") == 200 })
+	require.Zero(t, checkOrdered(t, b.rec, 200), "delivered in commit order, once")
+	// The event times follow the (wrong) clock; the order does not.
+	all := b.rec.all()
+	require.True(t, all[80].ev.Time.Before(all[79].ev.Time), "the clock went back a year between these two")
+
+	// The holder keeps the lease through jumps for several TTLs.
+	for i := 0; i < 3; i++ {
+		clock.jump(48 * time.Hour)
+		deadline := time.Now().Add(time.Second)
+		for time.Now().Before(deadline) {
+			s, err := ob.Stats(ctx)
+			require.NoError(t, err)
+			require.NotEqual(t, "contender", s.LeaseOwner, "lease taken over after a clock jump")
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	sc, err := other.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, sc.SentSince)
+}

@@ -155,6 +155,8 @@ func (f *dbFlags) explain(err error) error {
 		return fmt.Errorf("%s has no outbox (create one with: outboxctl init --db %s)", f.path, f.path)
 	case strings.Contains(msg, "not a SQLite database"), strings.Contains(msg, "file is not a database"):
 		return fmt.Errorf("%s is not a SQLite database", f.path)
+	case strings.Contains(msg, "malformed"), strings.Contains(msg, "SQLITE_CORRUPT"):
+		return fmt.Errorf("%s is corrupt (SQLite: database disk image is malformed); move it aside and restore a backup", f.path)
 	case strings.Contains(msg, "database is locked"), strings.Contains(msg, "SQLITE_BUSY"):
 		return fmt.Errorf("%s is locked by another process (waited %s; raise --timeout to wait longer)", f.path, f.timeout)
 	case strings.Contains(msg, "readonly"), strings.Contains(msg, "read-only"), errors.Is(err, syscall.EROFS), errors.Is(err, os.ErrPermission),

@@ -123,6 +123,16 @@ func TestBadDatabases(t *testing.T) {
 	_, err = ob.DB().Exec(`INSERT INTO outbox_schema (version) VALUES (99)`)
 	require.NoError(t, err)
 	ob.Close()
+	corrupt, ob := newOutbox(t)
+	enqueue(t, ob, outbox.Message{Topic: "t", Payload: bytes.Repeat([]byte("x"), 30000)})
+	_, err = ob.DB().Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	require.NoError(t, err)
+	ob.Close()
+	f, err := os.OpenFile(corrupt, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xde, 0xad}, 4096), 4096)
+	require.NoError(t, err)
+	f.Close()
 
 	for _, cmd := range [][]string{{"status"}, {"list"}, {"requeue", "--all-dead"}, {"purge", "--dead"}} {
 		for _, c := range []struct {
@@ -132,6 +142,7 @@ func TestBadDatabases(t *testing.T) {
 			{junk, "is not a SQLite database"},
 			{plain, "has no outbox (create one with: outboxctl init"},
 			{newer, "schema version 99"},
+			{corrupt, "is corrupt"},
 			{dir, "is a directory"},
 		} {
 			args := append(append([]string{}, cmd...), "--db", c.path)

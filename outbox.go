@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -196,7 +195,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := checkDB(ctx, db); err != nil {
 		return nil, err
 	}
-	if _, err := migrate(ctx, db); err != nil {
+	if err := migrate(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: schema: %w", err)
 	}
 	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {
@@ -362,42 +361,10 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 	if o.isClosed() {
 		return ErrClosed
 	}
-	const attempts = 8
-	var err error
-	for i := 0; i < attempts; i++ {
-		if i > 0 {
-			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
-			select {
-			case <-ctx.Done():
-				return errors.Join(err, ctx.Err())
-			case <-time.After(pause):
-			}
-		}
-		err = o.transactOnce(ctx, fn)
-		if err == nil {
-			o.wake.notify()
-			return nil
-		}
-		if !isBusy(err) {
-			return err
-		}
-	}
-	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
-}
-
-func (o *Outbox) transactOnce(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := o.db.BeginTx(ctx, nil)
-	if err != nil {
-		return classifyWriteErr(err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
+	if err := runTx(ctx, o.db, fn); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
-		tx.Rollback()
-		return classifyWriteErr(err)
-	}
+	o.wake.notify()
 	return nil
 }
 

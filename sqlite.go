@@ -260,63 +260,69 @@ CREATE TABLE IF NOT EXISTS outbox_lease (
 `,
 }
 
-// migrate applies the missing migrations and returns the schema version.
-func migrate(ctx context.Context, db *sql.DB) (int, error) {
+// migrate applies the outbox's missing migrations.
+func migrate(ctx context.Context, db *sql.DB) error {
+	return migrateSet(ctx, db, "outbox_schema", migrations)
+}
+
+// migrateSet brings a schema whose version is kept in table up to
+// len(steps): steps[i] goes from version i to i+1. All run in one IMMEDIATE
+// transaction, so a crash leaves the old schema or the new one, and two
+// processes migrating at once do not both start from the same version.
+func migrateSet(ctx context.Context, db *sql.DB, table string, steps []string) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer conn.Close()
 	// auto_vacuum can only change before the first table exists; on a
 	// fresh database it lets retention hand space back to the file system.
 	var tables int
 	if err := conn.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema`).Scan(&tables); err != nil {
-		return 0, err
+		return err
 	}
 	if tables == 0 {
 		if _, err := conn.ExecContext(ctx, `PRAGMA auto_vacuum = INCREMENTAL`); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	// BEGIN IMMEDIATE by hand: the caller's DSN may not ask for it, and two
-	// processes migrating at once must not both read version 0.
+	// BEGIN IMMEDIATE by hand: the caller's DSN may not ask for it.
 	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		return 0, err
+		return err
 	}
-	version, err := migrateLocked(ctx, conn)
-	if err != nil {
+	if err := migrateLocked(ctx, conn, table, steps); err != nil {
 		conn.ExecContext(context.Background(), `ROLLBACK`)
-		return 0, err
+		return err
 	}
 	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
 		conn.ExecContext(context.Background(), `ROLLBACK`)
-		return 0, err
+		return err
 	}
-	return version, nil
+	return nil
 }
 
-func migrateLocked(ctx context.Context, conn *sql.Conn) (int, error) {
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS outbox_schema (
+func migrateLocked(ctx context.Context, conn *sql.Conn, table string, steps []string) error {
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 		version    INTEGER NOT NULL,
 		applied_at INTEGER NOT NULL DEFAULT (`+nowMillisSQL+`))`); err != nil {
-		return 0, err
+		return err
 	}
 	var version int
-	if err := conn.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema`).Scan(&version); err != nil {
-		return 0, err
+	if err := conn.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&version); err != nil {
+		return err
 	}
-	if version > SchemaVersion {
-		return version, fmt.Errorf("%w: database has schema version %d, this code knows up to %d", ErrSchemaTooNew, version, SchemaVersion)
+	if version > len(steps) {
+		return fmt.Errorf("%w: %s says schema version %d, this code knows up to %d", ErrSchemaTooNew, table, version, len(steps))
 	}
-	for v := version; v < SchemaVersion; v++ {
-		if _, err := conn.ExecContext(ctx, migrations[v]); err != nil {
-			return v, fmt.Errorf("migration %d: %w", v+1, err)
+	for v := version; v < len(steps); v++ {
+		if _, err := conn.ExecContext(ctx, steps[v]); err != nil {
+			return fmt.Errorf("%s migration %d: %w", table, v+1, err)
 		}
-		if _, err := conn.ExecContext(ctx, `INSERT INTO outbox_schema (version) VALUES (?)`, v+1); err != nil {
-			return v, err
+		if _, err := conn.ExecContext(ctx, `INSERT INTO `+table+` (version) VALUES (?)`, v+1); err != nil {
+			return err
 		}
 	}
-	return SchemaVersion, nil
+	return nil
 }
 
 // readSchemaVersion reports the schema version without changing anything;

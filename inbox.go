@@ -1,0 +1,204 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+	"unicode/utf8"
+)
+
+// InboxSchemaVersion is the newest inbox schema version this code knows.
+const InboxSchemaVersion = 1
+
+// DefaultDedupeWindow is how long an Inbox remembers an applied event unless
+// InboxOptions says otherwise.
+const DefaultDedupeWindow = 7 * 24 * time.Hour
+
+// ErrDuplicate is returned by Inbox.Apply for an event that was already
+// applied: the handler did not run.
+var ErrDuplicate = errors.New("outbox: duplicate event")
+
+var inboxMigrations = []string{
+	// 1: applied events, keyed by (source, id), and quarantined messages.
+	`
+CREATE TABLE IF NOT EXISTS inbox (
+	source     TEXT    NOT NULL,
+	id         TEXT    NOT NULL,
+	type       TEXT    NOT NULL DEFAULT '',
+	sequence   INTEGER NOT NULL DEFAULT 0,
+	applied_at INTEGER NOT NULL,
+	PRIMARY KEY (source, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS inbox_applied_at ON inbox (applied_at);
+
+CREATE TABLE IF NOT EXISTS inbox_quarantine (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	topic       TEXT    NOT NULL,
+	payload     BLOB    NOT NULL,
+	reason      TEXT    NOT NULL,
+	received_at INTEGER NOT NULL
+);
+`,
+}
+
+// InboxOptions configures an Inbox. The zero value is ready to use.
+type InboxOptions struct {
+	// DedupeWindow is how long an applied event's id is remembered. A
+	// duplicate that arrives later than this is not recognised. Default 7
+	// days: far longer than any broker keeps a message for an offline
+	// consumer in practice.
+	DedupeWindow time.Duration
+	Logger       *slog.Logger
+	// Now is the clock; only the window and the times shown depend on it.
+	Now func() time.Time
+}
+
+// Inbox makes at-least-once delivery safe for a consumer: it runs the
+// consumer's handler and records the event's (source, id) in ONE transaction
+// of the consumer's own SQLite database, so an event is applied once however
+// often it is delivered.
+type Inbox struct {
+	db     *sql.DB
+	window time.Duration
+	log    *slog.Logger
+	now    func() time.Time
+}
+
+// NewInbox creates or migrates the inbox schema in db and returns an Inbox.
+func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error) {
+	if db == nil {
+		return nil, errors.New("outbox: inbox: nil *sql.DB")
+	}
+	if opts.DedupeWindow < 0 {
+		return nil, fmt.Errorf("outbox: inbox: negative DedupeWindow")
+	}
+	if err := migrateSet(ctx, db, "inbox_schema", inboxMigrations); err != nil {
+		return nil, fmt.Errorf("outbox: inbox schema: %w", err)
+	}
+	in := &Inbox{db: db, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now}
+	if in.window == 0 {
+		in.window = DefaultDedupeWindow
+	}
+	if in.log == nil {
+		in.log = slog.Default()
+	}
+	if in.now == nil {
+		in.now = time.Now
+	}
+	return in, nil
+}
+
+// Handler applies one event's effects inside tx. It must not have effects
+// outside tx: it may run more than once when it fails or the database is
+// busy, and it runs at most once successfully per (source, id).
+type Handler func(ctx context.Context, tx *sql.Tx, ev Event) error
+
+// Apply runs h for ev and records ev as applied, in one transaction. If ev
+// was applied before (within the dedupe window), h does not run and Apply
+// returns ErrDuplicate. If h fails, everything rolls back and its error is
+// returned, so that the event can be retried. An event without an id (raw
+// envelope) cannot be deduplicated: h runs in a transaction, unrecorded.
+func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
+	if ev.Source == "" && ev.ID != "" {
+		return fmt.Errorf("%w: event has an id but no source", ErrInvalidMessage)
+	}
+	if len(ev.ID) > maxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
+		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", ErrInvalidMessage)
+	}
+	return runTx(ctx, in.db, func(tx *sql.Tx) error {
+		if ev.ID != "" {
+			// The insert comes first: it takes the write lock at once and
+			// tells a duplicate before the handler runs.
+			res, err := tx.ExecContext(ctx, `INSERT INTO inbox (source, id, type, sequence, applied_at) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (source, id) DO NOTHING`, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli())
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				return ErrDuplicate
+			}
+		}
+		return h(ctx, tx, ev)
+	})
+}
+
+// Quarantine stores a message that cannot be applied (not an event, or
+// missing id, source or type) with the reason, so that it is kept for
+// inspection instead of blocking the consumer.
+func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, reason string) error {
+	if payload == nil {
+		payload = []byte{}
+	}
+	_, err := in.db.ExecContext(ctx, `INSERT INTO inbox_quarantine (topic, payload, reason, received_at) VALUES (?, ?, ?, ?)`,
+		topic, payload, reason, in.now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("outbox: quarantine: %w", classifyWriteErr(err))
+	}
+	return nil
+}
+
+// PurgeExpired forgets applied events older than the dedupe window, in
+// bounded batches, and returns how many.
+func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
+	before := in.now().Add(-in.window).UnixMilli()
+	return purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_at < ? LIMIT ?)`, before, purgeBatch)
+}
+
+// InboxStats counts what an Inbox holds.
+type InboxStats struct {
+	Applied     int64 // events remembered (within the dedupe window)
+	Quarantined int64
+}
+
+// Stats counts the inbox's rows.
+func (in *Inbox) Stats(ctx context.Context) (InboxStats, error) {
+	var s InboxStats
+	err := in.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM inbox_quarantine)`).Scan(&s.Applied, &s.Quarantined)
+	if err != nil {
+		return s, fmt.Errorf("outbox: inbox stats: %w", err)
+	}
+	return s, nil
+}
+
+// runTx runs fn in a transaction and commits it. When SQLite reports the
+// database busy, it rolls back and runs fn again, a few times, after a
+// short random pause.
+func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	const attempts = 8
+	var err error
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(pause):
+			}
+		}
+		err = txOnce(ctx, db, fn)
+		if err == nil || !isBusy(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
+}
+
+func txOnce(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return classifyWriteErr(err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		tx.Rollback()
+		return classifyWriteErr(err)
+	}
+	return nil
+}

@@ -1,0 +1,338 @@
+package outbox
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// SubscriberOptions configures a Subscriber.
+type SubscriberOptions struct {
+	// Broker is the broker's URL, as for MQTTOptions. Required.
+	Broker string
+	// ClientID is required and must stay the same across restarts: with a
+	// persistent session the broker keeps what is published while the
+	// consumer is away, under this id.
+	ClientID string
+	// Topics are the filters subscribed to at QoS 1. Required.
+	Topics   []string
+	Username string
+	Password string
+	// TLSConfig as for MQTTOptions.
+	TLSConfig *tls.Config
+	// Envelope is what the producer puts on the wire; CloudEvents unless set.
+	// With EnvelopeRaw there is no id, so events cannot be deduplicated:
+	// the handler gets Event{Source: RawSource, Data: payload} and runs in
+	// a transaction, unrecorded.
+	Envelope  Envelope
+	RawSource string
+	// Reconnect is the backoff between connection attempts (never gives up).
+	Reconnect Backoff
+	// Retry is the backoff between attempts of a failing handler. The
+	// event is retried until it succeeds or the subscriber stops; events
+	// behind it wait, so the order holds. Defaults: 1 s initial, 1 min cap.
+	Retry Backoff
+	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
+	// MQTTOptions.
+	ConnectTimeout time.Duration
+	KeepAlive      time.Duration
+	PingTimeout    time.Duration
+	Logger         *slog.Logger
+
+	// beforeAck, set by tests, runs after the transaction committed and
+	// before the PUBACK; returning false drops the acknowledgement, as a
+	// crash at that moment would.
+	beforeAck func(Event) bool
+}
+
+// Subscriber receives events from an MQTT broker and applies each through
+// an Inbox, acknowledging a message (PUBACK) only after its transaction
+// committed: a crash in between leads to a redelivery, which the inbox
+// recognises, never to a loss. A message that is not a valid event is
+// quarantined, acknowledged and counted, never allowed to block the rest.
+type Subscriber struct {
+	in   *Inbox
+	h    Handler
+	opts SubscriberOptions
+	url  string
+	log  *slog.Logger
+
+	connected   atomic.Bool
+	applied     atomic.Int64
+	duplicates  atomic.Int64
+	quarantined atomic.Int64
+	failures    atomic.Int64
+
+	mu      sync.Mutex
+	lastErr error
+}
+
+// SubscriberStats counts what a Subscriber did since it was created.
+type SubscriberStats struct {
+	Connected     bool
+	Applied       int64 // events whose handler committed
+	Duplicates    int64 // redeliveries skipped by the inbox
+	Quarantined   int64 // messages that were not valid events
+	HandlerErrors int64 // failed attempts (each retried)
+	LastError     string
+}
+
+// NewSubscriber returns a subscriber that applies events with h through in.
+func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, error) {
+	if in == nil || h == nil {
+		return nil, errors.New("outbox: subscriber: nil Inbox or Handler")
+	}
+	u, err := ParseBrokerURL(opts.Broker)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ClientID == "" {
+		return nil, errors.New("outbox: subscriber: ClientID is required (a fixed one, for the persistent session)")
+	}
+	if len(opts.Topics) == 0 {
+		return nil, errors.New("outbox: subscriber: no Topics")
+	}
+	if opts.Retry == (Backoff{}) {
+		opts.Retry = Backoff{Initial: time.Second, Max: time.Minute}
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.KeepAlive <= 0 {
+		opts.KeepAlive = 30 * time.Second
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = 10 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = in.log
+	}
+	return &Subscriber{in: in, h: h, opts: opts, url: u.Scheme + "://" + u.Host, log: log.With("subscriber", opts.ClientID)}, nil
+}
+
+// Stats returns the subscriber's counters.
+func (s *Subscriber) Stats() SubscriberStats {
+	st := SubscriberStats{
+		Connected: s.connected.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
+		Quarantined: s.quarantined.Load(), HandlerErrors: s.failures.Load(),
+	}
+	s.mu.Lock()
+	if s.lastErr != nil {
+		st.LastError = s.lastErr.Error()
+	}
+	s.mu.Unlock()
+	return st
+}
+
+func (s *Subscriber) setErr(err error) {
+	s.mu.Lock()
+	s.lastErr = err
+	s.mu.Unlock()
+}
+
+// Run connects, subscribes and applies events until ctx ends; it reconnects
+// with backoff for as long as it takes and forgets expired inbox entries
+// along the way. It returns nil when ctx ends.
+func (s *Subscriber) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.purgeLoop(ctx)
+	}()
+	bo := s.opts.Reconnect.newBackOff()
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := s.session(ctx)
+		s.connected.Store(false)
+		if ctx.Err() != nil {
+			break
+		}
+		s.setErr(err)
+		if time.Since(start) > s.opts.Reconnect.withDefaults().Max {
+			bo.Reset()
+		}
+		wait := bo.NextBackOff()
+		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", wait.Round(time.Millisecond))
+		if !sleepCtx(ctx, wait) {
+			break
+		}
+	}
+	return nil
+}
+
+func (s *Subscriber) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(min(max(s.in.window/24, time.Second), time.Hour))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("outbox inbox purge failed", "err", err)
+		}
+	}
+}
+
+// session runs one connection until it is lost or ctx ends.
+func (s *Subscriber) session(ctx context.Context) error {
+	// paho's callback may be blocked handing over a message when the
+	// session ends; cancelling sctx releases it.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lost := make(chan error, 1)
+	// Messages are handed to one worker in arrival order: paho's callback
+	// must not block on a slow handler (that would hold up its pings).
+	queue := make(chan mqtt.Message, 256)
+	o := mqtt.NewClientOptions()
+	o.AddBroker(s.url)
+	o.SetClientID(s.opts.ClientID)
+	if s.opts.Username != "" {
+		o.SetUsername(s.opts.Username)
+		o.SetPassword(s.opts.Password)
+	}
+	if s.opts.TLSConfig != nil {
+		o.SetTLSConfig(s.opts.TLSConfig)
+	} else if u, _ := ParseBrokerURL(s.opts.Broker); u != nil && isTLS(u) {
+		o.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
+	}
+	o.SetProtocolVersion(4)
+	o.SetCleanSession(false)
+	o.SetAutoReconnect(false)
+	o.SetConnectRetry(false)
+	o.SetAutoAckDisabled(true)
+	o.SetOrderMatters(true)
+	o.SetConnectTimeout(s.opts.ConnectTimeout)
+	o.SetKeepAlive(s.opts.KeepAlive)
+	o.SetPingTimeout(s.opts.PingTimeout)
+	handler := func(_ mqtt.Client, m mqtt.Message) {
+		select {
+		case queue <- m:
+		case <-sctx.Done():
+		}
+	}
+	// A resumed session's messages arrive before Subscribe returns; the
+	// default handler takes them.
+	o.SetDefaultPublishHandler(handler)
+	o.SetConnectionLostHandler(func(_ mqtt.Client, err error) {
+		select {
+		case lost <- err:
+		default:
+		}
+	})
+	c := mqtt.NewClient(o)
+	tok := c.Connect()
+	select {
+	case <-tok.Done():
+	case <-ctx.Done():
+		go func() { <-tok.Done(); c.Disconnect(0) }()
+		return nil
+	}
+	if err := tok.Error(); err != nil {
+		return fmt.Errorf("outbox: subscriber connect: %w", err)
+	}
+	defer c.Disconnect(0)
+	filters := make(map[string]byte, len(s.opts.Topics))
+	for _, t := range s.opts.Topics {
+		filters[t] = 1
+	}
+	st := c.SubscribeMultiple(filters, handler)
+	select {
+	case <-st.Done():
+	case <-ctx.Done():
+		return nil
+	}
+	if err := st.Error(); err != nil {
+		return fmt.Errorf("outbox: subscribe: %w", err)
+	}
+	s.connected.Store(true)
+	s.log.Info("outbox subscriber connected", "topics", s.opts.Topics)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-lost:
+			return fmt.Errorf("connection lost: %w", err)
+		case m := <-queue:
+			if !s.process(ctx, m) {
+				return nil
+			}
+		}
+	}
+}
+
+// process applies one message and acknowledges it once that is settled;
+// false means ctx ended first (the message stays unacknowledged and comes
+// again).
+func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
+	var ev Event
+	if s.opts.Envelope == EnvelopeRaw {
+		ev = Event{Source: s.opts.RawSource, Data: m.Payload()}
+	} else {
+		var err error
+		ev, err = DecodeEvent(m.Payload())
+		if err != nil {
+			return s.quarantine(ctx, m, err.Error())
+		}
+	}
+	retry := s.opts.Retry.newBackOff()
+	for {
+		err := s.in.Apply(ctx, ev, s.h)
+		switch {
+		case err == nil:
+			s.applied.Add(1)
+		case errors.Is(err, ErrDuplicate):
+			s.duplicates.Add(1)
+		case errors.Is(err, ErrInvalidMessage):
+			return s.quarantine(ctx, m, err.Error())
+		default:
+			if ctx.Err() != nil {
+				return false
+			}
+			s.failures.Add(1)
+			s.setErr(err)
+			wait := retry.NextBackOff()
+			s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", wait.Round(time.Millisecond))
+			if !sleepCtx(ctx, wait) {
+				return false
+			}
+			continue
+		}
+		if s.opts.beforeAck != nil && !s.opts.beforeAck(ev) {
+			return true
+		}
+		m.Ack()
+		return true
+	}
+}
+
+func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, reason string) bool {
+	retry := s.opts.Retry.newBackOff()
+	for {
+		err := s.in.Quarantine(ctx, m.Topic(), m.Payload(), reason)
+		if err == nil {
+			break
+		}
+		s.setErr(err)
+		if !sleepCtx(ctx, retry.NextBackOff()) {
+			return false
+		}
+	}
+	s.quarantined.Add(1)
+	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic(), "reason", reason)
+	m.Ack()
+	return true
+}

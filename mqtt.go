@@ -112,6 +112,33 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
+// pahoOptions builds what every connection of this package shares: MQTT
+// 3.1.1, no reconnection by paho (the caller reconnects, with backoff), TLS
+// for a TLS URL (TLS 1.2 at least unless a config is given), credentials and
+// timeouts.
+func pahoOptions(u *url.URL, clientID, username, password string, tlsCfg *tls.Config, connect, keepAlive, ping time.Duration) *mqtt.ClientOptions {
+	o := mqtt.NewClientOptions()
+	o.AddBroker(u.Scheme + "://" + u.Host)
+	o.SetClientID(clientID)
+	if username != "" {
+		o.SetUsername(username)
+		o.SetPassword(password)
+	}
+	if isTLS(u) {
+		if tlsCfg == nil {
+			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.SetTLSConfig(tlsCfg)
+	}
+	o.SetProtocolVersion(4)
+	o.SetAutoReconnect(false)
+	o.SetConnectRetry(false)
+	o.SetConnectTimeout(connect)
+	o.SetKeepAlive(keepAlive)
+	o.SetPingTimeout(ping)
+	return o
+}
+
 func isTLS(u *url.URL) bool {
 	switch strings.ToLower(u.Scheme) {
 	case "ssl", "tls", "mqtts":
@@ -125,28 +152,10 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
 	lost := make(chan struct{})
 	var once sync.Once
-	o := mqtt.NewClientOptions()
-	o.AddBroker(p.url.Scheme + "://" + p.url.Host)
-	o.SetClientID(p.opts.ClientID)
-	if p.opts.Username != "" {
-		o.SetUsername(p.opts.Username)
-		o.SetPassword(p.opts.Password)
-	}
-	if isTLS(p.url) {
-		cfg := p.opts.TLSConfig
-		if cfg == nil {
-			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		o.SetTLSConfig(cfg)
-	}
-	o.SetProtocolVersion(4)
+	o := pahoOptions(p.url, p.opts.ClientID, p.opts.Username, p.opts.Password, p.opts.TLSConfig,
+		p.opts.ConnectTimeout, p.opts.KeepAlive, p.opts.PingTimeout)
 	o.SetCleanSession(true)
-	o.SetAutoReconnect(false)
-	o.SetConnectRetry(false)
-	o.SetConnectTimeout(p.opts.ConnectTimeout)
 	o.SetWriteTimeout(p.opts.WriteTimeout)
-	o.SetKeepAlive(p.opts.KeepAlive)
-	o.SetPingTimeout(p.opts.PingTimeout)
 	o.SetStore(mqtt.NewOrderedMemoryStore())
 	o.SetOrderMatters(false)
 	o.SetConnectionLostHandler(func(mqtt.Client, error) { once.Do(func() { close(lost) }) })

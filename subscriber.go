@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +62,7 @@ type Subscriber struct {
 	in   *Inbox
 	h    Handler
 	opts SubscriberOptions
-	url  string
+	url  *url.URL
 	log  *slog.Logger
 
 	connected   atomic.Bool
@@ -115,7 +116,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if log == nil {
 		log = in.log
 	}
-	return &Subscriber{in: in, h: h, opts: opts, url: u.Scheme + "://" + u.Host, log: log.With("subscriber", opts.ClientID)}, nil
+	return &Subscriber{in: in, h: h, opts: opts, url: u, log: log.With("subscriber", opts.ClientID)}, nil
 }
 
 // Stats returns the subscriber's counters.
@@ -197,27 +198,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 	// Messages are handed to one worker in arrival order: paho's callback
 	// must not block on a slow handler (that would hold up its pings).
 	queue := make(chan mqtt.Message, 256)
-	o := mqtt.NewClientOptions()
-	o.AddBroker(s.url)
-	o.SetClientID(s.opts.ClientID)
-	if s.opts.Username != "" {
-		o.SetUsername(s.opts.Username)
-		o.SetPassword(s.opts.Password)
-	}
-	if s.opts.TLSConfig != nil {
-		o.SetTLSConfig(s.opts.TLSConfig)
-	} else if u, _ := ParseBrokerURL(s.opts.Broker); u != nil && isTLS(u) {
-		o.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
-	}
-	o.SetProtocolVersion(4)
+	o := pahoOptions(s.url, s.opts.ClientID, s.opts.Username, s.opts.Password, s.opts.TLSConfig,
+		s.opts.ConnectTimeout, s.opts.KeepAlive, s.opts.PingTimeout)
 	o.SetCleanSession(false)
-	o.SetAutoReconnect(false)
-	o.SetConnectRetry(false)
 	o.SetAutoAckDisabled(true)
 	o.SetOrderMatters(true)
-	o.SetConnectTimeout(s.opts.ConnectTimeout)
-	o.SetKeepAlive(s.opts.KeepAlive)
-	o.SetPingTimeout(s.opts.PingTimeout)
 	handler := func(_ mqtt.Client, m mqtt.Message) {
 		select {
 		case queue <- m:

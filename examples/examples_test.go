@@ -22,6 +22,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox"
 )
 
 const (
@@ -94,15 +96,54 @@ func TestPOS(t *testing.T) {
 }
 
 // TestConsumerDemo runs the consumer against its own embedded broker and
-// demo events: 3 distinct events, one redelivered, one not JSON.
+// demo events: 3 distinct events (two of them share an id but not the
+// source), one redelivered, one not JSON. Once with its default temporary
+// database, once with --db, whose contents are then checked: the handler's
+// rows and the inbox agree with what was printed.
 func TestConsumerDemo(t *testing.T) {
 	t.Parallel()
-	out := run(t, build(t, "consumer"), "--demo", "--count", "3")
+	consumer := build(t, "consumer")
 
-	require.Equal(t, []int{3, 1, 1}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
-	require.Len(t, appliedLine.FindAllString(out, -1), 3)
-	require.Equal(t, 1, strings.Count(out, "\nduplicate source=/stores/1/tills/1 "), out)
-	require.Equal(t, 1, strings.Count(out, "\nmalformed topic=stores/1/orders "), out)
+	check := func(out string) map[string]string {
+		t.Helper()
+		require.Equal(t, []int{3, 1, 1}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
+		ids := map[string]string{} // "source seq type" -> id
+		for _, m := range appliedLine.FindAllStringSubmatch(out, -1) {
+			k := m[1] + " " + m[3] + " " + m[4]
+			require.NotContains(t, ids, k, "printed twice:\n%s", out)
+			ids[k] = m[2]
+		}
+		require.Len(t, ids, 3, out)
+		first := ids["/stores/1/tills/1 1 com.example.pos.OrderPlaced"]
+		require.NotEmpty(t, first, out)
+		require.NotEmpty(t, ids["/stores/1/tills/1 2 com.example.pos.PaymentCaptured"], out)
+		require.Equal(t, first, ids["/stores/1/tills/2 1 com.example.pos.OrderPlaced"], "same id, other source: another event")
+		return ids
+	}
+	check(run(t, consumer, "--demo", "--count", "3"))
+
+	path := filepath.Join(t.TempDir(), "consumer.db")
+	ids := check(run(t, consumer, "--demo", "--count", "3", "--db", path))
+	db, err := outbox.OpenDB(path, outbox.DBOptions{})
+	require.NoError(t, err)
+	defer db.Close()
+	rows, err := db.Query(`SELECT source, id, seq, type FROM orders_seen`)
+	require.NoError(t, err)
+	defer rows.Close()
+	stored := map[string]string{}
+	for rows.Next() {
+		var source, id, typ string
+		var seq int
+		require.NoError(t, rows.Scan(&source, &id, &seq, &typ))
+		stored[source+" "+strconv.Itoa(seq)+" "+typ] = id
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, ids, stored, "orders_seen holds exactly the events printed")
+	in, err := outbox.NewInbox(context.Background(), db, outbox.InboxOptions{})
+	require.NoError(t, err)
+	st, err := in.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, outbox.InboxStats{Applied: 3, Quarantined: 1}, st, "the inbox remembers 3 events and kept the malformed message")
 }
 
 // TestPOSToConsumer runs both against one broker (started here): the
@@ -120,38 +161,50 @@ func TestPOSToConsumer(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	broker := "tcp://" + tcp.Address()
 	clientID := "consumer-" + t.Name()
+	// The consumer's database goes with its client id: both runs use it.
+	db := filepath.Join(t.TempDir(), "consumer.db")
 
 	// 1. The consumer is up: it sees one sale (two events) live.
-	c := start(t, consumer, "--broker", broker, "--client-id", clientID, "--count", "2")
+	c := start(t, consumer, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "2")
 	c.waitFor(t, "subscribed to stores/# ")
 	require.Equal(t, []int{1, 0, 2, 0}, numbers(t, posSummary, run(t, pos, "--broker", broker, "--orders", "1")))
 	out := c.wait(t)
 	require.Equal(t, []int{2, 0, 0}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
+	require.Len(t, appliedLine.FindAllString(out, -1), 2, out)
 
 	// 2. The consumer is away while the till sells 20 (2 declined).
 	require.Equal(t, []int{20, 2, 36, 0}, numbers(t, posSummary, run(t, pos, "--broker", broker, "--rate", "200")))
 
 	// 3. It comes back with the same client id: the broker delivers what
 	// was published in its absence.
-	out = run(t, consumer, "--broker", broker, "--client-id", clientID, "--count", "36")
+	out = run(t, consumer, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "36")
 	require.Equal(t, []int{36, 0, 0}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
 	// Every committed event once: sequence numbers 1..36 (the till's
 	// database was new), half orders, half payments. Not necessarily in
 	// that order: a broker may resend a stored session's messages in any
 	// order (mochi does), so only the set is checked.
 	types := map[string]int{}
-	seqs := map[int]bool{}
+	seqs := map[int]int{}
 	for _, m := range appliedLine.FindAllStringSubmatch(out, -1) {
 		require.Equal(t, "/stores/1/tills/1", m[1])
 		types[m[4]]++
 		seq, err := strconv.Atoi(m[3])
 		require.NoError(t, err)
-		seqs[seq] = true
+		seqs[seq]++
 	}
 	require.Equal(t, map[string]int{"com.example.pos.OrderPlaced": 18, "com.example.pos.PaymentCaptured": 18}, types)
+	require.Len(t, seqs, 36, "36 distinct sequence numbers")
 	for seq := 1; seq <= 36; seq++ {
-		require.True(t, seqs[seq], "event with seq %d not applied", seq)
+		require.Equal(t, 1, seqs[seq], "event with seq %d applied %d times", seq, seqs[seq])
 	}
+
+	// The consumer's database holds both runs' events, each once.
+	d, err := outbox.OpenDB(db, outbox.DBOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	var rows, distinct int
+	require.NoError(t, d.QueryRow(`SELECT count(*), count(DISTINCT source || ' ' || id) FROM orders_seen`).Scan(&rows, &distinct))
+	require.Equal(t, []int{38, 38}, []int{rows, distinct}, "rows in orders_seen, distinct (source, id)")
 }
 
 // process is an example program running in the background.

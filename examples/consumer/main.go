@@ -1,11 +1,15 @@
-// Command consumer is the backend side of the outbox: an MQTT subscriber
-// that receives the events relayed from the tills, drops redeliveries and
-// survives garbage.
+// Command consumer is the backend side of the outbox: it receives the events
+// relayed from the tills with an outbox.Subscriber and applies each one ONCE
+// to its own SQLite database through an outbox.Inbox.
 //
-// Delivery from the outbox is at least once, so the consumer recognises an
-// event it has already applied by the pair (source, id) — the CloudEvents
-// identity — and skips it. A message that is not a CloudEvents document is
-// counted as malformed and skipped; it never stops the consumer.
+// Delivery from the outbox is at least once. The Inbox records each event's
+// (source, id) — the CloudEvents identity — in the same transaction as the
+// handler's writes (here a row in the table orders_seen), so a redelivery
+// is recognised and skipped even across crashes and restarts, as long as
+// the consumer keeps its database (--db). The Subscriber acknowledges a
+// message only after that transaction committed; a message that is not an
+// event is quarantined in the database and counted as malformed, never
+// allowed to block the consumer.
 //
 // Events arrive in commit order while the connection holds, but a broker
 // may resend a stored session's messages in another order (mochi, the
@@ -14,18 +18,21 @@
 // checks by it, not by arrival.
 //
 //	go run ./examples/consumer --demo --count 3
-//	go run ./examples/consumer --broker tcp://127.0.0.1:1883 --topic 'stores/#'
+//	go run ./examples/consumer --broker tcp://127.0.0.1:1883 --topic 'stores/#' --db /tmp/backend.db
 //
 // With --demo it starts an embedded broker and publishes a few events to it
 // itself (one of them twice, plus one message that is not JSON), so it runs
-// standalone. It prints one line per message and, on exit (after --count
-// unique events, or on SIGINT/SIGTERM), a summary:
+// standalone. It prints one line per applied event and, on exit (after
+// --count events applied, or on SIGINT/SIGTERM), a summary:
 //
 //	applied 3, duplicates 1, malformed 1
+//
+// The library logs (a quarantined message, a lost connection) go to stderr.
 package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -34,11 +41,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
-	mqtt "github.com/eclipse/paho.mqtt.golang"
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -47,6 +54,7 @@ import (
 )
 
 type config struct {
+	db       string // SQLite file; empty = a file in a new temporary directory
 	broker   string
 	topic    string
 	clientID string
@@ -56,10 +64,11 @@ type config struct {
 
 func main() {
 	var cfg config
+	flag.StringVar(&cfg.db, "db", "", "SQLite file of this consumer (default: a file in a new temporary directory, removed at the end)")
 	flag.StringVar(&cfg.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 (required unless --demo)")
 	flag.StringVar(&cfg.topic, "topic", "stores/#", "MQTT topic filter to subscribe to")
 	flag.StringVar(&cfg.clientID, "client-id", "consumer-1", "MQTT client id; keep it fixed so the broker keeps this consumer's session")
-	flag.IntVar(&cfg.count, "count", 0, "exit after this many unique events (0 = run until SIGINT/SIGTERM)")
+	flag.IntVar(&cfg.count, "count", 0, "exit after this many events applied (0 = run until SIGINT/SIGTERM)")
 	flag.BoolVar(&cfg.demo, "demo", false, "start an embedded broker and publish a few demo events to it")
 	flag.Parse()
 	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" || cfg.clientID == "" ||
@@ -76,13 +85,23 @@ func main() {
 	// SIGINT or SIGTERM ends the run cleanly, with the summary.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg); err != nil {
+	// The library's logs at Warn, to stderr.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := run(ctx, cfg, logger); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, cfg config) error {
+func run(ctx context.Context, cfg config, logger *slog.Logger) error {
+	if cfg.db == "" {
+		dir, err := os.MkdirTemp("", "outbox-consumer")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir) // runs last: after the database is closed
+		cfg.db = filepath.Join(dir, "consumer.db")
+	}
 	var srv *mochi.Server
 	if cfg.demo {
 		var addr string
@@ -94,162 +113,145 @@ func run(ctx context.Context, cfg config) error {
 		defer srv.Close()
 		cfg.broker = "tcp://" + addr
 	}
-	if _, err := outbox.ParseBrokerURL(cfg.broker); err != nil {
+
+	// The consumer's own database: its business table and, beside it, the
+	// inbox's tables, so that both are written in one transaction.
+	db, err := outbox.OpenDB(cfg.db, outbox.DBOptions{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders_seen (
+		source TEXT    NOT NULL,
+		id     TEXT    NOT NULL,
+		seq    INTEGER NOT NULL,
+		type   TEXT    NOT NULL,
+		data   BLOB
+	)`); err != nil {
+		return err
+	}
+	in, err := outbox.NewInbox(ctx, db, outbox.InboxOptions{Logger: logger})
+	if err != nil {
 		return err
 	}
 
-	c := newConsumer(cfg.count)
-	subscribed := make(chan struct{}, 1)
-
-	opts := mqtt.NewClientOptions().
-		AddBroker(cfg.broker).
-		SetProtocolVersion(4). // MQTT 3.1.1
-		// A fixed client id with CleanSession false makes the broker keep
-		// this consumer's session — its subscription and the QoS 1 messages
-		// published while it is away — and deliver those messages when it
-		// connects again. Events are not lost while the backend restarts.
-		SetClientID(cfg.clientID).
-		SetCleanSession(false).
-		// Messages of the stored session arrive right after CONNACK, before
-		// any Subscribe call of this process could register a per-topic
-		// callback; paho hands such messages to the default handler only
-		// (and drops them if there is none). So everything goes through the
-		// default handler and Subscribe below passes no callback.
-		SetDefaultPublishHandler(c.handle).
-		// A message is acknowledged (PUBACK) only after it was handled;
-		// see consumer.handle.
-		SetAutoAckDisabled(true).
-		SetOrderMatters(true). // one message at a time, in arrival order
-		SetAutoReconnect(true).
-		SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).
-		SetMaxReconnectInterval(10 * time.Second).
-		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			fmt.Fprintln(os.Stderr, "consumer: connection lost, reconnecting:", err)
-		}).
-		// (Re)subscribe on every connection: the broker may have lost the
-		// session (a restart without persistence). Subscribing again to the
-		// same filter is harmless. This runs in its own goroutine, so it
-		// may wait for the token.
-		SetOnConnectHandler(func(client mqtt.Client) {
-			tok := client.Subscribe(cfg.topic, 1, nil)
-			tok.Wait()
-			if err := tok.Error(); err != nil {
-				fmt.Fprintln(os.Stderr, "consumer: subscribe:", err)
-				return
-			}
-			select {
-			case subscribed <- struct{}{}:
-			default:
-			}
-		})
-
-	client := mqtt.NewClient(opts)
-	fmt.Fprintf(os.Stderr, "consumer: connecting to %s as %s\n", cfg.broker, cfg.clientID)
-	// With ConnectRetry the token completes only once connected, so a
-	// broker that is not up yet is waited for; SIGINT still ends the wait.
-	tok := client.Connect()
-	select {
-	case <-tok.Done():
-		if err := tok.Error(); err != nil {
-			return fmt.Errorf("connect to %s: %w", cfg.broker, err)
+	// apply is the handler: it runs inside the Inbox's transaction and must
+	// have no effect outside it, because it runs again if the transaction
+	// fails (SQLite busy, a failed commit, an error) and a duplicate never
+	// reaches it. That is why it does not print: the lines are printed by
+	// report, from the committed rows.
+	var sub *outbox.Subscriber
+	apply := func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
+		// Events are applied one at a time, so Applied counts exactly the
+		// events committed before this one. Once --count is reached, hold
+		// this one until shutdown: it rolls back, stays unacknowledged and
+		// is delivered again next time.
+		if cfg.count > 0 && sub.Stats().Applied >= int64(cfg.count) {
+			<-ctx.Done()
+			return ctx.Err()
 		}
-	case <-ctx.Done():
-		client.Disconnect(0)
-		c.summary()
-		return nil
+		_, err := tx.ExecContext(ctx, `INSERT INTO orders_seen (source, id, seq, type, data) VALUES (?, ?, ?, ?, ?)`,
+			ev.Source, ev.ID, ev.Sequence, ev.Type, ev.Data)
+		return err
 	}
-	defer client.Disconnect(250)
-
-	select {
-	case <-subscribed:
-		fmt.Printf("subscribed to %s at %s as %s\n", cfg.topic, cfg.broker, cfg.clientID)
-	case <-ctx.Done():
-		c.summary()
-		return nil
+	sub, err = outbox.NewSubscriber(in, apply, outbox.SubscriberOptions{
+		Broker: cfg.broker,
+		// A fixed client id gives a persistent session: the broker keeps
+		// the subscription and the QoS 1 messages published while this
+		// consumer is away, and delivers them when it connects again.
+		ClientID: cfg.clientID,
+		Topics:   []string{cfg.topic},
+		Logger:   logger,
+	})
+	if err != nil {
+		return err
+	}
+	rep, err := newReporter(ctx, db)
+	if err != nil {
+		return err
 	}
 
-	if cfg.demo {
-		if err := publishDemo(srv); err != nil {
+	// The subscriber runs (and reconnects, for as long as it takes) until
+	// subCtx ends; stop ends it and waits for it, once.
+	subCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sub.Run(subCtx) // returns when subCtx ends
+	}()
+	stop := sync.OnceFunc(func() { cancel(); <-done })
+	defer stop()
+	fmt.Fprintf(os.Stderr, "consumer: connecting to %s as %s\n", cfg.broker, cfg.clientID)
+
+	// Watch the subscriber: say when it is subscribed (the demo publishes
+	// then), print what was applied, stop after --count.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	connected, published := false, false
+	for ctx.Err() == nil {
+		st := sub.Stats()
+		if st.Connected && !connected {
+			fmt.Printf("subscribed to %s at %s as %s\n", cfg.topic, cfg.broker, cfg.clientID)
+			if cfg.demo && !published {
+				if err := publishDemo(srv); err != nil {
+					return err
+				}
+				published = true
+			}
+		}
+		connected = st.Connected
+		if err := rep.print(ctx); err != nil {
 			return err
 		}
+		if cfg.count > 0 && st.Applied >= int64(cfg.count) {
+			break
+		}
+		select {
+		case <-ctx.Done(): // SIGINT or SIGTERM
+		case <-tick.C:
+		}
 	}
-
-	select {
-	case <-c.done: // --count unique events applied
-	case <-ctx.Done(): // SIGINT or SIGTERM
+	stop()
+	// What committed since the last look; ctx may have ended (a signal).
+	if err := rep.print(context.WithoutCancel(ctx)); err != nil {
+		return err
 	}
-	c.summary()
+	st := sub.Stats()
+	fmt.Printf("applied %d, duplicates %d, malformed %d\n", st.Applied, st.Duplicates, st.Quarantined)
 	return nil
 }
 
-// key identifies an event: CloudEvents ids are unique per source.
-type key struct{ source, id string }
-
-// consumer applies each event once.
-type consumer struct {
-	mu   sync.Mutex
-	seen map[key]bool
-	// This in-memory set is only for the example. A real consumer keeps
-	// it in its own database — an inbox table keyed by (source, id) —
-	// and inserts into it in the SAME transaction as the event's effects,
-	// so an event is applied once even across crashes and restarts.
-	applied, duplicates, malformed int
-
-	count    int // stop after this many applied events; 0 = never
-	done     chan struct{}
-	finished bool
+// reporter prints the rows of orders_seen committed since it last looked:
+// each applied event exactly once, and never one whose transaction failed.
+// Transactions commit one after another and a new row's rowid is the
+// largest so far plus one, so rowid order is commit order.
+type reporter struct {
+	db   *sql.DB
+	last int64 // rowid of the last row printed
 }
 
-func newConsumer(count int) *consumer {
-	return &consumer{seen: map[key]bool{}, count: count, done: make(chan struct{})}
+// newReporter starts after the rows of earlier runs (with --db).
+func newReporter(ctx context.Context, db *sql.DB) (*reporter, error) {
+	r := &reporter{db: db}
+	err := db.QueryRowContext(ctx, `SELECT coalesce(max(rowid), 0) FROM orders_seen`).Scan(&r.last)
+	return r, err
 }
 
-// handle processes one message and then acknowledges it. paho calls it for
-// one message at a time.
-func (c *consumer) handle(_ mqtt.Client, msg mqtt.Message) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.finished {
-		// --count was reached and the consumer is shutting down. Not
-		// acknowledging leaves the message with the broker's session, to
-		// be delivered again when this consumer returns.
-		return
-	}
-	defer msg.Ack() // after the effects: a crash before this means a redelivery, never a loss
-
-	ev, err := outbox.DecodeEvent(msg.Payload())
+func (r *reporter) print(ctx context.Context) error {
+	rows, err := r.db.QueryContext(ctx, `SELECT rowid, source, id, seq, type FROM orders_seen WHERE rowid > ? ORDER BY rowid`, r.last)
 	if err != nil {
-		// Not an event: count it, say so and move on. Acknowledging it
-		// is deliberate — it would never decode on a redelivery either.
-		c.malformed++
-		fmt.Printf("malformed topic=%s bytes=%d error=%q\n", msg.Topic(), len(msg.Payload()), err)
-		return
+		return err
 	}
-	k := key{ev.Source, ev.ID}
-	if c.seen[k] {
-		c.duplicates++
-		fmt.Printf("duplicate source=%s id=%s seq=%d type=%s\n", ev.Source, ev.ID, ev.Sequence, ev.Type)
-		return
+	defer rows.Close()
+	for rows.Next() {
+		var source, id, typ string
+		var seq int64
+		if err := rows.Scan(&r.last, &source, &id, &seq, &typ); err != nil {
+			return err
+		}
+		fmt.Printf("applied source=%s id=%s seq=%d type=%s\n", source, id, seq, typ)
 	}
-
-	// Apply the event here (update a read model, call a service, ...).
-	// With an inbox, this and the insert of k share one transaction.
-	c.seen[k] = true
-	c.applied++
-	fmt.Printf("applied source=%s id=%s seq=%d type=%s\n", ev.Source, ev.ID, ev.Sequence, ev.Type)
-
-	if c.count > 0 && c.applied == c.count {
-		c.finished = true
-		close(c.done)
-	}
-}
-
-func (c *consumer) summary() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.finished = true // no more messages are handled (or acknowledged)
-	fmt.Printf("applied %d, duplicates %d, malformed %d\n", c.applied, c.duplicates, c.malformed)
+	return rows.Err()
 }
 
 // startBroker starts an embedded MQTT broker on a free loopback port. The

@@ -100,7 +100,9 @@ type Handler func(ctx context.Context, tx *sql.Tx, ev Event) error
 // Apply runs h for ev and records ev as applied, in one transaction. If ev
 // was applied before (within the dedupe window), h does not run and Apply
 // returns ErrDuplicate. If h fails, everything rolls back and its error is
-// returned, so that the event can be retried. An event without an id (raw
+// returned, so that the event can be retried; a handler that knows the event
+// can never be applied returns an error wrapping ErrInvalidMessage, and the
+// Subscriber quarantines it instead. An event without an id (raw
 // envelope) cannot be deduplicated: h runs in a transaction, unrecorded.
 func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 	if ev.Source == "" && ev.ID != "" {
@@ -141,11 +143,17 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 	return nil
 }
 
-// PurgeExpired forgets applied events older than the dedupe window, in
-// bounded batches, and returns how many.
+// PurgeExpired forgets applied events, and deletes quarantined messages,
+// older than the dedupe window, in bounded batches; it returns how many
+// applied events it forgot.
 func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
 	before := in.now().Add(-in.window).UnixMilli()
-	return purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_at < ? LIMIT ?)`, before, purgeBatch)
+	n, err := purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_at < ? LIMIT ?)`, before, purgeBatch)
+	if err != nil {
+		return n, err
+	}
+	_, err = purgeBatches(ctx, in.db, `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_at < ? LIMIT ?)`, before, purgeBatch)
+	return n, err
 }
 
 // InboxStats counts what an Inbox holds.

@@ -109,6 +109,7 @@ func TestInboxDedupeWindow(t *testing.T) {
 	for i := 0; i < 2500; i++ { // more than one purge batch
 		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: fmt.Sprint(i)}, recordApplied))
 	}
+	require.NoError(t, in.Quarantine(ctx, "t", []byte("junk"), "not an event"))
 	clock.jump(30 * time.Minute)
 	n, err := in.PurgeExpired(ctx)
 	require.NoError(t, err)
@@ -117,6 +118,9 @@ func TestInboxDedupeWindow(t *testing.T) {
 	n, err = in.PurgeExpired(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, n)
+	st, err := in.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.Quarantined, "quarantined messages are kept for the window too, not for ever")
 	// Past the window a duplicate is no longer caught (documented).
 	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "0"}, recordApplied))
 }
@@ -173,7 +177,15 @@ func TestSubscriberAppliesEachEventOnce(t *testing.T) {
 		}
 		return recordApplied(ctx, tx, ev)
 	}
-	s, _ := c.subscriber(t, h, nil)
+	var mu sync.Mutex
+	outcomes := map[Outcome]int{}
+	s, _ := c.subscriber(t, h, func(o *SubscriberOptions) {
+		o.OnEvent = func(ev Event, outcome Outcome, err error) {
+			mu.Lock()
+			outcomes[outcome]++
+			mu.Unlock()
+		}
+	})
 	for i := 0; i < 50; i++ {
 		commitOrder(t, c.ob, "pos/orders", i)
 	}
@@ -193,6 +205,9 @@ func TestSubscriberAppliesEachEventOnce(t *testing.T) {
 	})
 	st := s.Stats()
 	require.EqualValues(t, 51, st.Applied)
+	mu.Lock()
+	require.Equal(t, map[Outcome]int{Applied: 51, Duplicate: 1, Quarantined: 2}, outcomes)
+	mu.Unlock()
 	require.EqualValues(t, 2, st.HandlerErrors)
 	is, err := c.in.Stats(context.Background())
 	require.NoError(t, err)

@@ -46,6 +46,10 @@ type SubscriberOptions struct {
 	KeepAlive      time.Duration
 	PingTimeout    time.Duration
 	Logger         *slog.Logger
+	// OnEvent, if set, is called after each message is settled and
+	// acknowledged: applied (committed), a duplicate, or quarantined (err
+	// says why). It runs on the subscriber's one worker; keep it quick.
+	OnEvent func(ev Event, outcome Outcome, err error)
 
 	// beforeAck, set by tests, runs after the transaction committed and
 	// before the PUBACK; returning false drops the acknowledgement, as a
@@ -73,6 +77,29 @@ type Subscriber struct {
 
 	mu      sync.Mutex
 	lastErr error
+}
+
+// Outcome is what became of a message.
+type Outcome int
+
+// The outcomes of a message.
+const (
+	Applied     Outcome = iota + 1 // the handler's transaction committed
+	Duplicate                      // applied before; skipped
+	Quarantined                    // not a valid event; stored in inbox_quarantine
+)
+
+// String returns "applied", "duplicate" or "quarantined".
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Quarantined:
+		return "quarantined"
+	}
+	return "unknown"
 }
 
 // SubscriberStats counts what a Subscriber did since it was created.
@@ -270,19 +297,23 @@ func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 		var err error
 		ev, err = DecodeEvent(m.Payload())
 		if err != nil {
-			return s.quarantine(ctx, m, err.Error())
+			return s.quarantine(ctx, m, Event{}, err)
 		}
 	}
 	retry := s.opts.Retry.newBackOff()
 	for {
 		err := s.in.Apply(ctx, ev, s.h)
+		outcome := Applied
 		switch {
 		case err == nil:
 			s.applied.Add(1)
 		case errors.Is(err, ErrDuplicate):
 			s.duplicates.Add(1)
+			outcome = Duplicate
 		case errors.Is(err, ErrInvalidMessage):
-			return s.quarantine(ctx, m, err.Error())
+			// The event is unusable (or the handler said so by wrapping
+			// ErrInvalidMessage): retrying cannot help.
+			return s.quarantine(ctx, m, ev, err)
 		default:
 			if ctx.Err() != nil {
 				return false
@@ -300,14 +331,17 @@ func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 			return true
 		}
 		m.Ack()
+		if s.opts.OnEvent != nil {
+			s.opts.OnEvent(ev, outcome, nil)
+		}
 		return true
 	}
 }
 
-func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, reason string) bool {
+func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, cause error) bool {
 	retry := s.opts.Retry.newBackOff()
 	for {
-		err := s.in.Quarantine(ctx, m.Topic(), m.Payload(), reason)
+		err := s.in.Quarantine(ctx, m.Topic(), m.Payload(), cause.Error())
 		if err == nil {
 			break
 		}
@@ -317,7 +351,10 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, reason stri
 		}
 	}
 	s.quarantined.Add(1)
-	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic(), "reason", reason)
+	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic(), "reason", cause)
 	m.Ack()
+	if s.opts.OnEvent != nil {
+		s.opts.OnEvent(ev, Quarantined, cause)
+	}
 	return true
 }

@@ -32,6 +32,9 @@ type MQTTOptions struct {
 	// TLSConfig is used for TLS URLs. Nil means the system roots, the
 	// broker's host name checked, and TLS 1.2 at least.
 	TLSConfig *tls.Config
+	// TLSFiles, if set, replaces TLSConfig with files read again at every
+	// connection, so that renewed certificates need no restart.
+	TLSFiles *TLSFiles
 	// ConnectTimeout bounds connecting, including the CONNACK. Default 10 s.
 	ConnectTimeout time.Duration
 	// WriteTimeout bounds handing one packet to the connection. Default 10 s.
@@ -69,6 +72,16 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 	}
 	if len(opts.ClientID) > 65535 {
 		return nil, fmt.Errorf("outbox: mqtt: client id too long")
+	}
+	if opts.TLSFiles != nil {
+		if !isTLS(u) {
+			return nil, fmt.Errorf("outbox: mqtt: TLS files need a TLS URL (ssl://, tls:// or mqtts://)")
+		}
+		// Read them once now, so that a wrong path is a clear error at
+		// start rather than a retry loop.
+		if _, err := opts.TLSFiles.Config(); err != nil {
+			return nil, err
+		}
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 10 * time.Second
@@ -152,7 +165,11 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
 	lost := make(chan struct{})
 	var once sync.Once
-	o := pahoOptions(p.url, p.opts.ClientID, p.opts.Username, p.opts.Password, p.opts.TLSConfig,
+	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
+	if err != nil {
+		return err
+	}
+	o := pahoOptions(p.url, p.opts.ClientID, p.opts.Username, p.opts.Password, tlsCfg,
 		p.opts.ConnectTimeout, p.opts.KeepAlive, p.opts.PingTimeout)
 	o.SetCleanSession(true)
 	o.SetWriteTimeout(p.opts.WriteTimeout)
@@ -389,6 +406,10 @@ func explainConnectError(err error, now time.Time) string {
 		return "the broker's certificate does not match the name " + hostname.Host
 	case errors.As(err, &alert):
 		return "the broker refused the TLS handshake (" + alert.Error() + "): check the client certificate and key"
+	case strings.Contains(err.Error(), "remote error: tls: "):
+		// crypto/tls reports the broker's alert with an unexported type.
+		_, why, _ := strings.Cut(err.Error(), "remote error: tls: ")
+		return "the broker refused the TLS handshake (" + why + "): check the client certificate and key"
 	case errors.Is(err, packets.ErrorRefusedBadUsernameOrPassword):
 		return "the broker refused the user name or password (CONNACK 4)"
 	case errors.Is(err, packets.ErrorRefusedNotAuthorised):

@@ -26,8 +26,9 @@ type SubscriberOptions struct {
 	Topics   []string
 	Username string
 	Password string
-	// TLSConfig as for MQTTOptions.
+	// TLSConfig and TLSFiles as for MQTTOptions.
 	TLSConfig *tls.Config
+	TLSFiles  *TLSFiles
 	// Envelope is what the producer puts on the wire; CloudEvents unless set.
 	// With EnvelopeRaw there is no id, so events cannot be deduplicated:
 	// the handler gets Event{Source: RawSource, Data: payload} and runs in
@@ -225,7 +226,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 	// Messages are handed to one worker in arrival order: paho's callback
 	// must not block on a slow handler (that would hold up its pings).
 	queue := make(chan mqtt.Message, 256)
-	o := pahoOptions(s.url, s.opts.ClientID, s.opts.Username, s.opts.Password, s.opts.TLSConfig,
+	tlsCfg, err := tlsConfigFor(s.opts.TLSConfig, s.opts.TLSFiles)
+	if err != nil {
+		return err
+	}
+	o := pahoOptions(s.url, s.opts.ClientID, s.opts.Username, s.opts.Password, tlsCfg,
 		s.opts.ConnectTimeout, s.opts.KeepAlive, s.opts.PingTimeout)
 	o.SetCleanSession(false)
 	o.SetAutoAckDisabled(true)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -168,54 +166,10 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 		return o, fmt.Errorf("--ca-file, --cert-file and --key-file need a TLS URL (ssl://, tls:// or mqtts://)")
 	}
 	if tlsURL {
-		cfg, err := tlsConfig(f.caFile, f.certFile, f.keyFile, f.serverName)
-		if err != nil {
-			return o, err
-		}
-		o.TLSConfig = cfg
+		// Read again at every connection: renewed files need no restart.
+		o.TLSFiles = &outbox.TLSFiles{CAFile: f.caFile, CertFile: f.certFile, KeyFile: f.keyFile, ServerName: f.serverName}
 	}
 	return o, nil
-}
-
-// tlsConfig checks the files now, for a clear error at start, and reads them
-// again at every handshake so that renewed certificates need no restart.
-func tlsConfig(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
-	if caFile != "" {
-		pool, err := loadCA(caFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RootCAs = pool
-	}
-	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("--cert-file and --key-file go together")
-	}
-	if certFile != "" {
-		if _, err := tls.LoadX509KeyPair(certFile, keyFile); err != nil {
-			return nil, fmt.Errorf("client certificate: %w", err)
-		}
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, err := tls.LoadX509KeyPair(certFile, keyFile)
-			if err != nil {
-				return nil, fmt.Errorf("client certificate: %w", err)
-			}
-			return &c, nil
-		}
-	}
-	return cfg, nil
-}
-
-func loadCA(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--ca-file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--ca-file %s: no PEM certificate found", path)
-	}
-	return pool, nil
 }
 
 func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration) {

@@ -79,6 +79,10 @@ type session struct {
 	cancel context.CancelCauseFunc
 
 	flights chan flight
+	// slots holds one token per message published and not yet settled:
+	// taken before the publish, given back once the row is marked sent (or
+	// the publish failed). A crash can only duplicate what holds a slot,
+	// so Window bounds the duplicates of a crash.
 	slots   chan struct{}
 	marks   chan int64
 	probeOK chan struct{}
@@ -284,7 +288,7 @@ func (s *session) dispatch() error {
 			continue
 		}
 		wake := r.ob.wake.wait()
-		version, rows, err := r.fetch(s.sctx, s.conn, cursor)
+		version, rows, err := r.fetch(s.sctx, r.reader, cursor)
 		if err != nil {
 			if s.sctx.Err() != nil {
 				break
@@ -303,7 +307,7 @@ func (s *session) dispatch() error {
 				cursor = 0
 				continue
 			}
-			if !r.waitForWork(s.sctx, s.conn, wake, version) {
+			if !r.waitForWork(s.sctx, r.reader, wake, version) {
 				break
 			}
 			continue
@@ -384,8 +388,7 @@ func (s *session) ackLoop() {
 		}
 		timer.Stop()
 		if err == nil {
-			s.marks <- f.seq
-			<-s.slots
+			s.marks <- f.seq // markLoop gives the slot back once marked
 			s.progress.Store(true)
 			if f.probe {
 				r.suspect = 0
@@ -445,6 +448,9 @@ func (s *session) markLoop() {
 		n := int64(len(batch))
 		r.inFlight.Add(-n)
 		s.outstanding.Add(-n)
+		for range batch {
+			<-s.slots
+		}
 	}
 }
 
@@ -533,8 +539,7 @@ func (r *Relay) markSent(conn *relayConn, seqs []int64) error {
 		args = append(args, s)
 	}
 	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, q, args...)
-		return err
+		return conn.execPolling(ctx, c, q, args...)
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))

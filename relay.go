@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -180,6 +181,10 @@ type Relay struct {
 	// flight when the last connection failed; zero if none. The next
 	// connection sends it alone first (see session).
 	suspect int64
+
+	// reader is the connection fetch and the data_version polls use: the
+	// relay's own, or a second one (see run).
+	reader *relayConn
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -262,14 +267,22 @@ func (r *Relay) stop() {
 // goroutines one call at a time. Its synchronous setting is NORMAL: a mark
 // lost to power failure only means a duplicate, never a loss.
 type relayConn struct {
-	mu   sync.Mutex
-	conn *sql.Conn
+	mu     sync.Mutex
+	conn   *sql.Conn
+	busyMS int // the connection's busy timeout, for execPolling
 }
 
 func (c *relayConn) do(fn func(*sql.Conn) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return fn(c.conn)
+}
+
+// discard closes a connection that the relay configured for itself,
+// instead of handing it back to the pool.
+func discard(c *sql.Conn) {
+	c.Raw(func(any) error { return driver.ErrBadConn })
+	c.Close()
 }
 
 // Run drains the outbox until ctx is cancelled or the Outbox is closed,
@@ -317,7 +330,9 @@ func (r *Relay) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
-	defer c.Close()
+	// The relay changes this connection's settings (synchronous, busy
+	// timeout): it must not go back to the pool for the application.
+	defer discard(c)
 	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
@@ -332,7 +347,23 @@ func (r *Relay) run(ctx context.Context) error {
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
 	}
-	conn := &relayConn{conn: c}
+	if busy == 0 {
+		busy = 5000
+	}
+	conn := &relayConn{conn: c, busyMS: busy}
+	// Reads get a connection of their own when the pool allows it, so that
+	// publishing never waits behind a mark that waits for the write lock
+	// (in WAL, reads never wait for writers).
+	reader := conn
+	if max := r.ob.db.Stats().MaxOpenConnections; max == 0 || max >= 3 {
+		rc, err := r.ob.db.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: relay: %w", err)
+		}
+		defer discard(rc)
+		reader = &relayConn{conn: rc, busyMS: busy}
+	}
+	r.reader = reader
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now}
 	if err := l.acquire(ctx, func(holder string) {
 		r.log.Info("outbox relay waiting for the lease", "holder", holder)

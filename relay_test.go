@@ -617,3 +617,30 @@ func TestRelayOnCallerDBWithoutBusyTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, s.LastError)
 }
+
+func TestRelayLeavesNoSettingsInThePool(t *testing.T) {
+	// The relay runs its own connections at synchronous=NORMAL; after it
+	// stops, the application's connections must still be FULL.
+	ob := openTest(t, Options{})
+	ob.DB().SetMaxOpenConns(3)
+	ob.DB().SetMaxIdleConns(3)
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	stop := startRelay(t, r)
+	commitOrder(t, ob, "t", 1)
+	eventually(t, 5*time.Second, "sent", func() bool { return countState(t, ob, "sent") == 1 })
+	stop()
+	ctx := context.Background()
+	var conns []*sql.Conn
+	for i := 0; i < 3; i++ {
+		c, err := ob.DB().Conn(ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+		var sync int
+		require.NoError(t, c.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&sync))
+		require.Equal(t, 2, sync, "connection %d is FULL", i)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+}

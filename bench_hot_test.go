@@ -1,0 +1,228 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// The hot paths, one by one (outboxctl bench measures them together, end to
+// end, against the machine's limits):
+//
+//	go test -run '^$' -bench . -benchmem
+//
+// ns/msg is the time per message where an operation handles several.
+
+func benchPayload(n int) []byte {
+	b := fmt.Appendf(nil, `{"n":%d,"order":"ord-%08d","store":42,"pad":"`, n, n)
+	for len(b) < 198 {
+		b = append(b, 'x')
+	}
+	return append(b, '"', '}')
+}
+
+// BenchmarkEnqueue is Enqueue alone: one 200-byte message written inside an
+// open transaction (committed every 1,000 operations, off the clock).
+func BenchmarkEnqueue(b *testing.B) { benchEnqueueInTx(b, 1) }
+
+// BenchmarkEnqueue10 is one Enqueue of ten messages.
+func BenchmarkEnqueue10(b *testing.B) { benchEnqueueInTx(b, 10) }
+
+func benchEnqueueInTx(b *testing.B, k int) {
+	ob := openTest(b, Options{Synchronous: SyncNormal, ReserveBytes: -1})
+	ctx := context.Background()
+	msgs := make([]Message, k)
+	for i := range msgs {
+		msgs[i] = Message{Topic: "pos/1/orders", Type: "com.example.order.created", Payload: benchPayload(i)}
+	}
+	tx, err := ob.DB().BeginTx(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { tx.Commit() }()
+	ops := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if ops > 0 && ops%1000 == 0 {
+			b.StopTimer()
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+			if tx, err = ob.DB().BeginTx(ctx, nil); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		if err := ob.Enqueue(ctx, tx, msgs...); err != nil {
+			b.Fatal(err)
+		}
+		ops++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(ops*k), "ns/msg")
+}
+
+func BenchmarkNewID(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = NewID()
+	}
+}
+
+// BenchmarkEncode* build the bytes the relay publishes for one 200-byte
+// payload: CloudEvents with JSON data inline, CloudEvents with binary data
+// (base64), and raw.
+func BenchmarkEncodeCloudEvents200(b *testing.B) {
+	benchEncode(b, encoder{source: "/outbox/device", defaultType: DefaultEventType}, benchPayload(12345))
+}
+
+func BenchmarkEncodeCloudEventsBinary(b *testing.B) {
+	p := make([]byte, 200)
+	for i := range p {
+		p[i] = byte(i * 7)
+	}
+	benchEncode(b, encoder{source: "/outbox/device", defaultType: DefaultEventType}, p)
+}
+
+func BenchmarkEncodeRaw(b *testing.B) {
+	benchEncode(b, encoder{mode: EnvelopeRaw}, benchPayload(12345))
+}
+
+func benchEncode(b *testing.B, enc encoder, payload []byte) {
+	m := &outgoing{seq: 123456, id: NewID(), topic: "pos/1/orders", typ: "com.example.order.created", payload: payload, createdAt: 1700000000000}
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := enc.encode(buf[:0], m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// backlogOutbox returns an outbox with n pending 200-byte messages.
+func backlogOutbox(b *testing.B, n int) *Outbox {
+	b.Helper()
+	ob := openTest(b, Options{Synchronous: SyncNormal, ReserveBytes: -1})
+	ctx := context.Background()
+	for i := 0; i < n; {
+		var msgs []Message
+		for ; i < n && len(msgs) < 5000; i++ {
+			msgs = append(msgs, Message{Topic: "pos/1/orders", Payload: benchPayload(i)})
+		}
+		if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ob
+}
+
+// relayConnFor returns a relay and a connection of its own, as Run has.
+func relayConnFor(b *testing.B, ob *Outbox) (*Relay, *relayConn) {
+	b.Helper()
+	r, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Source: "/outbox/device"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := ob.DB().Conn(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return r, &relayConn{conn: c, busyMS: 5000}
+}
+
+// BenchmarkFetchBatch is the batch claim: the relay's read of the next 256
+// pending rows, each encoded as a CloudEvent.
+func BenchmarkFetchBatch(b *testing.B) {
+	ob := backlogOutbox(b, 10_000)
+	r, rc := relayConnFor(b, ob)
+	ctx := context.Background()
+	var cursor int64
+	msgs := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		_, rows, err := r.fetch(ctx, rc, cursor)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(rows) == 0 {
+			cursor = 0
+			continue
+		}
+		cursor = rows[len(rows)-1].seq
+		msgs += len(rows)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(msgs, 1)), "ns/msg")
+}
+
+// BenchmarkMarkSent64 and BenchmarkMarkSent512 mark acknowledged messages
+// sent, 64 and 512 per statement (the marks batch up to 512).
+func BenchmarkMarkSent64(b *testing.B)  { benchMarkSent(b, 64) }
+func BenchmarkMarkSent512(b *testing.B) { benchMarkSent(b, 512) }
+
+func benchMarkSent(b *testing.B, batch int) {
+	const n = 20_480
+	ob := backlogOutbox(b, n)
+	r, rc := relayConnFor(b, ob)
+	seqs := make([]int64, batch)
+	next := int64(1)
+	marked := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if next+int64(batch) > n+1 {
+			b.StopTimer()
+			if _, err := ob.DB().Exec(`UPDATE outbox SET state = 'pending', sent_at = NULL`); err != nil {
+				b.Fatal(err)
+			}
+			next = 1
+			b.StartTimer()
+		}
+		for i := range seqs {
+			seqs[i] = next + int64(i)
+		}
+		next += int64(batch)
+		if err := r.markSent(rc, seqs); err != nil {
+			b.Fatal(err)
+		}
+		marked += batch
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(marked, 1)), "ns/msg")
+}
+
+// BenchmarkRelayDrain is the whole relay — fetch, encode, publish, mark —
+// against a publisher that acknowledges at once: the relay's own ceiling,
+// without a network or a broker. One operation drains 10,000 messages.
+func BenchmarkRelayDrain(b *testing.B) {
+	const n = 10_000
+	ctx := context.Background()
+	total := time.Duration(0)
+	for b.Loop() {
+		b.StopTimer()
+		ob := backlogOutbox(b, n)
+		pub := &fakePublisher{}
+		r, err := ob.NewRelay(pub, fastRelay())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		stop := startRelay(b, r)
+		for {
+			st, err := ob.Stats(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if st.Pending == 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		total += time.Since(start)
+		b.StopTimer()
+		stop()
+		ob.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*n), "ns/msg")
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox/internal/bench"
+)
+
+func (a *app) benchCmd() *cobra.Command {
+	var full, smoke, asJSON, quiet, keys bool
+	var sections, mosquitto, src, cpuProfile string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the outbox against this machine's limits and print the results",
+		Long: `bench measures, in one run on this machine, what the outbox costs and how
+fast it empties, each beside the physical limit measured the same way:
+
+  1. enqueue overhead: the business transaction alone, with a raw SQL outbox
+     insert, and through Enqueue (synchronous FULL and NORMAL; 1 and 10
+     messages per transaction), in interleaved rounds
+  2. drain rate of a backlog at QoS 1, windows 1, 16, 64 and 256, beside raw
+     paho publishing of the same messages with the same window and no
+     database, to the in-process broker and to a local Mosquitto if installed
+  3. latency while connected: commit → PUBACK and commit → subscriber, for
+     commits through the library and for rows inserted by another process
+  4. catch-up after an outage while new orders keep arriving, and what the
+     draining does to their transactions
+  5. peak heap and RSS of a relay process draining a large backlog
+  6. stripped binary sizes for amd64, arm64 and armv7 (needs the Go toolchain
+     and the module's source: run it from the repository)
+  7. the articles' polling dispatcher, ported, beside ours: latency, and what
+     a broker outage does to its messages
+
+It prints Markdown tables (with --json, one JSON object with one key per
+figure, listed by --keys), with the machine, Go and SQLite versions. Each
+target is marked met or MISSED. Quick by default (under 2 minutes; workloads
+scaled down and labelled so); --full runs the full sizes (about 10 minutes).
+Progress goes to stderr. Everything runs on loopback and in a temporary
+directory.`,
+		Example: `  outboxctl bench
+  outboxctl bench --full > BENCHMARKS-run.md
+  outboxctl bench --json --sections 1,2
+  outboxctl bench --keys`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if keys {
+				bench.KeysMarkdown(a.stdout)
+				return nil
+			}
+			if full && smoke {
+				return usageError{errors.New("--full and --smoke exclude each other")}
+			}
+			cfg := bench.Config{Mode: bench.Quick, Mosquitto: mosquitto, SrcDir: src, Progress: a.stderr}
+			if quiet {
+				cfg.Progress = nil
+			}
+			switch {
+			case full:
+				cfg.Mode = bench.Full
+			case smoke:
+				cfg.Mode = bench.Smoke
+			}
+			for _, s := range strings.Split(sections, ",") {
+				if s = strings.TrimSpace(s); s == "" {
+					continue
+				}
+				n, err := strconv.Atoi(s)
+				if err != nil || n < 1 || n > 7 {
+					return usageError{fmt.Errorf("--sections: %q is not a section number 1..7", s)}
+				}
+				cfg.Sections = append(cfg.Sections, n)
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.Self = []string{exe, "bench", "child"}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			rep, err := bench.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			rep.Markdown(a.stdout)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage (about 10 minutes)")
+	cmd.Flags().BoolVar(&smoke, "smoke", false, "tiny sizes, only to check that everything runs (seconds)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of Markdown")
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
+	cmd.Flags().BoolVar(&keys, "keys", false, "print the JSON keys with their meaning, unit and target, and exit")
+	cmd.Flags().StringVar(&sections, "sections", "", "comma-separated sections to run, 1..7 (default all)")
+	cmd.Flags().StringVar(&mosquitto, "mosquitto", "", `path of the mosquitto binary (default: PATH, then /usr/sbin); "none" skips it`)
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run (this process only) to this file, for go tool pprof")
+	cmd.Flags().StringVar(&src, "src", "", "the module's root directory, for the size builds (default: the current directory)")
+	cmd.AddCommand(&cobra.Command{
+		Use:                "child",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return bench.Child(cmd.Context(), args, a.stdout)
+		},
+	})
+	return cmd
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/bench"
+)
+
+// TestBenchSmoke runs every section of outboxctl bench at tiny sizes
+// through the built binary and checks the JSON report's keys, so that the
+// command cannot rot.
+func TestBenchSmoke(t *testing.T) {
+	r := ctl(t, "bench", "--smoke", "--json", "--quiet", "--mosquitto", "none")
+	require.Equal(t, 0, r.code, r.stderr)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r.stdout)
+	for _, k := range []string{"mode", "date", "cpu", "nproc", "go_version", "sqlite_version", "seconds", "targets", "notes"} {
+		require.Contains(t, rep, k)
+	}
+	require.Equal(t, "smoke", rep["mode"])
+	require.NotEmpty(t, rep["sqlite_version"])
+	// Every documented figure is there, measured or null.
+	for _, k := range bench.Keys() {
+		require.Contains(t, rep, k)
+	}
+	// One figure of each section that runs in smoke mode was measured.
+	for _, k := range []string{
+		"enqueue_normal_library_vs_raw", "enqueue_allocs_per_message",
+		"drain_mochi_w64_library_msgs_per_s", "drain_mochi_w64_ratio",
+		"latency_library_mochi_delivered_p99_ms", "latency_sidecar_mochi_puback_p50_ms",
+		"catchup_seconds", "catchup_enqueue_p99_ms",
+		"memory_peak_heap_mib", "memory_peak_rss_mib",
+		"baseline_ours_steady_p50_ms", "baseline_articles_outage_attempts_charged",
+	} {
+		v, ok := rep[k].(float64)
+		require.True(t, ok, "%s = %v", k, rep[k])
+		require.GreaterOrEqual(t, v, 0.0, k)
+	}
+	require.Equal(t, true, rep["drain_mochi_order_held"])
+	require.Equal(t, rep["baseline_ours_outage_committed"], rep["baseline_ours_outage_delivered"], "ours loses nothing in an outage")
+	require.Nil(t, rep["drain_mosquitto_w64_ratio"], "--mosquitto none")
+
+	// The Markdown form has a table per section.
+	r = ctl(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "## 1. Enqueue overhead")
+	require.Contains(t, r.stdout, "| FULL: library / business alone |")
+	require.True(t, strings.Contains(r.stdout, "**met**") || strings.Contains(r.stdout, "**MISSED**"))
+
+	r = ctl(t, "bench", "--sections", "8")
+	require.Equal(t, 2, r.code, r.stderr)
+}

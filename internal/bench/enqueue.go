@@ -1,0 +1,197 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+const (
+	benchTopic = "bench/stores/42/orders"
+	benchType  = "com.example.order.created"
+	payloadLen = 200
+)
+
+// openBench opens an outbox file with an orders table.
+func (r *runner) openBench(ctx context.Context, name string, sync outbox.Synchronous) (*outbox.Outbox, error) {
+	ob, err := outbox.Open(ctx, filepath.Join(r.dir, name), outbox.Options{Synchronous: sync, Logger: r.log, ReserveBytes: -1})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
+		ob.Close()
+		return nil, err
+	}
+	return ob, nil
+}
+
+// insertOrder is the business transaction's own work: one order row.
+func insertOrder(ctx context.Context, tx *sql.Tx, n int) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO orders (item, total_cents) VALUES (?, ?)`, "coffee", 100+n%900)
+	return err
+}
+
+// enqueueVariant is one way of writing a business transaction.
+type enqueueVariant struct {
+	key string
+	tx  func(ctx context.Context, n int) error
+}
+
+func (r *runner) enqueue(ctx context.Context) error {
+	sz := r.sz
+	for _, mode := range []struct {
+		name    string
+		sync    outbox.Synchronous
+		perTxns int
+	}{{"full", outbox.SyncFull, sz.enqFullTx}, {"normal", outbox.SyncNormal, sz.enqNormalTx}} {
+		ob, err := r.openBench(ctx, "enqueue-"+mode.name+".db", mode.sync)
+		if err != nil {
+			return err
+		}
+		variants, closeVariants, err := enqueueVariants(ctx, ob)
+		if err != nil {
+			ob.Close()
+			return err
+		}
+		rates := make(map[string][]float64)
+		n := 0
+		// A warm-up round, then interleaved rounds: A, B, C, … A, B, C.
+		for round := -1; round < sz.enqRounds; round++ {
+			for _, v := range variants {
+				start := time.Now()
+				for i := 0; i < mode.perTxns; i++ {
+					n++
+					if err := v.tx(ctx, n); err != nil {
+						closeVariants()
+						ob.Close()
+						return fmt.Errorf("%s %s: %w", mode.name, v.key, err)
+					}
+				}
+				if round >= 0 {
+					rates[v.key] = append(rates[v.key], float64(mode.perTxns)/time.Since(start).Seconds())
+				}
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		med := map[string]float64{}
+		for k, xs := range rates {
+			med[k] = median(xs)
+			r.rep.set("enqueue_"+mode.name+"_"+k+"_tx_per_s", med[k])
+		}
+		vsBusiness := med["library"] / med["business"]
+		vsRaw := med["library"] / med["raw"]
+		r.rep.set("enqueue_"+mode.name+"_library_vs_business", vsBusiness)
+		r.rep.set("enqueue_"+mode.name+"_library_vs_raw", vsRaw)
+		r.rep.set("enqueue_"+mode.name+"_library10_vs_raw10", med["library10"]/med["raw10"])
+		r.rep.set("enqueue_"+mode.name+"_added_us", (1/med["library"]-1/med["business"])*1e6)
+		r.rep.check("enqueue_"+mode.name+"_library_vs_raw", vsRaw >= 0.95)
+		if mode.name == "full" {
+			r.rep.check("enqueue_full_library_vs_business", vsBusiness >= 0.90)
+		}
+		r.progress("  %s: business %.0f tx/s, raw %.0f, library %.0f (%.2f of business, %.2f of raw); batches of 10: raw %.0f, library %.0f",
+			mode.name, med["business"], med["raw"], med["library"], vsBusiness, vsRaw, med["raw10"], med["library10"])
+
+		if mode.name == "normal" {
+			if err := r.allocs(ctx, variants); err != nil {
+				closeVariants()
+				ob.Close()
+				return err
+			}
+		}
+		closeVariants()
+		if err := ob.Close(); err != nil {
+			return err
+		}
+	}
+	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
+		"on one file per setting. Business transaction: one order row. Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
+		"Payloads are %d-byte JSON documents. Ratios are of transactions per second.", sz.enqRounds, sz.enqFullTx, sz.enqNormalTx, payloadLen)
+	return nil
+}
+
+// enqueueVariants returns the business transaction alone, with a raw SQL
+// insert into the outbox, and through the library; and the same two with
+// ten messages.
+func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, func(), error) {
+	db := ob.DB()
+	raw, err := db.PrepareContext(ctx, `INSERT INTO outbox (topic, type, payload) VALUES (?, ?, ?)`)
+	if err != nil {
+		return nil, nil, err
+	}
+	pl := payload(0, payloadLen)
+	msgs := make([]outbox.Message, 10)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: pl}
+	}
+	rawTx := func(k int) func(ctx context.Context, n int) error {
+		return func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				if err := insertOrder(ctx, tx, n); err != nil {
+					return err
+				}
+				st := tx.StmtContext(ctx, raw)
+				defer st.Close()
+				for i := 0; i < k; i++ {
+					if _, err := st.ExecContext(ctx, benchTopic, benchType, pl); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+	}
+	libTx := func(k int) func(ctx context.Context, n int) error {
+		return func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				if err := insertOrder(ctx, tx, n); err != nil {
+					return err
+				}
+				return ob.Enqueue(ctx, tx, msgs[:k]...)
+			})
+		}
+	}
+	return []enqueueVariant{
+		{"business", func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error { return insertOrder(ctx, tx, n) })
+		}},
+		{"raw", rawTx(1)},
+		{"library", libTx(1)},
+		{"raw10", rawTx(10)},
+		{"library10", libTx(10)},
+	}, func() { raw.Close() }, nil
+}
+
+// allocs measures heap allocations per transaction of each variant, and
+// from them what Enqueue adds per message.
+func (r *runner) allocs(ctx context.Context, variants []enqueueVariant) error {
+	const txns = 2000
+	per := map[string][2]float64{} // allocs, bytes per transaction
+	var ms runtime.MemStats
+	for _, v := range variants {
+		if v.key != "business" && v.key != "library" && v.key != "library10" {
+			continue
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		m0, b0 := ms.Mallocs, ms.TotalAlloc
+		for i := 0; i < txns; i++ {
+			if err := v.tx(ctx, i); err != nil {
+				return err
+			}
+		}
+		runtime.ReadMemStats(&ms)
+		per[v.key] = [2]float64{float64(ms.Mallocs-m0) / txns, float64(ms.TotalAlloc-b0) / txns}
+	}
+	r.rep.set("enqueue_allocs_per_message", per["library"][0]-per["business"][0])
+	r.rep.set("enqueue_alloc_bytes_per_message", per["library"][1]-per["business"][1])
+	r.rep.set("enqueue_allocs_per_message_batch10", (per["library10"][0]-per["business"][0])/10)
+	r.rep.set("enqueue_business_allocs_per_tx", per["business"][0])
+	return nil
+}

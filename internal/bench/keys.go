@@ -1,0 +1,123 @@
+package bench
+
+import "fmt"
+
+// keyDoc documents one key of the JSON report (and one row of the table).
+type keyDoc struct {
+	key     string
+	section int
+	label   string
+	unit    string
+	target  string
+}
+
+// keys is every figure of the report, in print order. The JSON object has
+// each key, null when the figure was not measured (a section not selected,
+// Mosquitto not installed, no Go toolchain for the size builds). Keys are a
+// stable interface: new ones may be added, none renamed or removed.
+var keys = func() []keyDoc {
+	var k []keyDoc
+	add := func(section int, key, label, unit, target string) {
+		k = append(k, keyDoc{key, section, label, unit, target})
+	}
+
+	// 1. Enqueue overhead.
+	for _, m := range []struct{ key, name string }{{"full", "FULL"}, {"normal", "NORMAL"}} {
+		p := "enqueue_" + m.key + "_"
+		add(1, p+"business_tx_per_s", m.name+": business transaction alone", "tx/s", "")
+		add(1, p+"raw_tx_per_s", m.name+": + one raw SQL outbox insert", "tx/s", "")
+		add(1, p+"library_tx_per_s", m.name+": + Enqueue (library)", "tx/s", "")
+		vsBusiness := ""
+		if m.key == "full" {
+			vsBusiness = "≥ 0.90"
+		}
+		add(1, p+"library_vs_business", m.name+": library / business alone", "ratio", vsBusiness)
+		add(1, p+"library_vs_raw", m.name+": library / raw SQL insert", "ratio", "≥ 0.95")
+		add(1, p+"added_us", m.name+": time the library adds per transaction", "µs", "")
+		add(1, p+"raw10_tx_per_s", m.name+": + 10 raw SQL inserts", "tx/s", "")
+		add(1, p+"library10_tx_per_s", m.name+": + Enqueue of 10 messages", "tx/s", "")
+		add(1, p+"library10_vs_raw10", m.name+": library / raw SQL, 10 messages", "ratio", "")
+	}
+
+	// 2. Drain rate.
+	for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
+		for _, w := range []int{1, 16, 64, 256} {
+			p := fmt.Sprintf("drain_%s_w%d_", b.key, w)
+			add(2, p+"raw_msgs_per_s", fmt.Sprintf("%s, window %d: raw paho", b.name, w), "msg/s", "")
+			add(2, p+"library_msgs_per_s", fmt.Sprintf("%s, window %d: relay", b.name, w), "msg/s", "")
+			add(2, p+"ratio", fmt.Sprintf("%s, window %d: relay / raw", b.name, w), "ratio", "≥ 0.80")
+		}
+		add(2, "drain_"+b.key+"_order_held", b.name+": every message delivered in commit order", "bool", "yes")
+		add(2, "drain_"+b.key+"_duplicates", b.name+": duplicates delivered", "count", "")
+	}
+
+	// 3. Latency online.
+	for _, c := range []struct{ key, name string }{{"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}} {
+		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
+			for _, what := range []struct{ key, name string }{{"puback", "commit → PUBACK"}, {"delivered", "commit → subscriber"}} {
+				p := fmt.Sprintf("latency_%s_%s_%s_", c.key, b.key, what.key)
+				add(3, p+"p50_ms", fmt.Sprintf("%s, %s: %s p50", c.name, b.name, what.name), "ms", "")
+				add(3, p+"p99_ms", fmt.Sprintf("%s, %s: %s p99", c.name, b.name, what.name), "ms", "≤ 5 ms")
+				add(3, p+"max_ms", fmt.Sprintf("%s, %s: %s max", c.name, b.name, what.name), "ms", "")
+			}
+		}
+	}
+	add(3, "latency_events", "events per case", "count", "")
+	add(3, "latency_rate_per_s", "commit rate", "/s", "")
+
+	// 4. Catch-up.
+	add(4, "catchup_backlog", "backlog built during the outage", "count", "")
+	add(4, "catchup_rate_per_s", "new orders arriving meanwhile", "/s", "")
+	add(4, "catchup_seconds", "time until the backlog is gone", "s", "")
+	add(4, "catchup_drain_msgs_per_s", "backlog drained per second (new orders on top)", "msg/s", "")
+	add(4, "catchup_enqueue_idle_p50_ms", "order transaction, relay idle: p50", "ms", "")
+	add(4, "catchup_enqueue_idle_p99_ms", "order transaction, relay idle: p99", "ms", "")
+	add(4, "catchup_enqueue_p50_ms", "order transaction during catch-up: p50", "ms", "")
+	add(4, "catchup_enqueue_p99_ms", "order transaction during catch-up: p99", "ms", "")
+	add(4, "catchup_enqueue_max_ms", "order transaction during catch-up: max", "ms", "")
+	add(4, "catchup_orders_achieved_per_s", "orders committed per second during catch-up", "/s", "")
+
+	// 5. Memory.
+	add(5, "memory_backlog", "backlog drained by the relay process", "count", "")
+	add(5, "memory_peak_heap_mib", "relay process: peak Go heap (live + not yet swept)", "MiB", "≤ 32 MiB")
+	add(5, "memory_peak_heap_inuse_mib", "relay process: peak heap spans in use", "MiB", "")
+	add(5, "memory_peak_rss_mib", "relay process: peak RSS (VmHWM, incl. SQLite's page cache)", "MiB", "")
+	add(5, "memory_drain_msgs_per_s", "relay process: drain rate (window 64, mochi in the parent)", "msg/s", "")
+	add(5, "enqueue_allocs_per_message", "heap allocations per enqueued message (Enqueue alone)", "allocs", "")
+	add(5, "enqueue_alloc_bytes_per_message", "heap bytes allocated per enqueued message", "B", "")
+	add(5, "enqueue_allocs_per_message_batch10", "heap allocations per message, 10 per Enqueue", "allocs", "")
+	add(5, "enqueue_business_allocs_per_tx", "heap allocations of the business transaction alone (database/sql + driver)", "allocs", "")
+
+	// 6. Size.
+	for _, prog := range []struct{ key, name string }{{"outboxctl", "outboxctl"}, {"library", "a minimal program using the library"}, {"floor", "floor: SQLite + paho + backoff only"}} {
+		for _, arch := range []string{"amd64", "arm64", "armv7"} {
+			add(6, fmt.Sprintf("size_%s_%s_bytes", prog.key, arch), fmt.Sprintf("%s, %s", prog.name, arch), "bytes", "")
+		}
+	}
+
+	// 7. Baseline.
+	add(7, "baseline_steady_rate_per_s", "steady workload: orders per second (both outboxes)", "/s", "")
+	add(7, "baseline_steady_committed", "steady workload: orders committed (each)", "count", "")
+	for _, x := range []struct{ key, name string }{{"ours", "ours"}, {"articles", "articles'"}} {
+		p := "baseline_" + x.key + "_steady_"
+		add(7, p+"delivered", x.name+": delivered by the end of the observation", "count", "")
+		add(7, p+"p50_ms", x.name+": commit → subscriber p50", "ms", "")
+		add(7, p+"p99_ms", x.name+": commit → subscriber p99", "ms", "")
+		add(7, p+"max_ms", x.name+": commit → subscriber max", "ms", "")
+	}
+	add(7, "baseline_articles_drain_msgs_per_s", "articles': drain ceiling measured (50 per 2 s poll)", "msg/s", "")
+	add(7, "baseline_outage_seconds", "outage: broker down for", "s", "")
+	add(7, "baseline_outage_rate_per_s", "outage: orders per second (both outboxes)", "/s", "")
+	for _, x := range []struct{ key, name string }{{"ours", "ours"}, {"articles", "articles'"}} {
+		p := "baseline_" + x.key + "_outage_"
+		add(7, p+"committed", x.name+": orders committed", "count", "")
+		add(7, p+"delivered", x.name+": delivered", "count", "")
+		add(7, p+"abandoned", x.name+": never delivered (given up, or dead)", "count", "")
+		add(7, p+"attempts_charged", x.name+": failed attempts counted against messages", "count", "")
+		add(7, p+"duplicates", x.name+": duplicates", "count", "")
+		add(7, p+"out_of_order", x.name+": delivered out of order", "count", "")
+		add(7, p+"recovery_seconds", x.name+": broker back → all deliverable delivered", "s", "")
+		add(7, p+"p99_ms", x.name+": commit → subscriber p99, whole run (delivered messages)", "ms", "")
+	}
+	return k
+}()

@@ -1,0 +1,316 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+// latTracker records, per event number, when its transaction committed,
+// when its PUBACK came back and when the subscriber got it.
+type latTracker struct {
+	mu        sync.Mutex
+	commit    []int64 // Unix ns; 0: not yet
+	puback    []int64
+	delivered []int64
+	pending   int // events not yet both acknowledged and delivered
+	done      chan struct{}
+}
+
+func newLatTracker(n int) *latTracker {
+	return &latTracker{commit: make([]int64, n), puback: make([]int64, n), delivered: make([]int64, n), pending: 2 * n, done: make(chan struct{})}
+}
+
+func (t *latTracker) mark(list []int64, n int, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n < 0 || n >= len(list) || list[n] != 0 {
+		return
+	}
+	list[n] = at.UnixNano()
+	t.pending--
+	if t.pending == 0 {
+		close(t.done)
+	}
+}
+
+func (t *latTracker) deliver(_ string, payload []byte) {
+	t.mark(t.delivered, parseN(payload), time.Now())
+}
+
+func (t *latTracker) ack(n int, at time.Time) { t.mark(t.puback, n, at) }
+
+func (t *latTracker) wait(ctx context.Context, timeout time.Duration) error {
+	select {
+	case <-t.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(timeout):
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return fmt.Errorf("%d acknowledgements or deliveries still missing after %s", t.pending, timeout)
+	}
+}
+
+// dists returns commit → PUBACK and commit → delivered.
+func (t *latTracker) dists() (puback, delivered dist) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var a, d []time.Duration
+	for i, c := range t.commit {
+		if c == 0 {
+			continue
+		}
+		if t.puback[i] != 0 {
+			a = append(a, time.Duration(max(0, t.puback[i]-c)))
+		}
+		if t.delivered[i] != 0 {
+			d = append(d, time.Duration(max(0, t.delivered[i]-c)))
+		}
+	}
+	return summarize(a), summarize(d)
+}
+
+// timedPublisher notes when each publish is acknowledged. It hands the
+// relay the MQTT publisher's own token, so the relay waits for nothing more.
+type timedPublisher struct {
+	*outbox.MQTTPublisher
+	onAck func(n int, at time.Time)
+}
+
+func (p *timedPublisher) Publish(topic string, payload []byte) outbox.Token {
+	n := parseN(payload)
+	tok := p.MQTTPublisher.Publish(topic, payload)
+	go func() {
+		<-tok.Done()
+		if tok.Error() == nil {
+			p.onAck(n, time.Now())
+		}
+	}()
+	return tok
+}
+
+// startRelay runs a relay on ob to b through a timedPublisher.
+func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, onAck func(int, time.Time), opts outbox.RelayOptions) (stop func() error, relay *outbox.Relay, err error) {
+	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: b.url(), ClientID: "bench-relay-" + strconv.FormatInt(time.Now().UnixNano(), 36)})
+	if err != nil {
+		return nil, nil, err
+	}
+	var p outbox.Publisher = pub
+	if onAck != nil {
+		p = &timedPublisher{MQTTPublisher: pub, onAck: onAck}
+	}
+	opts.Source = benchSource
+	relay, err = ob.NewRelay(p, opts)
+	if err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	stop = func() error {
+		cancel()
+		err := <-done
+		pub.Close()
+		return err
+	}
+	return stop, relay, nil
+}
+
+// waitConnected waits until the relay is connected.
+func waitConnected(ctx context.Context, relay *outbox.Relay) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := relay.Stats(ctx)
+		if err == nil && st.Connected {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("relay not connected after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pace calls fn(i) for i in [0, n) at rate per second, on a fixed
+// schedule (a late call is not made up for by skipping).
+func pace(ctx context.Context, n, rate int, fn func(i int) error) error {
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := fn(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *runner) latency(ctx context.Context) error {
+	sz := r.sz
+	bs, closeBrokers, err := r.brokers()
+	if err != nil {
+		return err
+	}
+	defer closeBrokers()
+	r.rep.set("latency_events", sz.latN)
+	r.rep.set("latency_rate_per_s", sz.latRate)
+	for _, b := range bs {
+		bk := brokerKey(b)
+		for _, c := range []string{"library", "sidecar"} {
+			tr := newLatTracker(sz.latN)
+			var err error
+			if c == "library" {
+				err = r.latencyLibrary(ctx, b, tr)
+			} else {
+				err = r.latencySidecar(ctx, b, tr)
+			}
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", bk, c, err)
+			}
+			a, d := tr.dists()
+			for _, x := range []struct {
+				what string
+				d    dist
+			}{{"puback", a}, {"delivered", d}} {
+				p := fmt.Sprintf("latency_%s_%s_%s_", c, bk, x.what)
+				r.rep.set(p+"p50_ms", x.d.P50)
+				r.rep.set(p+"p99_ms", x.d.P99)
+				r.rep.set(p+"max_ms", x.d.Max)
+				r.rep.check(p+"p99_ms", x.d.P99 <= 5)
+			}
+			r.progress("  %s %s: commit → PUBACK %s; → subscriber %s", bk, c, a, d)
+		}
+	}
+	scale := ""
+	if r.cfg.Mode != Full {
+		scale = " (" + string(r.cfg.Mode) + "; --full commits 10,000)"
+	}
+	r.rep.note(3, "%s events per case%s committed one per transaction at %d/s (synchronous FULL, the default) while the relay is connected (window 64). "+
+		"Latency is measured from the return of COMMIT (a FULL commit's fsync is not counted). Library: `tx.Commit()` then `ob.Notify()`, as `Transact` does. "+
+		"Sidecar: another process (`outboxctl bench child writer`) inserts order and outbox rows with plain SQL; the relay sees them through `PRAGMA data_version`, polled every 2 ms.",
+		thousands(int64(sz.latN)), scale, sz.latRate)
+	return nil
+}
+
+func (r *runner) latencyLibrary(ctx context.Context, b broker, tr *latTracker) error {
+	ob, err := r.openBench(ctx, "latency-lib-"+brokerKey(b)+".db", outbox.SyncFull)
+	if err != nil {
+		return err
+	}
+	defer ob.Close()
+	b.setHandler(tr.deliver)
+	defer b.setHandler(nil)
+	stop, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := waitConnected(ctx, relay); err != nil {
+		return err
+	}
+	db := ob.DB()
+	commit := func(n int) (time.Time, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := insertOrder(ctx, tx, n); err != nil {
+			tx.Rollback()
+			return time.Time{}, err
+		}
+		if err := ob.Enqueue(ctx, tx, outbox.Message{Topic: benchTopic, Type: benchType, Payload: payload(n, payloadLen)}); err != nil {
+			tx.Rollback()
+			return time.Time{}, err
+		}
+		if err := tx.Commit(); err != nil {
+			return time.Time{}, err
+		}
+		at := time.Now()
+		ob.Notify()
+		return at, nil
+	}
+	// Warm-up: events outside the tracked range.
+	for i := 0; i < 50; i++ {
+		if _, err := commit(len(tr.commit) + i); err != nil {
+			return err
+		}
+	}
+	if err := waitPending(ctx, ob, 0, 10*time.Second); err != nil {
+		return err
+	}
+	err = pace(ctx, len(tr.commit), r.sz.latRate, func(i int) error {
+		at, err := commit(i)
+		tr.mu.Lock()
+		tr.commit[i] = at.UnixNano()
+		tr.mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tr.wait(ctx, 30*time.Second)
+}
+
+func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker) error {
+	path := filepath.Join(r.dir, "latency-sidecar-"+brokerKey(b)+".db")
+	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
+	if err != nil {
+		return err
+	}
+	defer ob.Close()
+	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	b.setHandler(tr.deliver)
+	defer b.setHandler(nil)
+	stop, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := waitConnected(ctx, relay); err != nil {
+		return err
+	}
+	args := append(append([]string{}, r.cfg.Self[1:]...), "writer", "--db", path,
+		"--n", strconv.Itoa(len(tr.commit)), "--rate", strconv.Itoa(r.sz.latRate), "--warmup", "50")
+	cmd := exec.CommandContext(ctx, r.cfg.Self[0], args...)
+	out, err := cmd.Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return fmt.Errorf("writer process: %v: %s", err, ee.Stderr)
+		}
+		return fmt.Errorf("writer process: %w", err)
+	}
+	var res writerResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("writer process output: %w", err)
+	}
+	if len(res.Commits) != len(tr.commit) {
+		return fmt.Errorf("writer process committed %d of %d", len(res.Commits), len(tr.commit))
+	}
+	tr.mu.Lock()
+	copy(tr.commit, res.Commits)
+	tr.mu.Unlock()
+	return tr.wait(ctx, 30*time.Second)
+}
+
+// writerResult is what the writer process prints: the commit times (Unix
+// ns) of events 0..n-1.
+type writerResult struct {
+	Commits []int64 `json:"commits"`
+}

@@ -63,8 +63,10 @@ type RelayOptions struct {
 	// DefaultType is the CloudEvents type of messages enqueued without one.
 	// Default: DefaultEventType.
 	DefaultType string
-	// Window is how many publishes may await their acknowledgement at once.
-	// Default 64; at most 65,535 (MQTT packet ids).
+	// Window is how many messages may be published and not yet recorded as
+	// sent (awaiting their acknowledgement, or their mark) at once: the
+	// most that a crash can duplicate. Default 64; at most 65,535 (MQTT
+	// packet ids).
 	Window int
 	// BatchSize is how many rows are read from the database at a time.
 	// Default 256.

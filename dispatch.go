@@ -288,7 +288,14 @@ func (s *session) dispatch() error {
 			continue
 		}
 		wake := r.ob.wake.wait()
-		version, rows, err := r.fetch(s.sctx, r.reader, cursor)
+		// A suspect goes out alone and first: read just that row, so that
+		// the window in which a network fault is blamed on it is one round
+		// trip, not the time it takes to read and encode a whole batch.
+		limit := r.opts.BatchSize
+		if probe {
+			limit = 1
+		}
+		version, rows, err := r.fetchN(s.sctx, r.reader, cursor, limit)
 		if err != nil {
 			if s.sctx.Err() != nil {
 				break
@@ -464,6 +471,11 @@ type row struct {
 // fetch reads the next pending rows after cursor, with the data_version
 // read before them (so a commit after the read is never missed).
 func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64, []row, error) {
+	return r.fetchN(ctx, conn, cursor, r.opts.BatchSize)
+}
+
+// fetchN is fetch with at most limit rows.
+func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
 	var version int64
 	var out []row
 	err := conn.do(func(c *sql.Conn) error {
@@ -471,7 +483,7 @@ func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64
 			return err
 		}
 		rows, err := c.QueryContext(ctx, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
-			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, cursor, r.opts.BatchSize)
+			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, cursor, limit)
 		if err != nil {
 			return err
 		}

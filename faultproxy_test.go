@@ -37,6 +37,7 @@ type faultProxy struct {
 	wg        sync.WaitGroup
 	connected atomic.Int64 // connections accepted and dialled through
 	dropped   [2]atomic.Int64
+	rebinds   atomic.Int64 // failed attempts to listen again after refusing
 }
 
 // faultConn is one proxied connection.
@@ -277,6 +278,7 @@ func (p *faultProxy) refuse(d time.Duration) error {
 		if ln, err = net.Listen("tcp", p.addr); err == nil {
 			break
 		}
+		p.rebinds.Add(1)
 		time.Sleep(10 * time.Millisecond) // the port was just released
 	}
 	if err != nil {

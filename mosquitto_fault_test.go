@@ -115,6 +115,7 @@ func faultDeck(rng *rand.Rand, n int) []faultKind {
 type injected struct {
 	kind       faultKind
 	start, end time.Time
+	planned    time.Duration // how long it was meant to last
 }
 
 // relayLog counts what the relay logs, and keeps the connection losses and
@@ -408,17 +409,22 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		case faultCut:
 			proxy.cut(rng.Intn(2) == 0)
 		case faultBlackholeUp:
-			proxy.blackhole(dirUp, time.Duration(50+rng.Intn(550))*time.Millisecond)
+			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
+			proxy.blackhole(dirUp, f.planned)
 		case faultBlackholeDown:
-			proxy.blackhole(dirDown, time.Duration(50+rng.Intn(550))*time.Millisecond)
+			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
+			proxy.blackhole(dirDown, f.planned)
 		case faultStall:
-			proxy.stallFor(time.Duration(1600+rng.Intn(800)) * time.Millisecond)
+			f.planned = time.Duration(1600+rng.Intn(800)) * time.Millisecond
+			proxy.stallFor(f.planned)
 		case faultRefuse:
-			if err := proxy.refuse(time.Duration(50+rng.Intn(550)) * time.Millisecond); err != nil {
+			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
+			if err := proxy.refuse(f.planned); err != nil {
 				t.Fatalf("proxy cannot listen again: %v", err)
 			}
 		case faultRestart:
-			if err := m.restart(time.Duration(rng.Intn(300)) * time.Millisecond); err != nil {
+			f.planned = time.Duration(rng.Intn(300)) * time.Millisecond
+			if err := m.restart(f.planned); err != nil {
 				restartErrors++
 				t.Errorf("Mosquitto did not come back: %v", err)
 			}
@@ -547,7 +553,20 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		}
 	}
 
-	t.Logf("faults: %d in %s (seed %d)", len(timeline), faultsTook.Round(time.Millisecond), seed)
+	// A fault that lasted much longer than planned means the machine starved
+	// this process: timers fire late, all at once, and a fault then tends to
+	// strike just as the relay reconnects.
+	var maxOverrun time.Duration
+	late := 0
+	for _, f := range timeline {
+		o := f.end.Sub(f.start) - f.planned
+		maxOverrun = max(maxOverrun, o)
+		if o > 250*time.Millisecond {
+			late++
+		}
+	}
+	t.Logf("faults: %d in %s (seed %d); %d ran over their planned length by more than 250 ms (at most %s): CPU starvation",
+		len(timeline), faultsTook.Round(time.Millisecond), seed, late, maxOverrun.Round(time.Millisecond))
 	for k := faultKind(0); k < numFaultKinds; k++ {
 		t.Logf("  %-36s %d", k.String()+":", byKind[k])
 	}
@@ -572,9 +591,9 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	t.Logf("Mosquitto disconnected clients for: %v", reasons)
 	t.Logf("stalls noticed by: ack timeout %d, keepalive (PINGRESP timeout) %d, other %d, not at all %d",
 		stallByAck, stallByKeepalive, stallOther, stallUnnoticed)
-	t.Logf("relay: %d connections, %d lost, %d failed connection attempts; proxy: %d connections, bytes blackholed up %d / down %d",
+	t.Logf("relay: %d connections, %d lost, %d failed connection attempts; proxy: %d connections, bytes blackholed up %d / down %d, failed re-listens %d",
 		connects, rl.count("outbox relay connection lost"), rl.count("outbox relay cannot connect"),
-		proxy.connected.Load(), proxy.dropped[dirUp].Load(), proxy.dropped[dirDown].Load())
+		proxy.connected.Load(), proxy.dropped[dirUp].Load(), proxy.dropped[dirDown].Load(), proxy.rebinds.Load())
 	t.Logf("recovery after a fault (a new connection carrying a message): p50 %s, p90 %s, max %s; next fault came first %d of %d times",
 		percentile(recoveries, 0.5).Round(time.Millisecond), percentile(recoveries, 0.9).Round(time.Millisecond),
 		percentile(recoveries, 1).Round(time.Millisecond), notRecovered, len(timeline)-1)
@@ -624,13 +643,14 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	// connection it was sent alone on dies before its PUBACK; a network
 	// fault that strikes in that window cannot be told from a broker
 	// refusing the message, so with faults at random moments a rare
-	// coincidental charge remains possible (under -race, about one per
-	// hundred faults while the suspect was sent only after a whole batch
-	// had been read and encoded; none in 550 faults since it is read
-	// alone). What must never happen is a systematic charge: the same
-	// message charged again and again until it is dead (asserted above),
-	// or charges in proportion to the faults. OUTBOX_STRICT_ATTEMPTS=1
-	// asserts none at all.
+	// coincidental charge remains possible. Under -race here: about one
+	// per hundred faults while the suspect went out only after a whole
+	// batch had been read and encoded; about one per two hundred since it
+	// is read alone, mostly when the machine is starved and the injector's
+	// late timers fire just as the relay reconnects. What must never
+	// happen is a systematic charge: the same message charged again and
+	// again until it is dead (asserted above), or charges in proportion to
+	// the faults. OUTBOX_STRICT_ATTEMPTS=1 asserts none at all.
 	if chargedTotal > 0 {
 		t.Logf("WEAKNESS of the isolation rule: %d network fault(s) charged a message that was alone in flight on a fresh connection (listed above)", chargedTotal)
 	}

@@ -7,20 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/embedded"
 )
 
 type demoFlags struct {
@@ -105,49 +101,6 @@ func (s *demoSubscriber) receive(payload []byte) {
 	}
 }
 
-// demoBroker is an embedded broker that can go away and come back on the
-// same address.
-type demoBroker struct {
-	addr string
-	sub  *demoSubscriber
-	mu   sync.Mutex
-	srv  *mochi.Server
-}
-
-func (b *demoBroker) start() error {
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		return err
-	}
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.addr})); err != nil {
-		return err
-	}
-	// The subscriber lives inside the broker, so that it is there before
-	// the relay can publish again after an outage.
-	if err := srv.Subscribe("stores/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		b.sub.receive(pk.Payload)
-	}); err != nil {
-		return err
-	}
-	if err := srv.Serve(); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	b.srv = srv
-	b.mu.Unlock()
-	return nil
-}
-
-func (b *demoBroker) stop() {
-	b.mu.Lock()
-	srv := b.srv
-	b.srv = nil
-	b.mu.Unlock()
-	if srv != nil {
-		srv.Close()
-	}
-}
-
 func (a *app) demo(ctx context.Context, f demoFlags) error {
 	dir, err := os.MkdirTemp("", "outboxctl-demo-")
 	if err != nil {
@@ -156,18 +109,15 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	if !f.keep {
 		defer os.RemoveAll(dir)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	sub := &demoSubscriber{committed: map[string]time.Time{}, declined: map[string]bool{}, seen: map[string]time.Time{}}
+	// The subscriber lives inside the broker, so that it is there before
+	// the relay can publish again after an outage.
+	broker, err := embedded.Start("stores/#", func(_ string, payload []byte) { sub.receive(payload) })
 	if err != nil {
 		return err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	sub := &demoSubscriber{committed: map[string]time.Time{}, declined: map[string]bool{}, seen: map[string]time.Time{}}
-	broker := &demoBroker{addr: addr, sub: sub}
-	if err := broker.start(); err != nil {
-		return err
-	}
-	defer broker.stop()
+	defer broker.Stop()
+	addr := broker.Addr()
 
 	// Library logs only when something is wrong; the demo tells the story.
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -260,7 +210,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 		}
 		if len(outageAt) > 0 && time.Since(start) >= outageAt[0] {
 			outageAt = outageAt[1:]
-			broker.stop()
+			broker.Stop()
 			mu.Lock()
 			brokerUp = false
 			mu.Unlock()
@@ -268,7 +218,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 			restarts.Add(1)
 			time.AfterFunc(f.outageLen, func() {
 				defer restarts.Done()
-				if err := broker.start(); err != nil {
+				if err := broker.Resume(); err != nil {
 					status.event("broker restart failed: " + err.Error())
 					return
 				}

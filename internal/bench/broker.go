@@ -3,8 +3,6 @@ package bench
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -17,10 +15,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/edgeoutbox/outbox/internal/embedded"
 )
 
 // handler receives every message published under bench/ (a subscriber).
@@ -49,23 +45,22 @@ func freePort() (int, error) {
 
 // mochiBroker is the in-process broker, with an inline subscriber.
 type mochiBroker struct {
-	addr string
-	mu   sync.Mutex
-	srv  *mochi.Server
-	h    atomic.Pointer[handler]
+	b *embedded.Broker
+	h atomic.Pointer[handler]
 }
 
 func newMochi() (*mochiBroker, error) {
-	port, err := freePort()
+	m := &mochiBroker{}
+	b, err := embedded.Start("bench/#", m.deliver)
 	if err != nil {
 		return nil, err
 	}
-	b := &mochiBroker{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	return b, b.start()
+	m.b = b
+	return m, nil
 }
 
 func (b *mochiBroker) name() string { return "mochi (in-process)" }
-func (b *mochiBroker) url() string  { return "tcp://" + b.addr }
+func (b *mochiBroker) url() string  { return b.b.URL() }
 
 func (b *mochiBroker) setHandler(h handler) { b.h.Store(&h) }
 
@@ -75,47 +70,9 @@ func (b *mochiBroker) deliver(topic string, payload []byte) {
 	}
 }
 
-func (b *mochiBroker) start() error {
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		return err
-	}
-	// Right after a stop the port may take a moment to be free again.
-	var err error
-	for i := 0; i < 100; i++ {
-		if err = srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.addr})); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return err
-	}
-	if err := srv.Subscribe("bench/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		b.deliver(pk.TopicName, pk.Payload)
-	}); err != nil {
-		return err
-	}
-	if err := srv.Serve(); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	b.srv = srv
-	b.mu.Unlock()
-	return nil
-}
-
-func (b *mochiBroker) stop() {
-	b.mu.Lock()
-	srv := b.srv
-	b.srv = nil
-	b.mu.Unlock()
-	if srv != nil {
-		srv.Close()
-	}
-}
-
-func (b *mochiBroker) close() { b.stop() }
+func (b *mochiBroker) start() error { return b.b.Resume() }
+func (b *mochiBroker) stop()        { b.b.Stop() }
+func (b *mochiBroker) close()       { b.b.Stop() }
 
 // mosquittoBinary finds mosquitto in PATH or /usr/sbin; "" if absent.
 func mosquittoBinary(hint string) string {

@@ -1,0 +1,170 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// natsServer is a NATS server with JetStream and its MQTT listener, owned
+// by a test: its own config and store in t.TempDir(), loopback ports of its
+// own, stopped by PID.
+type natsServer struct {
+	mqttAddr string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+}
+
+func startNATS(t *testing.T) *natsServer {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		for _, p := range []string{"/usr/sbin/nats-server", "/usr/bin/nats-server"} {
+			if _, err := os.Stat(p); err == nil {
+				bin = p
+			}
+		}
+	}
+	if bin == "" {
+		t.Skip("nats-server is not installed: apt-get install -y nats-server")
+	}
+	dir := t.TempDir()
+	clientPort, err := freeLoopbackPort()
+	require.NoError(t, err)
+	mqttPort, err := freeLoopbackPort()
+	require.NoError(t, err)
+	conf := filepath.Join(dir, "nats.conf")
+	// MQTT in NATS needs a server name and JetStream (sessions and QoS 1
+	// messages live in streams).
+	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(`server_name: outbox_test
+listen: 127.0.0.1:%d
+jetstream { store_dir: %q }
+mqtt { listen: 127.0.0.1:%d }
+`, clientPort, filepath.Join(dir, "js"), mqttPort)), 0o600))
+	logFile := filepath.Join(dir, "nats.log")
+	logf, err := os.Create(logFile)
+	require.NoError(t, err)
+	defer logf.Close()
+	n := &natsServer{mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort)), exited: make(chan struct{})}
+	n.cmd = exec.Command(bin, "-c", conf)
+	n.cmd.Stdout, n.cmd.Stderr = logf, logf
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, n.cmd.Start())
+	go func() { n.cmd.Wait(); close(n.exited) }()
+	t.Cleanup(func() {
+		n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(10 * time.Second):
+			n.cmd.Process.Kill()
+			<-n.exited
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("nats-server log:\n%s", b)
+		}
+	})
+	eventually(t, 15*time.Second, "nats-server's MQTT listener", func() bool {
+		select {
+		case <-n.exited:
+			b, _ := os.ReadFile(logFile)
+			t.Fatalf("nats-server exited: %s", b)
+		default:
+		}
+		b, _ := os.ReadFile(logFile)
+		if !strings.Contains(string(b), "Listening for MQTT clients") {
+			return false
+		}
+		c, err := net.DialTimeout("tcp", n.mqttAddr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return n
+}
+
+// TestNATSCompatibility runs the relay's core cases against NATS Server's
+// MQTT listener (JetStream): publish in order, an outage in the middle of a
+// backlog, and a PUBACK withheld until the connection drops.
+func TestNATSCompatibility(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	n := startNATS(t)
+	sub := startPersistentSubscriber(t, n.mqttAddr, "nats-consumer", "pos/#")
+	p := startProxy(t, n.mqttAddr)
+	ob := openTest(t, Options{})
+	r := mqttRelay(t, ob, p.url(), fastRelay())
+	startRelay(t, r)
+
+	for i := 0; i < 300; i++ {
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	eventually(t, 20*time.Second, "delivered", func() bool { return sub.log.unique() == 300 })
+
+	// An outage: the relay cannot reach the broker while the till sells.
+	p.down()
+	eventually(t, 5*time.Second, "relay notices", func() bool { s, _ := r.Stats(context.Background()); return !s.Connected })
+	for i := 300; i < 400; i++ {
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	p.up()
+	eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sub.log.unique() == 400 })
+
+	// A PUBACK that never comes back, then the connection drops: resent,
+	// never marked sent before.
+	p.swallowDown.Store(true)
+	commitOrder(t, ob, "pos/orders", 400)
+	eventually(t, 10*time.Second, "the broker has it", func() bool { return sub.log.unique() == 401 })
+	state, _ := rowState(t, ob, 401)
+	require.Equal(t, "pending", state, "not marked sent without its PUBACK")
+	p.cut()
+	p.swallowDown.Store(false)
+	eventually(t, 10*time.Second, "acknowledged after the resend", func() bool { s, _ := rowState(t, ob, 401); return s == "sent" })
+
+	sub.log.mu.Lock()
+	defer sub.log.mu.Unlock()
+	require.Empty(t, sub.log.disorder, "first deliveries in commit order")
+	require.Zero(t, sub.log.decodeErrs)
+	require.Zero(t, countState(t, ob, "dead"))
+	t.Logf("NATS: 401 events delivered in order, %d duplicates, 0 dead", sub.log.dups)
+}
+
+// TestNATSRefusesSomeTopics: NATS maps MQTT topics to subjects and refuses
+// a publish to a topic with '.' or ' ' by closing the connection — the way
+// an MQTT 3.1.1 broker refuses. The isolation rule parks such a message as
+// dead after MaxAttempts, and the rest flows.
+func TestNATSRefusesSomeTopics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	n := startNATS(t)
+	sub := startPersistentSubscriber(t, n.mqttAddr, "nats-consumer", "pos/#")
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.MaxAttempts = 2
+	startRelay(t, mqttRelay(t, ob, "tcp://"+n.mqttAddr, opts))
+	commitOrder(t, ob, "pos/a.b", 1)
+	commitOrder(t, ob, "pos/a b", 2)
+	commitOrder(t, ob, "pos/ok", 3)
+	eventually(t, 20*time.Second, "two dead, one sent", func() bool {
+		return countState(t, ob, "dead") == 2 && countState(t, ob, "sent") == 1
+	})
+	eventually(t, 5*time.Second, "the valid one delivered", func() bool { return sub.log.unique() == 1 })
+	for _, seq := range []int64{1, 2} {
+		state, attempts := rowState(t, ob, seq)
+		require.Equal(t, "dead", state)
+		require.Equal(t, 2, attempts)
+	}
+}

@@ -32,6 +32,12 @@ func mqttRelay(t testing.TB, ob *Outbox, brokerURL string, opts RelayOptions) *R
 // covered want messages.
 func checkOrdered(t *testing.T, rec *recorder, want int) (dups int) {
 	t.Helper()
+	// mochi sends the PUBACK before it routes the message to subscribers:
+	// a row can be marked sent a moment before the recorder has it.
+	eventually(t, 10*time.Second, "deliveries routed to the subscriber", func() bool {
+		seqs, _ := rec.firstDeliveries()
+		return len(seqs) >= want
+	})
 	seqs, dups := rec.firstDeliveries()
 	require.Equal(t, want, len(seqs), "distinct events delivered")
 	for i := 1; i < len(seqs); i++ {
@@ -191,6 +197,7 @@ func TestRelayPoisonMessageRefusedByBroker(t *testing.T) {
 	require.Len(t, dead, 1)
 	require.NotEmpty(t, dead[0].LastError)
 	require.False(t, dead[0].DeadAt.IsZero())
+	eventually(t, 5*time.Second, "routed to the subscriber", func() bool { seqs, _ := b.rec.firstDeliveries(); return len(seqs) == 3 })
 	seqs, _ := b.rec.firstDeliveries()
 	require.Equal(t, []int64{1, 3, 4}, seqs)
 	s, err := r.Stats(context.Background())

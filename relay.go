@@ -345,12 +345,10 @@ func (r *Relay) run(ctx context.Context) error {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	if busy == 0 {
+		busy = 5000
 		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
-	}
-	if busy == 0 {
-		busy = 5000
 	}
 	conn := &relayConn{conn: c, busyMS: busy}
 	// Reads get a connection of their own when the pool allows it, so that

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -62,42 +61,7 @@ log_dest stderr
 		conf += "user root\n"
 	}
 	confFile := write("mosquitto.conf", []byte(conf))
-	logFile := filepath.Join(dir, "mosquitto.log")
-	logf, err := os.Create(logFile)
-	require.NoError(t, err)
-	defer logf.Close()
-	cmd := exec.Command(bin, "-c", confFile)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	eventually(t, 10*time.Second, "mosquitto (TLS) accepting connections", func() bool {
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(logFile)
-			t.Fatalf("mosquitto exited: %s", b)
-		default:
-		}
-		b, _ := os.ReadFile(logFile)
-		if !strings.Contains(string(b), "running") {
-			return false
-		}
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	runServer(t, "mosquitto (TLS)", filepath.Join(dir, "mosquitto.log"), "running", addr, bin, "-c", confFile)
 	return addr
 }
 

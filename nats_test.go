@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,8 +19,6 @@ import (
 // own, stopped by PID.
 type natsServer struct {
 	mqttAddr string
-	cmd      *exec.Cmd
-	exited   chan struct{}
 }
 
 func startNATS(t *testing.T) *natsServer {
@@ -51,46 +47,8 @@ listen: 127.0.0.1:%d
 jetstream { store_dir: %q }
 mqtt { listen: 127.0.0.1:%d }
 `, clientPort, filepath.Join(dir, "js"), mqttPort)), 0o600))
-	logFile := filepath.Join(dir, "nats.log")
-	logf, err := os.Create(logFile)
-	require.NoError(t, err)
-	defer logf.Close()
-	n := &natsServer{mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort)), exited: make(chan struct{})}
-	n.cmd = exec.Command(bin, "-c", conf)
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, n.cmd.Start())
-	go func() { n.cmd.Wait(); close(n.exited) }()
-	t.Cleanup(func() {
-		n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(10 * time.Second):
-			n.cmd.Process.Kill()
-			<-n.exited
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logFile)
-			t.Logf("nats-server log:\n%s", b)
-		}
-	})
-	eventually(t, 15*time.Second, "nats-server's MQTT listener", func() bool {
-		select {
-		case <-n.exited:
-			b, _ := os.ReadFile(logFile)
-			t.Fatalf("nats-server exited: %s", b)
-		default:
-		}
-		b, _ := os.ReadFile(logFile)
-		if !strings.Contains(string(b), "Listening for MQTT clients") {
-			return false
-		}
-		c, err := net.DialTimeout("tcp", n.mqttAddr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	n := &natsServer{mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort))}
+	runServer(t, "nats-server", filepath.Join(dir, "nats.log"), "Listening for MQTT clients", n.mqttAddr, bin, "-c", conf)
 	return n
 }
 

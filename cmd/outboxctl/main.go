@@ -98,7 +98,7 @@ in commit order, whenever the broker is reachable.`,
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.demoCmd(), a.relayCmd(), a.initCmd(), a.statusCmd(), a.listCmd(), a.requeueCmd(), a.purgeCmd())
-	root.AddCommand(a.benchCmd())
+	root.AddCommand(a.benchCmd(), a.fleetCmd())
 	return root
 }
 

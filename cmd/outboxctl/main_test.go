@@ -84,7 +84,7 @@ func enqueue(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) {
 }
 
 func TestHelpHasExamples(t *testing.T) {
-	for _, sub := range []string{"demo", "relay", "init", "status", "list", "requeue", "purge"} {
+	for _, sub := range []string{"demo", "relay", "init", "status", "list", "requeue", "purge", "fleet"} {
 		r := ctl(t, sub, "--help")
 		require.Equal(t, 0, r.code, sub)
 		require.Contains(t, r.stdout, "Examples:", sub)

@@ -200,9 +200,12 @@ func TestSubscriberAppliesEachEventOnce(t *testing.T) {
 	require.NoError(t, c.b.srv.Publish("pos/orders", []byte(`{"specversion":"1.0","id":"x"}`), false, 1))
 	commitOrder(t, c.ob, "pos/orders", 50)
 	eventually(t, 10*time.Second, "51 applied", func() bool { return appliedCount(t, c.db) == 51 })
+	// The row commits before the counters and OnEvent learn of it.
 	eventually(t, 5*time.Second, "counted", func() bool {
 		st := s.Stats()
-		return st.Duplicates == 1 && st.Quarantined == 2
+		mu.Lock()
+		defer mu.Unlock()
+		return st.Applied == 51 && st.Duplicates == 1 && st.Quarantined == 2 && outcomes[Applied] == 51
 	})
 	st := s.Stats()
 	require.EqualValues(t, 51, st.Applied)

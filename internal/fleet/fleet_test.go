@@ -42,10 +42,11 @@ func TestFleetRecoversWithoutLoss(t *testing.T) {
 	}
 	lockstep := run(-1)
 	spread := run(1)
-	// Without jitter the whole fleet knocks within the same moment; with it,
-	// the attempts spread over the wait.
-	require.GreaterOrEqual(t, lockstep.Peak100msPerSec, float64(devices)*10*0.8)
-	require.Less(t, spread.Peak100msPerSec, lockstep.Peak100msPerSec/2)
+	// Without jitter the whole fleet knocks within the same moment (the
+	// 1 s window allows for a loaded machine); with it, the attempts spread
+	// over the wait, and no 100 ms holds most of the fleet.
+	require.GreaterOrEqual(t, lockstep.PeakPerSecond, devices*9/10)
+	require.LessOrEqual(t, spread.Peak100msPerSec/10, float64(devices)*0.6)
 }
 
 func TestPeakInWindow(t *testing.T) {

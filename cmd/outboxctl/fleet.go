@@ -16,7 +16,7 @@ import (
 )
 
 type fleetFlags struct {
-	devices          int
+	devices, payload int
 	rate             float64
 	steady, outage   time.Duration
 	jitter           string
@@ -62,6 +62,9 @@ not finish in time.`,
 			if f.rate <= 0 || f.rate > 1000 {
 				return usageError{fmt.Errorf("--rate %g: give more than 0 and at most 1000 events per device per second", f.rate)}
 			}
+			if f.payload < 40 || f.payload > 256<<10 {
+				return usageError{fmt.Errorf("--payload %d: give 40 to 262144 bytes", f.payload)}
+			}
 			if f.steady < 0 || f.outage <= 0 || f.initial <= 0 || f.maxWait < f.initial {
 				return usageError{errors.New("--steady must not be negative, --outage and --reconnect-initial positive, --reconnect-max at least --reconnect-initial")}
 			}
@@ -84,7 +87,7 @@ not finish in time.`,
 			var reports []fleet.Report
 			for _, j := range jitters {
 				cfg := fleet.Config{
-					Devices: f.devices, Rate: f.rate, Steady: f.steady, Outage: f.outage,
+					Devices: f.devices, Rate: f.rate, Steady: f.steady, Outage: f.outage, PayloadBytes: f.payload,
 					Reconnect: outbox.Backoff{Initial: f.initial, Max: f.maxWait, Jitter: j},
 					Broker:    f.broker, Dir: f.dir,
 				}
@@ -123,6 +126,7 @@ not finish in time.`,
 	def := outbox.Backoff{}
 	cmd.Flags().IntVar(&f.devices, "devices", 500, "simulated devices")
 	cmd.Flags().Float64Var(&f.rate, "rate", 1, "events per device per second")
+	cmd.Flags().IntVar(&f.payload, "payload", 200, "bytes of each event's payload")
 	cmd.Flags().DurationVar(&f.steady, "steady", 5*time.Second, "traffic before the outage")
 	cmd.Flags().DurationVar(&f.outage, "outage", 30*time.Second, "how long the broker is away")
 	cmd.Flags().StringVar(&f.jitter, "jitter", "both", "reconnect jitter: on (the library's default), off, or both to compare")
@@ -147,8 +151,8 @@ func printFleet(w io.Writer, f fleetFlags, reports []fleet.Report) {
 	if f.broker != "" {
 		broker = "broker " + f.broker
 	}
-	fmt.Fprintf(w, "fleet: %d devices, %g events/s each, %s steady, %s outage, %s, %d CPUs\n\n",
-		f.devices, f.rate, f.steady, f.outage, broker, runtime.NumCPU())
+	fmt.Fprintf(w, "fleet: %d devices, %g events/s each of %d bytes, %s steady, %s outage, %s, %d CPUs\n\n",
+		f.devices, f.rate, f.payload, f.steady, f.outage, broker, runtime.NumCPU())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, val func(r fleet.Report) string) {
 		fmt.Fprintf(tw, "%s\t", name)
@@ -178,6 +182,8 @@ func printFleet(w io.Writer, f fleetFlags, reports []fleet.Report) {
 	row("p99 attempts/s (100 ms buckets)", func(r fleet.Report) string { return fmt.Sprintf("%.0f", r.P99PerSecond) })
 	row("every device reconnected after", func(r fleet.Report) string { return timedOut(r, r.ReconnectedAfter) })
 	row("every backlog delivered after", func(r fleet.Report) string { return timedOut(r, r.DrainedAfter) })
+	row("disk per pending event", func(r fleet.Report) string { return fmt.Sprintf("%.0f B", r.DiskPerPendingEvent) })
+	row("disk per device at the return (db + WAL)", func(r fleet.Report) string { return kib(r.DiskPerDevice) })
 	row("Go heap per device", func(r fleet.Report) string { return kib(r.HeapPerDevice) })
 	row("RSS per device", func(r fleet.Report) string { return kib(r.RSSPerDevice) })
 	row("goroutines per device", func(r fleet.Report) string { return fmt.Sprintf("%.1f", r.GoroutinesPerDev) })

@@ -59,6 +59,7 @@ func TestFleetUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"fleet", "--devices", "0"},
 		{"fleet", "--rate", "-1"},
+		{"fleet", "--payload", "10"},
 		{"fleet", "--outage", "0s"},
 		{"fleet", "--jitter", "sometimes"},
 		{"fleet", "--reconnect-initial", "2s", "--reconnect-max", "1s"},

@@ -36,6 +36,8 @@ type Config struct {
 	Rate    float64       // events per device per second; default 1
 	Steady  time.Duration // traffic before the outage; default 5 s
 	Outage  time.Duration // how long the broker is away; default 30 s
+	// PayloadBytes is the size of each event's payload; default 200.
+	PayloadBytes int
 	// Reconnect is every relay's reconnection policy; the zero value is
 	// the library's default (jitter on). Jitter -1 turns jitter off.
 	Reconnect outbox.Backoff
@@ -64,11 +66,16 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Outage == 0 {
 		c.Outage = 30 * time.Second
 	}
+	if c.PayloadBytes == 0 {
+		c.PayloadBytes = 200
+	}
 	switch {
 	case c.Devices < 1 || c.Devices > 10000:
 		return c, fmt.Errorf("devices %d outside 1..10000", c.Devices)
 	case c.Rate <= 0 || c.Rate > 1000:
 		return c, fmt.Errorf("rate %g outside (0, 1000] events per device per second", c.Rate)
+	case c.PayloadBytes < 40 || c.PayloadBytes > 256<<10:
+		return c, fmt.Errorf("payload %d bytes outside 40..262144", c.PayloadBytes)
 	case c.Steady < 0 || c.Outage < 0:
 		return c, errors.New("steady and outage durations must not be negative")
 	}
@@ -97,6 +104,13 @@ type Report struct {
 	Lost         int `json:"lost"`          // committed, never delivered
 	Phantom      int `json:"phantom"`       // delivered, never committed
 	PeakBacklog  int `json:"peak_backlog"`  // events waiting when the broker came back
+	PayloadBytes int `json:"payload_bytes"` // each event's payload
+
+	// Disk: what a pending event costs in the database file (after a
+	// checkpoint), and the database and its WAL per device when the broker
+	// came back.
+	DiskPerPendingEvent float64 `json:"disk_bytes_per_pending_event"`
+	DiskPerDevice       uint64  `json:"disk_bytes_per_device"`
 
 	// Connection attempts at the broker from its return until the fleet
 	// had reconnected and delivered its backlog.
@@ -128,6 +142,7 @@ func (s Seconds) String() string { return time.Duration(s).Round(10 * time.Milli
 // device is one simulated terminal.
 type device struct {
 	name  string
+	path  string
 	topic string
 	ob    *outbox.Outbox
 	pub   *outbox.MQTTPublisher
@@ -203,6 +218,12 @@ func (l *ledger) snapshot(devices int, at time.Time) int {
 	return total
 }
 
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.committed)
+}
+
 func (l *ledger) drained() (time.Time, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -230,6 +251,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		return rep, err
 	}
 	rep.Devices = cfg.Devices
+	rep.PayloadBytes = cfg.PayloadBytes
 	rep.Jitter = max(cfg.Reconnect.Jitter, 0)
 	if cfg.Reconnect.Jitter == 0 {
 		rep.Jitter = 0.5 // the library's default
@@ -314,7 +336,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
-			if n := d.write(writeCtx, cfg.Rate, i, led); n > 0 {
+			if n := d.write(writeCtx, cfg.Rate, cfg.PayloadBytes, i, led); n > 0 {
 				commitErrs.Store(i, n)
 			}
 		}()
@@ -333,9 +355,16 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	cfg.Progress("broker away for %s while every device keeps committing", cfg.Outage)
 	cutAt := time.Now()
 	g.cut()
+	dbAtCut, _ := diskUse(devs)
+	committedAtCut := led.count()
 	if !sleep(ctx, cfg.Outage) {
 		return rep, ctx.Err()
 	}
+	dbAtBack, walAtBack := diskUse(devs)
+	if n := led.count() - committedAtCut; n > 0 {
+		rep.DiskPerPendingEvent = float64(int64(dbAtBack)-int64(dbAtCut)) / float64(n)
+	}
+	rep.DiskPerDevice = (dbAtBack + walAtBack) / uint64(cfg.Devices)
 	back := time.Now()
 	g.restore()
 	rep.OutageAttempts = len(g.attemptsSince(cutAt)) // all before back so far
@@ -403,7 +432,8 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	// NORMAL: hundreds of simulated devices share this one disk, where a
 	// real fleet has a disk each; the simulation measures the network side.
-	ob, err := outbox.Open(context.Background(), filepath.Join(dir, name+".db"), outbox.Options{
+	path := filepath.Join(dir, name+".db")
+	ob, err := outbox.Open(context.Background(), path, outbox.Options{
 		Synchronous:  outbox.SyncNormal,
 		ReserveBytes: -1,
 		Logger:       quiet,
@@ -431,12 +461,12 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 		pub.Close()
 		return nil, err
 	}
-	return &device{name: name, topic: prefix + "/" + name + "/sales", ob: ob, pub: pub, relay: relay}, nil
+	return &device{name: name, path: path, topic: prefix + "/" + name + "/sales", ob: ob, pub: pub, relay: relay}, nil
 }
 
 // write commits rate events per second until ctx ends; it returns how many
 // transactions failed.
-func (d *device) write(ctx context.Context, rate float64, dev int, led *ledger) int {
+func (d *device) write(ctx context.Context, rate float64, size, dev int, led *ledger) int {
 	interval := time.Duration(float64(time.Second) / rate)
 	// Devices do not sell in lockstep.
 	if !sleep(ctx, rand.N(interval)) {
@@ -447,7 +477,11 @@ func (d *device) write(ctx context.Context, rate float64, dev int, led *ledger) 
 	failed := 0
 	for n := 0; ; n++ {
 		id := outbox.NewID()
-		payload := fmt.Appendf(nil, `{"device":%q,"n":%d}`, d.name, n)
+		payload := fmt.Appendf(make([]byte, 0, size), `{"device":%q,"n":%d,"pad":"`, d.name, n)
+		for len(payload) < size-2 {
+			payload = append(payload, 'x')
+		}
+		payload = append(payload, `"}`...)
 		err := d.ob.Transact(ctx, func(tx *sql.Tx) error {
 			return d.ob.Enqueue(ctx, tx, outbox.Message{Topic: d.topic, Payload: payload, ID: id, Type: "com.example.sale"})
 		})
@@ -482,6 +516,22 @@ func subscribe(ctx context.Context, broker, clientID, filter string, deliver fun
 		return nil, fmt.Errorf("consumer: subscribe %s: %v", filter, t.Error())
 	}
 	return func() { c.Disconnect(250) }, nil
+}
+
+// diskUse checkpoints every device's WAL into its database (passively: the
+// relays are idle while the broker is away) and returns the databases' and
+// the WALs' total sizes.
+func diskUse(devs []*device) (db, wal uint64) {
+	for _, d := range devs {
+		d.ob.DB().Exec(`PRAGMA wal_checkpoint(PASSIVE)`)
+		if fi, err := os.Stat(d.path); err == nil {
+			db += uint64(fi.Size())
+		}
+		if fi, err := os.Stat(d.path + "-wal"); err == nil {
+			wal += uint64(fi.Size())
+		}
+	}
+	return db, wal
 }
 
 type memSample struct {

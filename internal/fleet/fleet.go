@@ -485,13 +485,16 @@ func (d *device) write(ctx context.Context, rate float64, size, dev int, led *le
 		err := d.ob.Transact(ctx, func(tx *sql.Tx) error {
 			return d.ob.Enqueue(ctx, tx, outbox.Message{Topic: d.topic, Payload: payload, ID: id, Type: "com.example.sale"})
 		})
+		// A commit that returned nil counts even if ctx ended just after:
+		// its event will be delivered.
+		switch {
+		case err == nil:
+			led.commit(id, dev)
+		case ctx.Err() == nil:
+			failed++
+		}
 		if ctx.Err() != nil {
 			return failed
-		}
-		if err != nil {
-			failed++
-		} else {
-			led.commit(id, dev)
 		}
 		select {
 		case <-ctx.Done():

@@ -76,6 +76,7 @@ type outgoing struct {
 
 // encoder builds the bytes to publish.
 type encoder struct {
+	prefix      string // topics must start with it
 	mode        Envelope
 	source      string
 	defaultType string
@@ -91,6 +92,9 @@ const sequenceDigits = 20
 func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 	if err := ValidateTopic(m.topic); err != nil {
 		return nil, fmt.Errorf("%w: %w", errPermanent, err)
+	}
+	if !strings.HasPrefix(m.topic, e.prefix) {
+		return nil, fmt.Errorf("%w: %w: %q is not under %q", errPermanent, ErrTopicOutsidePrefix, m.topic, e.prefix)
 	}
 	if e.mode == EnvelopeRaw {
 		return append(dst, m.payload...), nil

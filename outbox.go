@@ -39,6 +39,9 @@ var (
 	ErrTopicNotUTF8 = &topicError{"not valid UTF-8"}
 	// ErrTopicTooLong: the topic is longer than MQTT's 65,535 bytes.
 	ErrTopicTooLong = &topicError{"longer than 65535 bytes"}
+	// ErrTopicOutsidePrefix: the topic does not start with the configured
+	// TopicPrefix (Options or RelayOptions).
+	ErrTopicOutsidePrefix = &topicError{"outside this device's topic prefix"}
 
 	// ErrPayloadTooLarge: the payload is over Options.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
@@ -134,6 +137,14 @@ type Options struct {
 	Synchronous Synchronous
 	BusyTimeout time.Duration
 	MustExist   bool
+	// TopicPrefix, if set, is where every topic must start (end it with a
+	// '/'): Enqueue refuses others with ErrTopicOutsidePrefix. A fleet's
+	// broker ACL usually lets a device publish only under its own prefix,
+	// and some brokers (Mosquitto) acknowledge a denied publish and drop
+	// it; this catches a wrong topic while the caller's transaction can
+	// still roll back. RelayOptions.TopicPrefix does the same for rows
+	// written by plain SQL.
+	TopicPrefix string
 	// ReserveBytes is disk space kept back in a file beside the database
 	// (PATH-reserve) so that, when the disk fills, the relay can still mark
 	// and delete sent rows and so free space; the application's writes fail
@@ -155,6 +166,7 @@ type Outbox struct {
 	reserve    *reserve // nil without a file or when disabled
 	ownsDB     bool
 	maxPayload int
+	prefix     string
 	log        *slog.Logger
 	now        func() time.Time
 	wake       notifier
@@ -192,6 +204,11 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if opts.MaxPayloadBytes < 0 || opts.MaxPayloadBytes > MaxMQTTPayloadBytes {
 		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d outside 0..%d", opts.MaxPayloadBytes, MaxMQTTPayloadBytes)
 	}
+	if opts.TopicPrefix != "" {
+		if err := validatePrefix(opts.TopicPrefix); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkDB(ctx, db); err != nil {
 		return nil, err
 	}
@@ -219,6 +236,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		insert:     insert,
 		reserve:    newReserve(file, reserveSize),
 		maxPayload: opts.MaxPayloadBytes,
+		prefix:     opts.TopicPrefix,
 		log:        opts.Logger,
 		now:        opts.Now,
 		relays:     make(map[*Relay]struct{}),
@@ -284,6 +302,14 @@ func (o *Outbox) isClosed() bool {
 	return o.closed
 }
 
+// validatePrefix checks a TopicPrefix: a topic may start with it.
+func validatePrefix(prefix string) error {
+	if err := ValidateTopic(prefix); err != nil {
+		return fmt.Errorf("outbox: TopicPrefix %q: %w", prefix, err)
+	}
+	return nil
+}
+
 // Notify wakes the relays of this Outbox at once. Transact calls it after
 // every commit; call it after committing a transaction of your own that
 // called Enqueue, or rely on the relay noticing the commit within its poll
@@ -296,6 +322,9 @@ func (o *Outbox) validate(msgs []Message) error {
 		m := &msgs[i]
 		if err := ValidateTopic(m.Topic); err != nil {
 			return fmt.Errorf("message %d: %w", i, err)
+		}
+		if !strings.HasPrefix(m.Topic, o.prefix) {
+			return fmt.Errorf("message %d: %w: %q is not under %q", i, ErrTopicOutsidePrefix, m.Topic, o.prefix)
 		}
 		if len(m.Payload) > o.maxPayload {
 			return fmt.Errorf("message %d: %w: %d bytes, limit %d", i, ErrPayloadTooLarge, len(m.Payload), o.maxPayload)

@@ -100,12 +100,22 @@ type RelayOptions struct {
 	// ShutdownTimeout bounds the wait for in-flight acknowledgements when
 	// the relay stops. Default 5 s.
 	ShutdownTimeout time.Duration
+	// TopicPrefix, if set, is where every topic must start: a message
+	// outside it — written by plain SQL or another language, where
+	// Options.TopicPrefix cannot check — is parked as dead at once instead
+	// of being published where the broker might drop it.
+	TopicPrefix string
 	// Owner names this relay in the lease. Default: host name, process id
 	// and a random suffix.
 	Owner string
 }
 
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
+	if o.TopicPrefix != "" {
+		if err := validatePrefix(o.TopicPrefix); err != nil {
+			return o, err
+		}
+	}
 	if o.Window == 0 {
 		o.Window = 64
 	}
@@ -202,7 +212,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		ob:       o,
 		pub:      pub,
 		opts:     opts,
-		enc:      encoder{mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
+		enc:      encoder{prefix: opts.TopicPrefix, mode: opts.Envelope, source: opts.Source, defaultType: opts.DefaultType},
 		log:      o.log.With("relay", opts.Owner),
 		kick:     make(chan struct{}, 1),
 		purgeNow: make(chan struct{}, 1),

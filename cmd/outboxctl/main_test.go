@@ -177,6 +177,7 @@ func TestUsageErrors(t *testing.T) {
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--envelope", "xml"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--window", "0"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--ca-file", "/etc/hostname"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--topic-prefix", "acme/#"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--username", "u", "--password-env", "OUTBOXCTL_TEST_UNSET"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--username", "u", "--password-file", "/nonexistent"},
 		{"status", "--db", path, "--bogus"},
@@ -355,7 +356,7 @@ func TestRelaySidecar(t *testing.T) {
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	require.NoError(t, os.WriteFile(pwFile, []byte("hunter2-secret\n"), 0o600))
 	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
-		"--client-id", "sidecar-test", "--source", "/shops/9", "--username", "u", "--password-file", pwFile,
+		"--client-id", "sidecar-test", "--source", "/shops/9", "--topic-prefix", "shop/9/", "--username", "u", "--password-file", pwFile,
 		"--log-format", "json", "--log-level", "debug")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
@@ -389,12 +390,17 @@ func TestRelaySidecar(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 	}
+	// Another shop's topic: outside --topic-prefix, parked as dead.
+	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/8/sales', '{}')`)
+	require.NoError(t, err)
 	deadline = time.Now().Add(10 * time.Second)
-	for b.count() < 20 {
+	for dead := 0; b.count() < 20 || dead < 1; {
 		require.True(t, time.Now().Before(deadline), "not delivered: %s", stderr.String())
 		time.Sleep(5 * time.Millisecond)
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox WHERE state = 'dead' AND topic = 'shop/8/sales'`).Scan(&dead))
 	}
 	b.mu.Lock()
+	require.Len(t, b.got, 20)
 	for i, ev := range b.got {
 		require.Equal(t, "/shops/9", ev.Source)
 		require.Equal(t, int64(i+1), ev.Sequence)

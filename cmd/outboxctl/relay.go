@@ -16,6 +16,7 @@ type relayFlags struct {
 	db            dbFlags
 	broker        string
 	clientID      string
+	topicPrefix   string
 	source        string
 	username      string
 	passwordFile  string
@@ -77,6 +78,11 @@ so they can be replaced on disk while the relay runs.`,
 			if err != nil {
 				return usageError{err}
 			}
+			if f.topicPrefix != "" {
+				if err := outbox.ValidateTopic(f.topicPrefix); err != nil {
+					return usageError{fmt.Errorf("--topic-prefix: %w", err)}
+				}
+			}
 			pub, err := outbox.NewMQTTPublisher(mopts)
 			if err != nil {
 				return usageError{err}
@@ -96,6 +102,7 @@ so they can be replaced on disk while the relay runs.`,
 				Retention:       f.retention,
 				MaxAttempts:     f.maxAttempts,
 				ShutdownTimeout: f.shutdown,
+				TopicPrefix:     f.topicPrefix,
 			})
 			if err != nil {
 				return usageError{err}
@@ -111,6 +118,7 @@ so they can be replaced on disk while the relay runs.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.broker, "broker", "", "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required)")
 	fl.StringVar(&f.clientID, "client-id", "", "MQTT client id, unique per broker (default outbox-HOST-PID)")
+	fl.StringVar(&f.topicPrefix, "topic-prefix", "", "park as dead, at once, any message whose topic does not start with this (e.g. acme/till-7/)")
 	fl.StringVar(&f.source, "source", "", "CloudEvents source naming this device (default /outbox/HOST)")
 	fl.StringVar(&f.username, "username", "", "MQTT user name")
 	fl.StringVar(&f.passwordFile, "password-file", "", "read the MQTT password from this file (trailing newline ignored)")

@@ -433,7 +433,9 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 	// NORMAL: hundreds of simulated devices share this one disk, where a
 	// real fleet has a disk each; the simulation measures the network side.
 	path := filepath.Join(dir, name+".db")
+	own := prefix + "/" + name + "/" // what the broker's ACL would allow
 	ob, err := outbox.Open(context.Background(), path, outbox.Options{
+		TopicPrefix:  own,
 		Synchronous:  outbox.SyncNormal,
 		ReserveBytes: -1,
 		Logger:       quiet,
@@ -447,8 +449,9 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 		return nil, err
 	}
 	relay, err := ob.NewRelay(pub, outbox.RelayOptions{
-		Source:    "/fleet/" + name,
-		Reconnect: cfg.Reconnect,
+		Source:      "/fleet/" + name,
+		TopicPrefix: own,
+		Reconnect:   cfg.Reconnect,
 		// Commits from this process wake the relay at once; the poll is
 		// for other processes, and hundreds of relays polling every 2 ms
 		// would take this machine's CPU.
@@ -461,7 +464,7 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 		pub.Close()
 		return nil, err
 	}
-	return &device{name: name, path: path, topic: prefix + "/" + name + "/sales", ob: ob, pub: pub, relay: relay}, nil
+	return &device{name: name, path: path, topic: own + "sales", ob: ob, pub: pub, relay: relay}, nil
 }
 
 // write commits rate events per second until ctx ends; it returns how many

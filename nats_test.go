@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,12 +17,13 @@ import (
 
 // natsServer is a NATS server with JetStream and its MQTT listener, owned
 // by a test: its own config and store in t.TempDir(), loopback ports of its
-// own, stopped by PID.
+// own, stopped by PID. mqttConf lines go into the mqtt block (a tls block
+// makes the MQTT listener TLS-only: NATS has one MQTT listener).
 type natsServer struct {
 	mqttAddr string
 }
 
-func startNATS(t *testing.T) *natsServer {
+func startNATS(t *testing.T, mqttConf ...string) *natsServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -45,8 +47,11 @@ func startNATS(t *testing.T) *natsServer {
 	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(`server_name: outbox_test
 listen: 127.0.0.1:%d
 jetstream { store_dir: %q }
-mqtt { listen: 127.0.0.1:%d }
-`, clientPort, filepath.Join(dir, "js"), mqttPort)), 0o600))
+mqtt {
+  listen: 127.0.0.1:%d
+  %s
+}
+`, clientPort, filepath.Join(dir, "js"), mqttPort, strings.Join(mqttConf, "\n  "))), 0o600))
 	n := &natsServer{mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort))}
 	runServer(t, "nats-server", filepath.Join(dir, "nats.log"), "Listening for MQTT clients", n.mqttAddr, bin, "-c", conf)
 	return n

@@ -69,10 +69,11 @@ func rabbitExecutable(p string) bool {
 
 // rabbitMQ is one RabbitMQ node owned by a test.
 type rabbitMQ struct {
-	mqttAddr string
-	node     string
-	version  string
-	started  time.Duration // from exec to accepting MQTT connections
+	mqttAddr    string
+	mqttTLSAddr string // with a rabbitTLS listener only
+	node        string
+	version     string
+	started     time.Duration // from exec to accepting MQTT connections
 }
 
 // rabbitFreePorts returns n distinct free loopback ports.
@@ -91,11 +92,25 @@ func rabbitFreePorts(t *testing.T, n int) []int {
 	return ports
 }
 
+// rabbitTLS is an MQTT TLS listener's files (PEM): the node's certificate
+// and key, and the CA it takes client certificates from. A client
+// certificate is required.
+type rabbitTLS struct {
+	caFile, certFile, keyFile string
+}
+
 // startRabbitMQ starts a RabbitMQ node with the MQTT plugin listening on
 // 127.0.0.1, and stops it when the test ends. extraConf lines are appended
 // to rabbitmq.conf. MQTT clients log in anonymously as guest, which
 // RabbitMQ allows from loopback only.
 func startRabbitMQ(t *testing.T, extraConf ...string) *rabbitMQ {
+	t.Helper()
+	return startRabbitMQWith(t, nil, extraConf...)
+}
+
+// startRabbitMQWith is startRabbitMQ with, if tlsL is set, an MQTT TLS
+// listener on a loopback port of its own as well (mqttTLSAddr).
+func startRabbitMQWith(t *testing.T, tlsL *rabbitTLS, extraConf ...string) *rabbitMQ {
 	t.Helper()
 	bin := rabbitMQServer()
 	if bin == "" {
@@ -106,11 +121,24 @@ func startRabbitMQ(t *testing.T, extraConf ...string) *rabbitMQ {
 		t.Skip("epmd (Erlang) is not installed: apt-get install -y rabbitmq-server")
 	}
 	dir := t.TempDir()
-	ports := rabbitFreePorts(t, 4)
+	ports := rabbitFreePorts(t, 5)
 	amqpPort, mqttPort, distPort, epmdPort := ports[0], ports[1], ports[2], ports[3]
 	r := &rabbitMQ{
 		mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort)),
 		node:     fmt.Sprintf("outbox-test-%d@localhost", mqttPort),
+	}
+	if tlsL != nil {
+		r.mqttTLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[4]))
+		// ssl_options are the node's TLS settings; with no AMQP TLS
+		// listener, only MQTT's uses them.
+		extraConf = append([]string{
+			"mqtt.listeners.ssl.default = " + r.mqttTLSAddr,
+			"ssl_options.cacertfile = " + tlsL.caFile,
+			"ssl_options.certfile = " + tlsL.certFile,
+			"ssl_options.keyfile = " + tlsL.keyFile,
+			"ssl_options.verify = verify_peer",
+			"ssl_options.fail_if_no_peer_cert = true",
+		}, extraConf...)
 	}
 
 	home := filepath.Join(dir, "home")
@@ -191,8 +219,7 @@ mqtt.default_pass = guest
 		}
 		b, _ := os.ReadFile(logFile)
 		if strings.Contains(string(b), "Server startup complete") {
-			if c, err := net.DialTimeout("tcp", r.mqttAddr, 100*time.Millisecond); err == nil {
-				c.Close()
+			if rabbitListening(r.mqttAddr) && (r.mqttTLSAddr == "" || rabbitListening(r.mqttTLSAddr)) {
 				if m := regexp.MustCompile(`Starting RabbitMQ (\S+)`).FindSubmatch(b); m != nil {
 					r.version = string(m[1])
 				}
@@ -207,6 +234,14 @@ mqtt.default_pass = guest
 	r.started = time.Since(start)
 	t.Logf("RabbitMQ %s (node %s) accepting MQTT on %s after %s", r.version, r.node, r.mqttAddr, r.started.Round(time.Millisecond))
 	return r
+}
+
+func rabbitListening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
 }
 
 // startRabbitChild starts one process owned by the test, output to logFile, and

@@ -1,0 +1,164 @@
+package outbox
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/stretchr/testify/require"
+)
+
+// brokerTLS is the PKI for a broker's MQTT TLS listener: a server
+// certificate for 127.0.0.1 from the fleet CA, which is also the only CA
+// the broker takes client certificates from, and the files a relay is
+// given in each case.
+type brokerTLS struct {
+	ca                            *testPKI
+	serverCert, serverKey         string // for the broker
+	caFile, otherCAFile           string
+	certFile, keyFile             string // a client certificate from the fleet CA
+	rogueCertFile, rogueKeyFile   string // a client certificate from another CA
+	forgedCertFile, forgedKeyFile string // one from another key under the fleet CA's name
+}
+
+func newBrokerTLS(t *testing.T) *brokerTLS {
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, b, 0o600))
+		return p
+	}
+	ca, other := newTestPKI(t, "fleet-ca"), newTestPKI(t, "other-ca")
+	b := &brokerTLS{ca: ca, caFile: write("ca.pem", ca.pem), otherCAFile: write("other-ca.pem", other.pem)}
+	sc, sk := ca.issue(t, "broker", true)
+	b.serverCert, b.serverKey = write("broker.pem", sc), write("broker.key", sk)
+	c, k := ca.issue(t, "till-7", false)
+	b.certFile, b.keyFile = write("till.pem", c), write("till.key", k)
+	rc, rk := other.issue(t, "till-7", false)
+	b.rogueCertFile, b.rogueKeyFile = write("rogue.pem", rc), write("rogue.key", rk)
+	// The same name, another key (an impostor, or a CA re-keyed on one side
+	// only): the client's TLS stack offers its certificate, which names an
+	// issuer the broker asked for, so the broker itself must reject it. A
+	// certificate from a differently named CA is not even sent (crypto/tls
+	// sends none the broker did not ask for): the broker sees none.
+	fc, fk := newTestPKI(t, "fleet-ca").issue(t, "till-7", false)
+	b.forgedCertFile, b.forgedKeyFile = write("forged.pem", fc), write("forged.key", fk)
+	return b
+}
+
+// clientConfig is a TLS configuration with the fleet CA and client
+// certificate, for a test's own subscriber.
+func (b *brokerTLS) clientConfig(t *testing.T) *tls.Config {
+	cfg, err := TLSFiles{CAFile: b.caFile, CertFile: b.certFile, KeyFile: b.keyFile}.Config()
+	require.NoError(t, err)
+	return cfg
+}
+
+// brokerTLSCase is one relay configuration against a TLS listener; want is
+// in the relay's last error, "" means delivered.
+type brokerTLSCase struct {
+	name  string
+	files TLSFiles
+	want  string
+}
+
+// cases are the TLS cases every broker's listener that requires a client
+// certificate is run through.
+func (b *brokerTLS) cases() []brokerTLSCase {
+	return []brokerTLSCase{
+		{"right CA and client certificate", TLSFiles{CAFile: b.caFile, CertFile: b.certFile, KeyFile: b.keyFile}, ""},
+		{"wrong CA", TLSFiles{CAFile: b.otherCAFile, CertFile: b.certFile, KeyFile: b.keyFile}, "signed by an unknown authority"},
+		{"no client certificate", TLSFiles{CAFile: b.caFile}, "the broker refused the TLS handshake"},
+		{"client certificate from another CA", TLSFiles{CAFile: b.caFile, CertFile: b.rogueCertFile, KeyFile: b.rogueKeyFile}, "the broker refused the TLS handshake"},
+		{"client certificate from a CA of the same name, another key", TLSFiles{CAFile: b.caFile, CertFile: b.forgedCertFile, KeyFile: b.forgedKeyFile}, "the broker refused the TLS handshake"},
+	}
+}
+
+// runBrokerTLSCases runs a relay for each case against the TLS listener at
+// addr, each with one committed message: delivered and marked sent, or the
+// expected error, one line, with the message pending and uncharged (a
+// configuration problem is an outage, not the message's fault). It returns
+// each failing case's last error, by case name.
+func runBrokerTLSCases(t *testing.T, broker, addr string, cases []brokerTLSCase) map[string]string {
+	errs := map[string]string{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ob := openTest(t, Options{})
+			commitOrder(t, ob, "pos/orders", 1)
+			pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + addr, ClientID: "till-7-" + NewID()[30:],
+				TLSFiles: &tc.files, ConnectTimeout: 3 * time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { pub.Close() })
+			opts := fastRelay()
+			opts.Reconnect = Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+			r, err := ob.NewRelay(pub, opts)
+			require.NoError(t, err)
+			startRelay(t, r)
+			if tc.want == "" {
+				eventually(t, 10*time.Second, "marked sent", func() bool { return countState(t, ob, "sent") == 1 })
+				return
+			}
+			var last string
+			eventually(t, 10*time.Second, "an error", func() bool {
+				s, _ := r.Stats(context.Background())
+				last = s.LastError
+				return strings.Contains(last, tc.want)
+			})
+			require.NotContains(t, last, "\n", "one line")
+			t.Logf("%s, %s: %s", broker, tc.name, last)
+			errs[tc.name] = last
+			state, attempts := rowState(t, ob, 1)
+			require.Equal(t, "pending", state, "nothing lost, nothing dead")
+			require.Zero(t, attempts, "a configuration problem never counts against a message")
+		})
+	}
+	return errs
+}
+
+// startTLSSubscriber connects a clean-session QoS 1 subscriber to the TLS
+// listener at addr and records what it receives until the test ends.
+func startTLSSubscriber(t *testing.T, addr string, cfg *tls.Config, clientID, filter string) *eventLog {
+	t.Helper()
+	log := newEventLog()
+	o := mqtt.NewClientOptions().AddBroker("ssl://" + addr).SetClientID(clientID).SetProtocolVersion(4).
+		SetTLSConfig(cfg).SetAutoReconnect(false).SetConnectRetry(false).SetConnectTimeout(5 * time.Second).
+		SetOrderMatters(true).
+		SetDefaultPublishHandler(func(_ mqtt.Client, msg mqtt.Message) { log.add(msg.Payload()) })
+	c := mqtt.NewClient(o)
+	tok := c.Connect()
+	require.True(t, tok.WaitTimeout(10*time.Second), "subscriber connect")
+	require.NoError(t, tok.Error(), "subscriber connect")
+	st := c.Subscribe(filter, 1, nil)
+	require.True(t, st.WaitTimeout(10*time.Second), "subscribe")
+	require.NoError(t, st.Error(), "subscribe")
+	t.Cleanup(func() { c.Disconnect(0) })
+	return log
+}
+
+// TestNATSTLS runs the relay against NATS Server's MQTT listener with TLS
+// that requires a client certificate from the fleet CA (verify: true). NATS
+// has one MQTT listener, so it is TLS-only here and the test's subscriber
+// connects with a client certificate too. The right setup delivers; a wrong
+// CA, no client certificate and an untrusted one each give one clear error,
+// and the message stays pending and uncharged. NATS sends "bad
+// certificate" for both a missing and an untrusted client certificate; only
+// its log tells them apart.
+func TestNATSTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	b := newBrokerTLS(t)
+	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.serverCert, b.serverKey, b.caFile))
+	sub := startTLSSubscriber(t, n.mqttAddr, b.clientConfig(t), "nats-consumer", "pos/#")
+	runBrokerTLSCases(t, "NATS", n.mqttAddr, b.cases())
+	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	require.Zero(t, sub.decodeErrs)
+}

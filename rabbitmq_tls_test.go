@@ -1,0 +1,34 @@
+//go:build linux
+
+package outbox
+
+import (
+	"testing"
+	"time"
+)
+
+// TestRabbitMQTLS runs the relay against RabbitMQ's MQTT plugin with a TLS
+// listener (mqtt.listeners.ssl) that requires a client certificate from the
+// fleet CA (ssl_options verify_peer, fail_if_no_peer_cert). The node keeps
+// its plain listener for the test's subscriber. The right setup delivers; a
+// wrong CA, no client certificate and an untrusted one (brokerTLS.cases)
+// each give one clear error, and the message stays pending and uncharged.
+// RabbitMQ's alert says which: "certificate required" for none (a
+// certificate from a differently named CA is not sent), "unknown
+// certificate authority" for one it cannot verify.
+// One node serves every case (a start is ~10 s).
+func TestRabbitMQTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	b := newBrokerTLS(t)
+	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.caFile, certFile: b.serverCert, keyFile: b.serverKey})
+	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
+	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, b.cases())
+	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.log.unique() == 1 })
+	sub.log.mu.Lock()
+	defer sub.log.mu.Unlock()
+	if sub.log.decodeErrs != 0 {
+		t.Errorf("%d undecodable deliveries", sub.log.decodeErrs)
+	}
+}

@@ -194,7 +194,11 @@ func printFleet(w io.Writer, f fleetFlags, reports []fleet.Report) {
 		fmt.Fprintf(w, "\npeak reconnect rate without jitter ÷ with: %.1f× (any 1 s), %.1f× (any 100 ms); target ≥ 5×\n",
 			float64(off.PeakPerSecond)/float64(on.PeakPerSecond), off.Peak100msPerSec/on.Peak100msPerSec)
 	}
-	fmt.Fprintln(w, "\nMemory per device includes its share of the embedded broker and the gate; heap and stacks after a GC.")
+	if f.broker == "" {
+		fmt.Fprintln(w, "\nMemory per device includes its share of the embedded broker and of the gate; heap and stacks after a GC.")
+	} else {
+		fmt.Fprintln(w, "\nMemory per device includes its share of the gate; heap and stacks after a GC.")
+	}
 }
 
 func timedOut(r fleet.Report, d fleet.Seconds) string {

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -71,37 +70,8 @@ func TestNATSCompatibility(t *testing.T) {
 	r := mqttRelay(t, ob, p.url(), fastRelay())
 	startRelay(t, r)
 
-	for i := 0; i < 300; i++ {
-		commitOrder(t, ob, "pos/orders", i)
-	}
-	eventually(t, 20*time.Second, "delivered", func() bool { return sub.log.unique() == 300 })
-
-	// An outage: the relay cannot reach the broker while the till sells.
-	p.down()
-	eventually(t, 5*time.Second, "relay notices", func() bool { s, _ := r.Stats(context.Background()); return !s.Connected })
-	for i := 300; i < 400; i++ {
-		commitOrder(t, ob, "pos/orders", i)
-	}
-	p.up()
-	eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sub.log.unique() == 400 })
-
-	// A PUBACK that never comes back, then the connection drops: resent,
-	// never marked sent before.
-	p.swallowDown.Store(true)
-	commitOrder(t, ob, "pos/orders", 400)
-	eventually(t, 10*time.Second, "the broker has it", func() bool { return sub.log.unique() == 401 })
-	state, _ := rowState(t, ob, 401)
-	require.Equal(t, "pending", state, "not marked sent without its PUBACK")
-	p.cut()
-	p.swallowDown.Store(false)
-	eventually(t, 10*time.Second, "acknowledged after the resend", func() bool { s, _ := rowState(t, ob, 401); return s == "sent" })
-
-	sub.log.mu.Lock()
-	defer sub.log.mu.Unlock()
-	require.Empty(t, sub.log.disorder, "first deliveries in commit order")
-	require.Zero(t, sub.log.decodeErrs)
-	require.Zero(t, countState(t, ob, "dead"))
-	t.Logf("NATS: 401 events delivered in order, %d duplicates, 0 dead", sub.log.dups)
+	dups := brokerCases(t, ob, r, p, sub)
+	t.Logf("NATS: 401 events delivered in order, %d duplicates, 0 dead", dups)
 }
 
 // TestNATSRefusesSomeTopics: NATS maps MQTT topics to subjects and refuses

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // runServer starts a broker binary owned by the test, logging to logFile,
@@ -59,4 +62,44 @@ func runServer(t *testing.T, name, logFile, ready, addr string, argv ...string) 
 		}
 		return err == nil
 	})
+}
+
+// brokerCases runs the relay's core cases against a broker through p, a
+// proxy in front of it, with sub subscribed to pos/# straight at the broker:
+// 300 events in order; an outage in the middle with 100 more committed; a
+// PUBACK withheld until the connection drops, after which the event is sent
+// again and only then marked sent. It returns the duplicates sub saw.
+func brokerCases(t *testing.T, ob *Outbox, r *Relay, p *proxy, sub *persistentSubscriber) (dups int) {
+	t.Helper()
+	for i := 0; i < 300; i++ {
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	eventually(t, 20*time.Second, "delivered", func() bool { return sub.log.unique() == 300 })
+
+	// An outage: the relay cannot reach the broker while the till sells.
+	p.down()
+	eventually(t, 5*time.Second, "relay notices", func() bool { s, _ := r.Stats(context.Background()); return !s.Connected })
+	for i := 300; i < 400; i++ {
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	p.up()
+	eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sub.log.unique() == 400 })
+
+	// A PUBACK that never comes back, then the connection drops: resent,
+	// never marked sent before.
+	p.swallowDown.Store(true)
+	commitOrder(t, ob, "pos/orders", 400)
+	eventually(t, 10*time.Second, "the broker has it", func() bool { return sub.log.unique() == 401 })
+	state, _ := rowState(t, ob, 401)
+	require.Equal(t, "pending", state, "not marked sent without its PUBACK")
+	p.cut()
+	p.swallowDown.Store(false)
+	eventually(t, 10*time.Second, "acknowledged after the resend", func() bool { s, _ := rowState(t, ob, 401); return s == "sent" })
+
+	sub.log.mu.Lock()
+	defer sub.log.mu.Unlock()
+	require.Empty(t, sub.log.disorder, "first deliveries in commit order")
+	require.Zero(t, sub.log.decodeErrs)
+	require.Zero(t, countState(t, ob, "dead"))
+	return sub.log.dups
 }

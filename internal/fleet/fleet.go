@@ -9,7 +9,6 @@ package fleet
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -133,10 +132,12 @@ type Report struct {
 // Seconds is a duration that marshals as seconds.
 type Seconds time.Duration
 
+// MarshalJSON writes the duration in seconds, to the millisecond.
 func (s Seconds) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, time.Duration(s).Seconds(), 'f', 3, 64), nil
 }
 
+// String rounds to 10 ms.
 func (s Seconds) String() string { return time.Duration(s).Round(10 * time.Millisecond).String() }
 
 // device is one simulated terminal.
@@ -620,6 +621,3 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
 	}
 	return nil
 }
-
-// MarshalIndent is the report as stable JSON.
-func (r Report) MarshalIndent() ([]byte, error) { return json.MarshalIndent(r, "", "  ") }

@@ -4,8 +4,6 @@ package outbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -111,15 +109,10 @@ func startEjabberdWith(t *testing.T, o ejabberdOptions) *ejabberd {
 	e := &ejabberd{node: fmt.Sprintf("outbox-ejabberd-%d@localhost", mqttPort)}
 	listenAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort))
 
-	home, spool, logs := filepath.Join(dir, "home"), filepath.Join(dir, "spool"), filepath.Join(dir, "log")
-	for _, d := range []string{home, spool, logs} {
+	spool, logs := filepath.Join(dir, "spool"), filepath.Join(dir, "log")
+	for _, d := range []string{spool, logs} {
 		require.NoError(t, os.Mkdir(d, 0o700))
 	}
-	cookie := make([]byte, 16)
-	_, err := rand.Read(cookie)
-	require.NoError(t, err)
-	// Erlang refuses a cookie file that others can read.
-	require.NoError(t, os.WriteFile(filepath.Join(home, ".erlang.cookie"), []byte(strings.ToUpper(hex.EncodeToString(cookie))), 0o400))
 	// Name resolution for the node's host part: localhost, nothing else
 	// (Debian's /etc/ejabberd/inetrc, kept here so that /etc is not needed).
 	inetrc := filepath.Join(dir, "inetrc")
@@ -148,21 +141,7 @@ func startEjabberdWith(t *testing.T, o ejabberdOptions) *ejabberd {
 	confFile := filepath.Join(dir, "ejabberd.yml")
 	require.NoError(t, os.WriteFile(confFile, []byte(conf.String()), 0o600))
 
-	// The caller's Erlang and ejabberd settings must not leak in (or point
-	// the node at a system-wide epmd, cookie, config or systemd).
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "ERL_") || strings.HasPrefix(kv, "EJABBERD") || strings.HasPrefix(kv, "CONTRIB_MODULES") ||
-			strings.HasPrefix(kv, "HOME=") || strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	env = append(env,
-		"HOME="+home,
-		"ERL_EPMD_ADDRESS=127.0.0.1",
-		"ERL_EPMD_PORT="+strconv.Itoa(epmdPort),
-		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
+	env := append(erlangEnv(t, dir, epmd, epmdPort, "EJABBERD", "CONTRIB_MODULES"),
 		"ERL_INETRC="+inetrc,
 		"ERL_LIBS="+libs,
 		"EJABBERD_CONFIG_PATH="+confFile,
@@ -170,12 +149,6 @@ func startEjabberdWith(t *testing.T, o ejabberdOptions) *ejabberd {
 		"CONTRIB_MODULES_PATH="+filepath.Join(dir, "contrib"),
 		"CONTRIB_MODULES_CONF_DIR="+filepath.Join(dir, "contrib-conf"),
 	)
-
-	// epmd first, as our child: the node registers with it (and is told
-	// not to spawn "epmd -daemon", which would outlive the test).
-	startRabbitChild(t, "epmd", filepath.Join(dir, "epmd.log"), dir, env, epmd, "-port", strconv.Itoa(epmdPort), "-address", "127.0.0.1")
-	epmdAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(epmdPort))
-	eventually(t, 10*time.Second, "epmd listening", func() bool { return rabbitListening(epmdAddr) })
 
 	// What ejabberdctl foreground runs, minus the user switch and the
 	// shell: the node logs to stdout as well as to its log file.

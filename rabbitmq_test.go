@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -141,15 +142,9 @@ func startRabbitMQWith(t *testing.T, tlsL *rabbitTLS, extraConf ...string) *rabb
 		}, extraConf...)
 	}
 
-	home := filepath.Join(dir, "home")
-	for _, d := range []string{home, filepath.Join(dir, "mnesia"), filepath.Join(dir, "log")} {
+	for _, d := range []string{filepath.Join(dir, "mnesia"), filepath.Join(dir, "log")} {
 		require.NoError(t, os.Mkdir(d, 0o700))
 	}
-	cookie := make([]byte, 16)
-	_, err := rand.Read(cookie)
-	require.NoError(t, err)
-	// Erlang refuses a cookie file that others can read.
-	require.NoError(t, os.WriteFile(filepath.Join(home, ".erlang.cookie"), []byte(strings.ToUpper(hex.EncodeToString(cookie))), 0o400))
 	plugins := filepath.Join(dir, "enabled_plugins")
 	require.NoError(t, os.WriteFile(plugins, []byte("[rabbitmq_mqtt].\n"), 0o600))
 	conf := filepath.Join(dir, "rabbitmq.conf")
@@ -160,21 +155,7 @@ mqtt.default_pass = guest
 %s
 `, mqttPort, strings.Join(extraConf, "\n"))), 0o600))
 
-	// The caller's RabbitMQ and Erlang settings must not leak in (or point
-	// the node at a system-wide epmd, cookie or config).
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "RABBITMQ_") || strings.HasPrefix(kv, "ERL_") ||
-			strings.HasPrefix(kv, "HOME=") || strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	env = append(env,
-		"HOME="+home,
-		"ERL_EPMD_ADDRESS=127.0.0.1",
-		"ERL_EPMD_PORT="+strconv.Itoa(epmdPort),
-		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
+	env := append(erlangEnv(t, dir, epmd, epmdPort, "RABBITMQ_"),
 		"RABBITMQ_NODENAME="+r.node,
 		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
 		"RABBITMQ_NODE_PORT="+strconv.Itoa(amqpPort),
@@ -194,18 +175,6 @@ mqtt.default_pass = guest
 		// -noinput ourselves, since this mode leaves the shell's stdin on).
 		"RABBITMQ_ALLOW_INPUT=1",
 	)
-
-	// epmd first, as our child: the node registers with it instead of
-	// spawning "epmd -daemon", which would outlive the test.
-	startRabbitChild(t, "epmd", filepath.Join(dir, "epmd.log"), dir, env, epmd, "-port", strconv.Itoa(epmdPort), "-address", "127.0.0.1")
-	epmdAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(epmdPort))
-	eventually(t, 10*time.Second, "epmd listening", func() bool {
-		c, err := net.DialTimeout("tcp", epmdAddr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
 
 	logFile := filepath.Join(dir, "rabbitmq.log")
 	start := time.Now()
@@ -234,6 +203,42 @@ mqtt.default_pass = guest
 	r.started = time.Since(start)
 	t.Logf("RabbitMQ %s (node %s) accepting MQTT on %s after %s", r.version, r.node, r.mqttAddr, r.started.Round(time.Millisecond))
 	return r
+}
+
+// erlangEnv prepares what every Erlang node a test starts needs, in dir: a
+// HOME with a cookie only its owner can read, and an epmd of its own on
+// epmdPort, started as the test's child so that the node does not spawn
+// "epmd -daemon", which would outlive the test. It returns the node's
+// environment: the caller's, without its Erlang settings, its HOME, its
+// systemd socket and any variable with one of the drop prefixes (they
+// could point the node at a system-wide epmd, cookie or config).
+func erlangEnv(t *testing.T, dir, epmd string, epmdPort int, drop ...string) []string {
+	t.Helper()
+	home := filepath.Join(dir, "home")
+	require.NoError(t, os.Mkdir(home, 0o700))
+	cookie := make([]byte, 16)
+	_, err := rand.Read(cookie)
+	require.NoError(t, err)
+	// Erlang refuses a cookie file that others can read.
+	require.NoError(t, os.WriteFile(filepath.Join(home, ".erlang.cookie"), []byte(strings.ToUpper(hex.EncodeToString(cookie))), 0o400))
+
+	drop = append(drop, "ERL_", "HOME=", "NOTIFY_SOCKET=")
+	var env []string
+	for _, kv := range os.Environ() {
+		if !slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"HOME="+home,
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+		"ERL_EPMD_PORT="+strconv.Itoa(epmdPort),
+		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
+	)
+	startRabbitChild(t, "epmd", filepath.Join(dir, "epmd.log"), dir, env, epmd, "-port", strconv.Itoa(epmdPort), "-address", "127.0.0.1")
+	epmdAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(epmdPort))
+	eventually(t, 10*time.Second, "epmd listening", func() bool { return rabbitListening(epmdAddr) })
+	return env
 }
 
 func rabbitListening(addr string) bool {

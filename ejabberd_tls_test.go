@@ -3,7 +3,6 @@
 package outbox
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -14,7 +13,6 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -93,36 +91,7 @@ func TestEjabberdTLS(t *testing.T) {
 		{"client certificate from a CA of the same name, another key", TLSFiles{CAFile: b.caFile, CertFile: forgedCert, KeyFile: forgedKey}, notAuthorised},
 		{"client certificate from the fleet CA, CN a PrintableString", TLSFiles{CAFile: b.caFile, CertFile: b.certFile, KeyFile: b.keyFile}, notAuthorised},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			ob := openTest(t, Options{})
-			commitOrder(t, ob, "pos/orders", 1)
-			pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + e.mqttTLSAddr, ClientID: "till-7-" + NewID()[30:], Username: "till-7",
-				TLSFiles: &tc.files, ConnectTimeout: 3 * time.Second})
-			require.NoError(t, err)
-			t.Cleanup(func() { pub.Close() })
-			opts := fastRelay()
-			opts.Reconnect = Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}
-			r, err := ob.NewRelay(pub, opts)
-			require.NoError(t, err)
-			startRelay(t, r)
-			if tc.want == "" {
-				eventually(t, 10*time.Second, "marked sent", func() bool { return countState(t, ob, "sent") == 1 })
-				return
-			}
-			var last string
-			eventually(t, 10*time.Second, "an error", func() bool {
-				s, _ := r.Stats(context.Background())
-				last = s.LastError
-				return strings.Contains(last, tc.want)
-			})
-			require.NotContains(t, last, "\n", "one line")
-			t.Logf("ejabberd %s, %s: %s", e.version, tc.name, last)
-			state, attempts := rowState(t, ob, 1)
-			require.Equal(t, "pending", state, "nothing lost, nothing dead")
-			require.Zero(t, attempts, "a configuration problem never counts against a message")
-		})
-	}
+	runBrokerTLSCases(t, "ejabberd "+e.version, e.mqttTLSAddr, "till-7", cases)
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
 	log, err := os.ReadFile(e.logFile)
 	require.NoError(t, err)

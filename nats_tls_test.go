@@ -84,14 +84,15 @@ func (b *brokerTLS) cases() []brokerTLSCase {
 // addr, each with one committed message: delivered and marked sent, or the
 // expected error, one line, with the message pending and uncharged (a
 // configuration problem is an outage, not the message's fault). It returns
-// each failing case's last error, by case name.
-func runBrokerTLSCases(t *testing.T, broker, addr string, cases []brokerTLSCase) map[string]string {
+// each failing case's last error, by case name. username, if set, is the
+// MQTT user name the relays log in with.
+func runBrokerTLSCases(t *testing.T, broker, addr, username string, cases []brokerTLSCase) map[string]string {
 	errs := map[string]string{}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ob := openTest(t, Options{})
 			commitOrder(t, ob, "pos/orders", 1)
-			pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + addr, ClientID: "till-7-" + NewID()[30:],
+			pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + addr, ClientID: "till-7-" + NewID()[30:], Username: username,
 				TLSFiles: &tc.files, ConnectTimeout: 3 * time.Second})
 			require.NoError(t, err)
 			t.Cleanup(func() { pub.Close() })
@@ -156,7 +157,7 @@ func TestNATSTLS(t *testing.T) {
 	b := newBrokerTLS(t)
 	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.serverCert, b.serverKey, b.caFile))
 	sub := startTLSSubscriber(t, n.mqttAddr, b.clientConfig(t), "nats-consumer", "pos/#")
-	runBrokerTLSCases(t, "NATS", n.mqttAddr, b.cases())
+	runBrokerTLSCases(t, "NATS", n.mqttAddr, "", b.cases())
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
 	sub.mu.Lock()
 	defer sub.mu.Unlock()

@@ -24,7 +24,7 @@ func TestRabbitMQTLS(t *testing.T) {
 	b := newBrokerTLS(t)
 	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.caFile, certFile: b.serverCert, keyFile: b.serverKey})
 	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
-	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, b.cases())
+	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, "", b.cases())
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.log.unique() == 1 })
 	sub.log.mu.Lock()
 	defer sub.log.mu.Unlock()

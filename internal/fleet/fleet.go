@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -332,14 +333,12 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	writeCtx, stopWriters := context.WithCancel(ctx)
 	var writers sync.WaitGroup
-	var commitErrs sync.Map
+	var commitErrs atomic.Int64
 	for i, d := range devs {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
-			if n := d.write(writeCtx, cfg.Rate, cfg.PayloadBytes, i, led); n > 0 {
-				commitErrs.Store(i, n)
-			}
+			commitErrs.Add(int64(d.write(writeCtx, cfg.Rate, cfg.PayloadBytes, i, led)))
 		}()
 	}
 	defer func() { stopWriters(); writers.Wait() }()
@@ -408,7 +407,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// must have every committed event.
 	stopWriters()
 	writers.Wait()
-	commitErrs.Range(func(_, v any) bool { rep.CommitErrors += v.(int); return true })
+	rep.CommitErrors = int(commitErrs.Load())
 	cfg.Progress("writers stopped; waiting for the last deliveries")
 	waitFor(ctx, 30*time.Second, func() bool { return led.missing() == 0 })
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -34,22 +35,26 @@ type Stats struct {
 	LeaseExpires       time.Time // by the holder's clock at its last renewal
 }
 
-// Stats reads the outbox's counters. It is cheap except for Sent, which
-// counts an index.
+// Stats reads the outbox's counters. Pending, PendingBytes and Sent count
+// rows (a range of the table, no payloads read): about a millisecond per
+// 10,000 rows.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return readStats(ctx, o.db)
 }
 
 func readStats(ctx context.Context, q querier) (Stats, error) {
 	var s Stats
-	err := q.QueryRowContext(ctx, `SELECT pending_count, pending_bytes, max_pending_count, max_pending_bytes,
-		(SELECT count(*) FROM outbox WHERE state = 'dead'),
-		(SELECT count(*) FROM outbox WHERE state = 'sent'),
-		(SELECT created_at FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT 1),
+	err := q.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
+		(SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
+		max_pending_count, max_pending_bytes,
+		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL),
+		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL),
+		(SELECT created_at FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL ORDER BY seq LIMIT 1),
 		(SELECT coalesce(max(version), 0) FROM outbox_schema),
 		coalesce((SELECT owner FROM outbox_lease WHERE name = 'relay'), ''),
 		coalesce((SELECT expires_at FROM outbox_lease WHERE name = 'relay'), 0)
-		FROM outbox_counters WHERE id = 1`).Scan(
+		FROM outbox_state st WHERE id = 1`).Scan(
 		&s.Pending, &s.PendingBytes, &s.MaxPendingMessages, &s.MaxPendingBytes,
 		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, millis{&s.LeaseExpires})
 	if err != nil {
@@ -71,7 +76,7 @@ type Record struct {
 	Attempts    int
 	LastError   string
 	CreatedAt   time.Time
-	SentAt      time.Time // zero unless sent
+	SentAt      time.Time // zero unless sent: when the relay recorded the acknowledgement
 	DeadAt      time.Time // zero unless dead
 }
 
@@ -83,13 +88,31 @@ type ListOptions struct {
 	WithPayload bool  // payloads are left out unless asked for
 }
 
+// stateSQL derives a row's state: there is no state column (see the
+// migration to schema 2), only dead_at and the relay's sent_seq.
+const stateSQL = `CASE WHEN dead_at IS NOT NULL THEN 'dead'
+	WHEN seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) THEN 'sent' ELSE 'pending' END`
+
+// sentAtSQL is when the relay recorded a sent row: the first mark at or
+// after it.
+const sentAtSQL = `CASE WHEN dead_at IS NULL AND seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1)
+	THEN (SELECT sent_at FROM outbox_sent_log l WHERE l.seq >= outbox.seq ORDER BY l.seq LIMIT 1) END`
+
 // List returns outbox rows in sequence order.
 func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	state := opts.State
 	if state == "" {
 		state = StatePending
 	}
-	if state != StatePending && state != StateSent && state != StateDead {
+	var where string
+	switch state {
+	case StatePending:
+		where = `seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL`
+	case StateSent:
+		where = `seq > ? AND seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL`
+	case StateDead:
+		where = `dead_at IS NOT NULL AND seq > ?`
+	default:
 		return nil, fmt.Errorf("outbox: list: unknown state %q", state)
 	}
 	limit := opts.Limit
@@ -100,11 +123,9 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	if opts.WithPayload {
 		payload = `payload`
 	}
-	// The state is spliced in as a literal (it was checked above) so that
-	// SQLite can use the partial index for it.
 	rows, err := o.db.QueryContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)), `+payload+`,
-		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
-		FROM outbox WHERE state = '`+string(state)+`' AND seq > ? ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
+		attempts, coalesce(last_error, ''), created_at, `+sentAtSQL+`, dead_at
+		FROM outbox WHERE `+where+` ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list: %w", err)
 	}
@@ -125,11 +146,14 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 }
 
 // Get returns the row with the given id, or an error wrapping ErrNotFound.
+// Ids are not indexed (an index would cost every Enqueue a page write), so
+// Get reads the table: about 10 ms per 100,000 rows.
 func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	var r Record
 	var state string
 	err := o.db.QueryRowContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)),
-		state, attempts, coalesce(last_error, ''), created_at, sent_at, dead_at FROM outbox WHERE id = ?`, id).Scan(
+		`+stateSQL+`, attempts, coalesce(last_error, ''), created_at, `+sentAtSQL+`, dead_at
+		FROM outbox WHERE id = ? ORDER BY seq DESC LIMIT 1`, id).Scan(
 		&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size,
 		&state, &r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -142,10 +166,12 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	return r, nil
 }
 
-// Requeue makes the dead messages with the given ids pending again, with
-// their attempts reset, and wakes the relay. A requeued message keeps its
-// sequence number and is published before newer ones still pending when the
-// relay next starts a pass over the queue. It returns how many were requeued.
+// Requeue makes the dead messages with the given ids pending again and
+// wakes the relay. A requeued message keeps its id, payload and creation
+// time, gets a new sequence number — it goes out after everything pending
+// now, as the relay only moves forward — and starts again with no attempts.
+// The outbox's limits apply: when it is full, Requeue fails with ErrFull and
+// requeues nothing. It returns how many were requeued.
 func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -157,13 +183,11 @@ func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
 		for i, id := range chunk {
 			args[i] = id
 		}
-		res, err := o.db.ExecContext(ctx, `UPDATE outbox SET state = 'pending', attempts = 0, last_error = NULL, dead_at = NULL
-			WHERE state = 'dead' AND id IN (`+placeholders(len(chunk))+`)`, args...)
-		if err != nil {
-			return total, fmt.Errorf("outbox: requeue: %w", err)
-		}
-		n, _ := res.RowsAffected()
+		n, err := o.requeue(ctx, `dead_at IS NOT NULL AND id IN (`+placeholders(len(chunk))+`)`, args...)
 		total += n
+		if err != nil {
+			return total, err
+		}
 	}
 	o.wake.notify()
 	return total, nil
@@ -171,23 +195,60 @@ func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
 
 // RequeueDead makes every dead message pending again; see Requeue.
 func (o *Outbox) RequeueDead(ctx context.Context) (int64, error) {
-	res, err := o.db.ExecContext(ctx, `UPDATE outbox SET state = 'pending', attempts = 0, last_error = NULL, dead_at = NULL WHERE state = 'dead'`)
+	n, err := o.requeue(ctx, `dead_at IS NOT NULL`)
+	o.wake.notify()
+	return n, err
+}
+
+// requeue copies the dead rows that where selects to the end of the queue
+// and deletes them, in one transaction.
+func (o *Outbox) requeue(ctx context.Context, where string, args ...any) (int64, error) {
+	var n int64
+	err := runTx(ctx, o.db, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at)
+			SELECT id, topic, payload, type, content_type, created_at FROM outbox WHERE `+where+` ORDER BY seq`, args...); err != nil {
+			return classifyWriteErr(err)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE `+where, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue: %w", err)
 	}
-	o.wake.notify()
-	return res.RowsAffected()
+	return n, nil
 }
 
 // PurgeDead deletes every dead message and returns how many.
 func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
-	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'dead' LIMIT ?)`, purgeBatch)
+	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE dead_at IS NOT NULL LIMIT ?)`, purgeBatch)
 }
 
 // PurgeSent deletes sent messages acknowledged before the given time and
 // returns how many. The relay does this by itself for its retention period.
+// The newest row is always kept, whatever its state, so that its sequence
+// number is never used again.
 func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error) {
-	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'sent' AND sent_at < ? LIMIT ?)`, before.UnixMilli(), purgeBatch)
+	return purgeSent(ctx, o.db, before.UnixMilli(), math.MaxInt64)
+}
+
+// purgeSent deletes the sent rows whose marks were recorded before
+// beforeMS or after futureMS, in bounded batches, and the marks that no
+// longer cover a row.
+func purgeSent(ctx context.Context, db execer, beforeMS, futureMS int64) (int64, error) {
+	const cut = `(SELECT coalesce(max(seq), 0) FROM outbox_sent_log WHERE sent_at < ? OR sent_at > ?)`
+	n, err := purgeBatches(ctx, db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
+		WHERE seq <= `+cut+` AND dead_at IS NULL LIMIT ?)`, beforeMS, futureMS, purgeBatch)
+	if err != nil {
+		return n, err
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM outbox_sent_log WHERE seq < `+cut, beforeMS, futureMS); err != nil {
+		return n, fmt.Errorf("outbox: purge: %w", classifyWriteErr(err))
+	}
+	return n, nil
 }
 
 // purgeBatch bounds each DELETE so that no purge holds the write lock for

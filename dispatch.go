@@ -92,6 +92,11 @@ type session struct {
 
 	mu   sync.Mutex
 	fail *failure
+	// barrier is the seq of the first message that failed in this session
+	// (0: none). Only messages before it may be marked: the relay records
+	// progress as a high-water mark, and a mark past a failed message would
+	// record it as sent.
+	barrier int64
 }
 
 type sessionResult struct {
@@ -267,8 +272,19 @@ func (s *session) setFail(f failure) {
 	if s.fail == nil {
 		s.fail = &f
 	}
+	if s.barrier == 0 || f.seq < s.barrier {
+		s.barrier = f.seq
+	}
 	s.mu.Unlock()
 	s.cancel(f.err)
+}
+
+// markable reports whether an acknowledged message may be marked sent:
+// whether nothing before it failed.
+func (s *session) markable(seq int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.barrier == 0 || seq < s.barrier
 }
 
 // dispatch reads pending rows in sequence order and publishes them, keeping
@@ -308,12 +324,6 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			if cursor != 0 && s.outstanding.Load() == 0 {
-				// Everything dispatched is settled: start the next pass
-				// from the front, which picks up requeued messages.
-				cursor = 0
-				continue
-			}
 			if !r.waitForWork(s.sctx, r.reader, wake, version) {
 				break
 			}
@@ -324,8 +334,11 @@ func (s *session) dispatch() error {
 			cursor = m.seq
 			if m.encErr != nil {
 				if err := r.markDead(s.conn, m, m.encErr); err != nil {
-					// It stays pending and is tried again on the next pass.
+					// It stays pending and nothing after it may be
+					// marked: end the session, and try again on the next.
 					r.writeFailed(err)
+					s.setFail(failure{seq: m.seq, err: err, notSent: true})
+					return nil
 				}
 				continue
 			}
@@ -394,6 +407,14 @@ func (s *session) ackLoop() {
 			}
 		}
 		timer.Stop()
+		if err == nil && !s.markable(f.seq) {
+			// Acknowledged after a message before it failed: it is sent
+			// again with that one (a duplicate after a failure).
+			r.inFlight.Add(-1)
+			s.outstanding.Add(-1)
+			<-s.slots
+			continue
+		}
 		if err == nil {
 			s.marks <- f.seq // markLoop gives the slot back once marked
 			s.progress.Store(true)
@@ -437,7 +458,9 @@ func (s *session) markLoop() {
 			}
 		}
 		for attempt := 0; ; attempt++ {
-			err := r.markSent(s.conn, batch)
+			// Marks arrive in sequence order and only while nothing
+			// before them failed: everything up to the last is settled.
+			err := r.markSent(s.conn, batch[len(batch)-1], len(batch))
 			if err == nil {
 				break
 			}
@@ -483,7 +506,8 @@ func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit
 			return err
 		}
 		rows, err := c.QueryContext(ctx, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
-			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, cursor, limit)
+			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
+			ORDER BY seq LIMIT ?`, cursor, limit)
 		if err != nil {
 			return err
 		}
@@ -536,27 +560,43 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 	}
 }
 
-func (r *Relay) markSent(conn *relayConn, seqs []int64) error {
+// markSent records that every message up to and including seq is settled
+// (n of them were acknowledged now): one row updated per batch, whatever
+// its size. With a negative Retention the sent rows are deleted at once.
+func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	args := make([]any, 0, len(seqs)+1)
-	var q string
-	if r.opts.Retention < 0 {
-		q = `DELETE FROM outbox WHERE state = 'pending' AND seq IN (` + placeholders(len(seqs)) + `)`
-	} else {
-		q = `UPDATE outbox SET state = 'sent', sent_at = ? WHERE state = 'pending' AND seq IN (` + placeholders(len(seqs)) + `)`
-		args = append(args, r.ob.now().UnixMilli())
-	}
-	for _, s := range seqs {
-		args = append(args, s)
-	}
 	err := conn.do(func(c *sql.Conn) error {
-		return conn.execPolling(ctx, c, q, args...)
+		if err := conn.execPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+			return err
+		}
+		err := func() error {
+			// Pending bytes are counted only while a byte limit is set.
+			if _, err := c.ExecContext(ctx, `UPDATE outbox_state SET pending_bytes = CASE WHEN max_pending_bytes > 0
+				THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+					WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
+				sent_seq = ?1 WHERE id = 1 AND sent_seq < ?1`, seq); err != nil {
+				return err
+			}
+			if r.opts.Retention < 0 {
+				_, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
+				return err
+			}
+			_, err := c.ExecContext(ctx, `INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (?, ?)`, seq, r.ob.now().UnixMilli())
+			return err
+		}()
+		if err == nil {
+			_, err = c.ExecContext(ctx, `COMMIT`)
+		}
+		if err != nil {
+			c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
 	}
-	r.sent.Add(int64(len(seqs)))
+	r.sent.Add(int64(n))
 	r.mu.Lock()
 	r.lastAck = r.ob.now()
 	r.mu.Unlock()
@@ -569,8 +609,8 @@ func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
 	defer cancel()
 	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
 	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ?, dead_at = ?
-			WHERE seq = ? AND state = 'pending'`, msg, r.ob.now().UnixMilli(), m.seq)
+		_, err := c.ExecContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
+			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
 		return err
 	})
 	if err != nil {
@@ -586,13 +626,13 @@ func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
 func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var id, state string
+	var id string
 	err = conn.do(func(c *sql.Conn) error {
 		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
-			state = CASE WHEN attempts + 1 >= ? THEN 'dead' ELSE state END,
-			dead_at = CASE WHEN attempts + 1 >= ? THEN ? ELSE dead_at END
-			WHERE seq = ? AND state = 'pending' RETURNING attempts, state, id`,
-			cause.Error(), r.opts.MaxAttempts, r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &state, &id)
+			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
+			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
+			RETURNING attempts, dead_at IS NOT NULL, id`,
+			cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &dead, &id)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
@@ -600,7 +640,6 @@ func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, d
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
 	}
-	dead = state == string(StateDead)
 	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
 	if dead {
 		r.dead.Add(1)

@@ -406,13 +406,13 @@ func (p *fakePublisher) publishedCount() int {
 // rowState returns the state of the row with the given sequence number.
 func rowState(t testing.TB, ob *Outbox, seq int64) (state string, attempts int) {
 	t.Helper()
-	require.NoError(t, ob.DB().QueryRow(`SELECT state, attempts FROM outbox WHERE seq = ?`, seq).Scan(&state, &attempts))
+	require.NoError(t, ob.DB().QueryRow(`SELECT state, attempts FROM outbox_messages WHERE seq = ?`, seq).Scan(&state, &attempts))
 	return state, attempts
 }
 
 func countState(t testing.TB, ob *Outbox, state string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox WHERE state = ?`, state).Scan(&n))
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = ?`, state).Scan(&n))
 	return n
 }

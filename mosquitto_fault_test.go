@@ -463,7 +463,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		lastErr  string
 	}
 	var rows []row
-	dbRows, err := ob.DB().Query(`SELECT seq, id, state, attempts, coalesce(last_error, '') FROM outbox ORDER BY seq`)
+	dbRows, err := ob.DB().Query(`SELECT seq, id, state, attempts, coalesce(last_error, '') FROM outbox_messages ORDER BY seq`)
 	require.NoError(t, err)
 	for dbRows.Next() {
 		var x row

@@ -257,17 +257,23 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 }
 
 func setLimits(ctx context.Context, db *sql.DB, count, bytes int64) error {
-	set := func(col string, v int64) error {
-		if v == 0 {
-			return nil
+	if count != 0 {
+		if _, err := db.ExecContext(ctx, `UPDATE outbox_state SET max_pending_count = ? WHERE id = 1`, max(count, 0)); err != nil {
+			return err
 		}
-		_, err := db.ExecContext(ctx, `UPDATE outbox_counters SET `+col+` = ? WHERE id = 1`, max(v, 0))
-		return err
 	}
-	if err := set("max_pending_count", count); err != nil {
-		return err
+	if bytes != 0 {
+		// Pending bytes are counted only while a byte limit is set: setting
+		// one where there was none counts what is pending now, once.
+		if _, err := db.ExecContext(ctx, `UPDATE outbox_state SET pending_bytes = CASE
+			WHEN ?1 <= 0 THEN 0
+			WHEN max_pending_bytes > 0 THEN pending_bytes
+			ELSE (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > outbox_state.sent_seq AND dead_at IS NULL) END,
+			max_pending_bytes = max(?1, 0) WHERE id = 1`, bytes); err != nil {
+			return err
+		}
 	}
-	return set("max_pending_bytes", bytes)
+	return nil
 }
 
 // DB returns the database the outbox writes to.
@@ -357,8 +363,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		return err
 	}
 	// The statement is prepared once per connection: preparing an INSERT
-	// that fires the capacity and counter triggers costs more than
-	// running it.
+	// that fires the capacity trigger costs more than running it.
 	stmt := tx.StmtContext(ctx, o.insert)
 	defer stmt.Close()
 	now := o.now()

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -194,7 +196,7 @@ func TestCapacity(t *testing.T) {
 		_, err = ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES ('x', 'y')`)
 		require.ErrorContains(t, err, "outbox full")
 		// Room comes back when a message leaves the pending state.
-		_, err = ob.DB().Exec(`UPDATE outbox SET state = 'sent' WHERE seq = 1`)
+		_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq = 1`)
 		require.NoError(t, err)
 		commitOrder(t, ob, "orders", 4)
 		require.Equal(t, 3, countState(t, ob, "pending"))
@@ -211,6 +213,51 @@ func TestCapacity(t *testing.T) {
 		require.ErrorIs(t, err, ErrFull)
 		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
 			return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 40)})
+		}))
+	})
+	t.Run("bytes come back when sent or dead", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingBytes: 100})
+		enqueue := func(topic string, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				return ob.Enqueue(ctx, tx, Message{Topic: topic, Payload: make([]byte, n)})
+			})
+		}
+		require.NoError(t, enqueue("good", 60))
+		require.NoError(t, enqueue("bad", 30))
+		require.ErrorIs(t, enqueue("good", 11), ErrFull)
+		opts := fastRelay()
+		opts.MaxAttempts = 1
+		r, err := ob.NewRelay(&fakePublisher{reject: func(topic string) error {
+			if topic == "bad" {
+				return fmt.Errorf("%w: no", ErrRejected)
+			}
+			return nil
+		}}, opts)
+		require.NoError(t, err)
+		stop := startRelay(t, r)
+		eventually(t, 5*time.Second, "one sent, one dead", func() bool {
+			st, err := ob.Stats(ctx)
+			require.NoError(t, err)
+			return st.Pending == 0 && st.Dead == 1
+		})
+		stop()
+		var counted int64
+		require.NoError(t, ob.DB().QueryRow(`SELECT pending_bytes FROM outbox_state`).Scan(&counted))
+		require.Zero(t, counted)
+		require.NoError(t, enqueue("good", 100))
+		require.ErrorIs(t, enqueue("good", 1), ErrFull)
+	})
+	t.Run("byte limit set on a backlog", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 50)})
+		}))
+		ob2, err := New(ctx, ob.DB(), Options{MaxPendingBytes: 60})
+		require.NoError(t, err)
+		err = ob2.Transact(ctx, func(tx *sql.Tx) error { return ob2.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 11)}) })
+		require.ErrorIs(t, err, ErrFull, "what was pending before the limit counts")
+		require.NoError(t, ob2.Transact(ctx, func(tx *sql.Tx) error {
+			return ob2.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 10)})
 		}))
 	})
 	t.Run("limit stored and removable", func(t *testing.T) {
@@ -259,10 +306,13 @@ func TestSchema(t *testing.T) {
 		require.NoError(t, db.QueryRow(`SELECT max(version) FROM outbox_schema`).Scan(&v))
 		require.Equal(t, SchemaVersion+1, v, "never downgraded")
 	})
-	t.Run("pending index used", func(t *testing.T) {
+	t.Run("pending rows read as a range", func(t *testing.T) {
+		// The relay's read must seek to the first pending row, not scan
+		// what was sent before it.
 		ob := openTest(t, Options{})
 		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN SELECT seq, id, topic, payload, type, content_type, created_at, attempts
-			FROM outbox WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`, 0, 10)
+			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
+			ORDER BY seq LIMIT ?`, 0, 10)
 		require.NoError(t, err)
 		defer rows.Close()
 		var plan strings.Builder
@@ -272,7 +322,7 @@ func TestSchema(t *testing.T) {
 			require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
 			plan.WriteString(detail + "\n")
 		}
-		require.Contains(t, plan.String(), "outbox_pending")
+		require.Contains(t, plan.String(), "SEARCH outbox USING INTEGER PRIMARY KEY (rowid>?)")
 	})
 }
 

@@ -290,6 +290,18 @@ func (c *relayConn) do(fn func(*sql.Conn) error) error {
 	return fn(c.conn)
 }
 
+// ExecContext runs one statement on the connection, so that the relay's
+// purges, batch by batch, let its marks in between.
+func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	var res sql.Result
+	err := c.do(func(sc *sql.Conn) error {
+		var err error
+		res, err = sc.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
+}
+
 // discard closes a connection that the relay configured for itself,
 // instead of handing it back to the pool.
 func discard(c *sql.Conn) {
@@ -472,25 +484,9 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
 	// A row sent "in the future" means the clock has since jumped back; it
 	// would otherwise be kept until the clock catches up, without bound.
 	future := now.Add(max(retention, time.Hour)).UnixMilli()
-	var deleted int64
-	for ctx.Err() == nil {
-		var n int64
-		err := conn.do(func(c *sql.Conn) error {
-			res, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
-				WHERE state = 'sent' AND (sent_at < ? OR sent_at > ?) LIMIT ?)`, before, future, purgeBatch)
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
-			return err
-		})
-		if err != nil {
-			return classifyWriteErr(err)
-		}
-		deleted += n
-		if n < purgeBatch {
-			break
-		}
+	deleted, err := purgeSent(ctx, conn, before, future)
+	if err != nil {
+		return classifyWriteErr(err)
 	}
 	if deleted > 0 {
 		r.log.Debug("outbox purged sent rows", "rows", deleted)

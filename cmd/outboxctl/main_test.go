@@ -99,13 +99,13 @@ func TestInit(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "new.db")
 	r := ctl(t, "init", "--db", path)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "outbox schema version 1 (new file)")
+	require.Contains(t, r.stdout, fmt.Sprintf("outbox schema version %d (new file)", outbox.SchemaVersion))
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	r = ctl(t, "init", "--db", path)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "outbox schema version 1 (existing file)")
+	require.Contains(t, r.stdout, fmt.Sprintf("outbox schema version %d (existing file)", outbox.SchemaVersion))
 }
 
 func TestBadDatabases(t *testing.T) {
@@ -200,9 +200,10 @@ func TestStatusListRequeuePurge(t *testing.T) {
 		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`secret card data`)},
 	)
 	db := ob.DB()
-	_, err := db.Exec(`UPDATE outbox SET state = 'sent', sent_at = 1000 WHERE seq = 1`)
+	// What a relay leaves: seq 1 sent, 2 and 3 dead.
+	_, err := db.Exec(`UPDATE outbox_state SET sent_seq = 1; INSERT INTO outbox_sent_log (seq, sent_at) VALUES (1, 1000)`)
 	require.NoError(t, err)
-	_, err = db.Exec(`UPDATE outbox SET state = 'dead', attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq IN (2, 3)`)
+	_, err = db.Exec(`UPDATE outbox SET attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq IN (2, 3)`)
 	require.NoError(t, err)
 
 	r := ctl(t, "status", "--db", path, "--json")
@@ -217,7 +218,7 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	require.EqualValues(t, 16, st["pending_bytes"])
 	require.EqualValues(t, 2, st["dead"])
 	require.EqualValues(t, 1, st["sent"])
-	require.EqualValues(t, 1, st["schema_version"])
+	require.EqualValues(t, outbox.SchemaVersion, st["schema_version"])
 	require.Greater(t, st["file_bytes"], 0.0)
 
 	r = ctl(t, "status", "--db", path)
@@ -397,7 +398,7 @@ func TestRelaySidecar(t *testing.T) {
 	for dead := 0; b.count() < 20 || dead < 1; {
 		require.True(t, time.Now().Before(deadline), "not delivered: %s", stderr.String())
 		time.Sleep(5 * time.Millisecond)
-		require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox WHERE state = 'dead' AND topic = 'shop/8/sales'`).Scan(&dead))
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND topic = 'shop/8/sales'`).Scan(&dead))
 	}
 	b.mu.Lock()
 	require.Len(t, b.got, 20)
@@ -420,7 +421,7 @@ func TestRelaySidecar(t *testing.T) {
 	require.Contains(t, logs, `"msg":"outbox relay connected"`)
 	require.NotContains(t, logs, "hunter2", "the password is never logged")
 	var pending int
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox WHERE state = 'pending'`).Scan(&pending))
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
 	require.Zero(t, pending)
 }
 

@@ -434,7 +434,7 @@ func (r *runner) baseline(ctx context.Context) error {
 		return err
 	}
 	var oursCharged, oursDead int
-	if err := s.ours.DB().QueryRowContext(ctx, `SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE state = 'dead') FROM outbox`).Scan(&oursCharged, &oursDead); err != nil {
+	if err := s.ours.DB().QueryRowContext(ctx, `SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE dead_at IS NOT NULL) FROM outbox`).Scan(&oursCharged, &oursDead); err != nil {
 		s.close()
 		return err
 	}

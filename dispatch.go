@@ -36,8 +36,14 @@ const (
 	// maxBatchBytes bounds the payload bytes read per batch, so a backlog of
 	// large messages never sits in memory at once.
 	maxBatchBytes = 4 << 20
-	// maxMarkBatch bounds the rows marked sent in one statement.
+	// maxMarkBatch bounds the acknowledgements recorded in one mark.
 	maxMarkBatch = 512
+	// minMarkSlots is the least room for acknowledged messages not yet
+	// recorded: a mark takes longer than a loopback round trip, so with a
+	// window of 1 the next acknowledgements must be able to queue behind it.
+	minMarkSlots = 32
+	// markDelay is the longest a mark waits for more acknowledgements.
+	markDelay = time.Millisecond
 )
 
 var (
@@ -69,6 +75,9 @@ type failure struct {
 	notSent  bool // the message never left: there was no connection
 }
 
+// markSlots is how many acknowledged messages may wait for their mark.
+func markSlots(window int) int { return max(window, minMarkSlots) }
+
 type session struct {
 	r    *Relay
 	conn *relayConn
@@ -79,13 +88,17 @@ type session struct {
 	cancel context.CancelCauseFunc
 
 	flights chan flight
-	// slots holds one token per message published and not yet settled:
-	// taken before the publish, given back once the row is marked sent (or
-	// the publish failed). A crash can only duplicate what holds a slot,
-	// so Window bounds the duplicates of a crash.
-	slots   chan struct{}
-	marks   chan int64
-	probeOK chan struct{}
+	// slots holds one token per message awaiting its acknowledgement:
+	// taken before the publish, given back when the PUBACK (or a failure)
+	// comes — MQTT's in-flight window, as Window says.
+	slots chan struct{}
+	// marks carries acknowledged messages to markLoop, which records them
+	// in batches. unmarked holds one token per acknowledged message not yet
+	// recorded (markSlots of them at most). A crash can only duplicate a
+	// message that holds a token in slots or in unmarked.
+	marks    chan int64
+	unmarked chan struct{}
+	probeOK  chan struct{}
 
 	outstanding atomic.Int64 // dispatched, not yet marked or given up
 	progress    atomic.Bool
@@ -184,10 +197,11 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 	s := &session{
 		r: r, conn: conn, l: l,
 		ctx: ctx, sctx: sctx, cancel: cancel,
-		flights: make(chan flight, r.opts.Window),
-		slots:   make(chan struct{}, r.opts.Window),
-		marks:   make(chan int64, r.opts.Window),
-		probeOK: make(chan struct{}),
+		flights:  make(chan flight, r.opts.Window),
+		slots:    make(chan struct{}, r.opts.Window),
+		marks:    make(chan int64, markSlots(r.opts.Window)),
+		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
+		probeOK:  make(chan struct{}),
 	}
 	var wg sync.WaitGroup
 	if cl, ok := r.pub.(connectionLoser); ok {
@@ -416,7 +430,11 @@ func (s *session) ackLoop() {
 			continue
 		}
 		if err == nil {
-			s.marks <- f.seq // markLoop gives the slot back once marked
+			// Waits while markSlots acknowledged messages are not yet
+			// recorded: marks that lag hold back publishing.
+			s.unmarked <- struct{}{}
+			s.marks <- f.seq
+			<-s.slots
 			s.progress.Store(true)
 			if f.probe {
 				r.suspect = 0
@@ -443,8 +461,16 @@ func (s *session) ackLoop() {
 func (s *session) markLoop() {
 	r := s.r
 	batch := make([]int64, 0, maxMarkBatch)
+	// A mark costs about as much as 50 rows' worth of marking: when few
+	// acknowledgements are queued, wait a moment for more, so that a fast
+	// stream is recorded in batches, not one mark per PUBACK. Nothing
+	// waits on a mark but the unmarked slots, of which half stay free.
+	enough := max(cap(s.unmarked)/2, 1)
+	wait := time.NewTimer(0)
+	defer wait.Stop()
 	for seq := range s.marks {
 		batch = append(batch[:0], seq)
+		wait.Reset(markDelay)
 	more:
 		for len(batch) < maxMarkBatch {
 			select {
@@ -453,10 +479,23 @@ func (s *session) markLoop() {
 					break more
 				}
 				batch = append(batch, seq)
+				continue
 			default:
+			}
+			if len(batch) >= enough {
+				break
+			}
+			select {
+			case seq, ok := <-s.marks:
+				if !ok {
+					break more
+				}
+				batch = append(batch, seq)
+			case <-wait.C:
 				break more
 			}
 		}
+		wait.Stop()
 		for attempt := 0; ; attempt++ {
 			// Marks arrive in sequence order and only while nothing
 			// before them failed: everything up to the last is settled.
@@ -479,7 +518,7 @@ func (s *session) markLoop() {
 		r.inFlight.Add(-n)
 		s.outstanding.Add(-n)
 		for range batch {
-			<-s.slots
+			<-s.unmarked
 		}
 	}
 }
@@ -502,12 +541,20 @@ func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit
 	var version int64
 	var out []row
 	err := conn.do(func(c *sql.Conn) error {
-		if err := c.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&version); err != nil {
+		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+		if err != nil {
 			return err
 		}
-		rows, err := c.QueryContext(ctx, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
+		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
+			return err
+		}
+		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
 			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
-			ORDER BY seq LIMIT ?`, cursor, limit)
+			ORDER BY seq LIMIT ?`)
+		if err != nil {
+			return err
+		}
+		rows, err := st.QueryContext(ctx, cursor, limit)
 		if err != nil {
 			return err
 		}
@@ -552,7 +599,11 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 		}
 		var v int64
 		err := conn.do(func(c *sql.Conn) error {
-			return c.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v)
+			dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+			if err != nil {
+				return err
+			}
+			return dv.QueryRowContext(ctx).Scan(&v)
 		})
 		if err != nil || v != version {
 			return ctx.Err() == nil
@@ -561,37 +612,26 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 }
 
 // markSent records that every message up to and including seq is settled
-// (n of them were acknowledged now): one row updated per batch, whatever
-// its size. With a negative Retention the sent rows are deleted at once.
+// (n of them were acknowledged now): one statement on one row, whatever the
+// batch's size; a trigger logs when. With a negative Retention the sent rows
+// are then deleted.
 func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := conn.do(func(c *sql.Conn) error {
-		if err := conn.execPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
-			return err
-		}
-		err := func() error {
-			// Pending bytes are counted only while a byte limit is set.
-			if _, err := c.ExecContext(ctx, `UPDATE outbox_state SET pending_bytes = CASE WHEN max_pending_bytes > 0
+		// Pending bytes are counted only while a byte limit is set.
+		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET pending_bytes = CASE WHEN max_pending_bytes > 0
 				THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
 					WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
-				sent_seq = ?1 WHERE id = 1 AND sent_seq < ?1`, seq); err != nil {
-				return err
-			}
-			if r.opts.Retention < 0 {
-				_, err := c.ExecContext(ctx, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
-				return err
-			}
-			_, err := c.ExecContext(ctx, `INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (?, ?)`, seq, r.ob.now().UnixMilli())
+				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
 			return err
-		}()
-		if err == nil {
-			_, err = c.ExecContext(ctx, `COMMIT`)
 		}
-		if err != nil {
-			c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		if r.opts.Retention < 0 {
+			// Not atomic with the mark, and need not be: rows left by a
+			// crash in between are sent, and the purge takes them.
+			return conn.execPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))

@@ -63,10 +63,12 @@ type RelayOptions struct {
 	// DefaultType is the CloudEvents type of messages enqueued without one.
 	// Default: DefaultEventType.
 	DefaultType string
-	// Window is how many messages may be published and not yet recorded as
-	// sent (awaiting their acknowledgement, or their mark) at once: the
-	// most that a crash can duplicate. Default 64; at most 65,535 (MQTT
-	// packet ids).
+	// Window is how many messages may await their acknowledgement at once:
+	// MQTT's in-flight window. Default 64; at most 65,535 (MQTT packet ids).
+	// Acknowledged messages are recorded as sent in batches, with at most
+	// max(Window, 32) waiting for that. A crash can duplicate only those
+	// two groups: at most Window + max(Window, 32) messages (128 by
+	// default).
 	Window int
 	// BatchSize is how many rows are read from the database at a time.
 	// Default 256.
@@ -282,6 +284,36 @@ type relayConn struct {
 	mu     sync.Mutex
 	conn   *sql.Conn
 	busyMS int // the connection's busy timeout, for execPolling
+	// stmts are the statements the relay runs again and again, prepared
+	// once on this connection: parsing SQL cost more than running a mark.
+	stmts map[string]*sql.Stmt
+}
+
+// stmt returns q prepared on c; call it inside do.
+func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt, error) {
+	if st, ok := rc.stmts[q]; ok {
+		return st, nil
+	}
+	st, err := c.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if rc.stmts == nil {
+		rc.stmts = make(map[string]*sql.Stmt)
+	}
+	rc.stmts[q] = st
+	return st, nil
+}
+
+// close closes the prepared statements and discards the connection.
+func (rc *relayConn) close() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, st := range rc.stmts {
+		st.Close()
+	}
+	rc.stmts = nil
+	discard(rc.conn)
 }
 
 func (c *relayConn) do(fn func(*sql.Conn) error) error {
@@ -356,23 +388,26 @@ func (r *Relay) run(ctx context.Context) error {
 	}
 	// The relay changes this connection's settings (synchronous, busy
 	// timeout): it must not go back to the pool for the application.
-	defer discard(c)
 	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		discard(c)
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	// A caller's database may come without a busy timeout; the relay's
 	// writes must wait for the application's transactions, not fail.
 	var busy int
 	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		discard(c)
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	if busy == 0 {
 		busy = 5000
 		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
+			discard(c)
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
 	}
 	conn := &relayConn{conn: c, busyMS: busy}
+	defer conn.close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
 	// (in WAL, reads never wait for writers).
@@ -382,8 +417,8 @@ func (r *Relay) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
-		defer discard(rc)
 		reader = &relayConn{conn: rc, busyMS: busy}
+		defer reader.close()
 	}
 	r.reader = reader
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now}

@@ -275,6 +275,7 @@ CREATE TABLE IF NOT EXISTS outbox_lease (
 CREATE TABLE outbox_state (
 	id                INTEGER PRIMARY KEY CHECK (id = 1),
 	sent_seq          INTEGER NOT NULL DEFAULT 0,
+	sent_at           INTEGER,
 	max_pending_count INTEGER NOT NULL DEFAULT 0,
 	max_pending_bytes INTEGER NOT NULL DEFAULT 0,
 	pending_bytes     INTEGER NOT NULL DEFAULT 0,
@@ -334,24 +335,28 @@ WHERE max_pending_bytes > 0;
 
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;
 
+-- A mark is one statement on outbox_state; this logs when it was made.
+CREATE TRIGGER outbox_sent_logged AFTER UPDATE OF sent_seq ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq, coalesce(NEW.sent_at, ` + nowMillisSQL + `)); END;
+
 -- A UUIDv7 (NewID, or the SQL default) is unique by construction; only
 -- other ids, chosen by the writer (business keys), cost an index entry.
 CREATE UNIQUE INDEX outbox_chosen_id ON outbox (id)
 WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-');
 
--- The pending count is bounded by max(seq) - sent_seq (dead rows and gaps
--- above the mark count too, until the mark passes them): one b-tree seek,
--- no counter to write.
+-- Without limits (the default) an insert only reads outbox_state. The
+-- pending count is bounded by max(seq) - sent_seq (dead rows and gaps above
+-- the mark count too, until the mark passes them): one b-tree seek, no
+-- counter to write. Pending bytes are counted only while a byte limit is set.
 CREATE TRIGGER outbox_capacity BEFORE INSERT ON outbox
-WHEN (SELECT (max_pending_count > 0 AND coalesce((SELECT max(seq) FROM outbox), 0) - sent_seq >= max_pending_count)
-          OR (max_pending_bytes > 0 AND pending_bytes + length(CAST(NEW.payload AS BLOB)) > max_pending_bytes)
-      FROM outbox_state WHERE id = 1)
-BEGIN SELECT RAISE(ABORT, 'outbox full: pending limit reached'); END;
-
--- Pending bytes are counted only while a byte limit is set.
-CREATE TRIGGER outbox_bytes_insert AFTER INSERT ON outbox
-WHEN (SELECT max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
-BEGIN UPDATE outbox_state SET pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB)) WHERE id = 1; END;
+WHEN (SELECT max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
+BEGIN
+	SELECT RAISE(ABORT, 'outbox full: pending limit reached') FROM outbox_state
+	WHERE id = 1 AND ((max_pending_count > 0 AND coalesce((SELECT max(seq) FROM outbox), 0) - sent_seq >= max_pending_count)
+		OR (max_pending_bytes > 0 AND pending_bytes + length(CAST(NEW.payload AS BLOB)) > max_pending_bytes));
+	UPDATE outbox_state SET pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB))
+	WHERE id = 1 AND max_pending_bytes > 0;
+END;
 
 CREATE TRIGGER outbox_bytes_dead AFTER UPDATE OF dead_at ON outbox
 WHEN OLD.dead_at IS NULL AND NEW.dead_at IS NOT NULL

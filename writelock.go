@@ -17,13 +17,19 @@ import (
 // bench, section 3). Polling takes the lock in the first gap between two
 // of the application's transactions.
 func (rc *relayConn) execPolling(ctx context.Context, c *sql.Conn, q string, args ...any) error {
+	st, err := rc.stmt(ctx, c, q)
+	if err != nil {
+		return err
+	}
+	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
+	// the statement, not when it runs it.
 	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
 		return err
 	}
 	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
 	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
 	for {
-		_, err := c.ExecContext(ctx, q, args...)
+		_, err := st.ExecContext(ctx, args...)
 		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}

@@ -23,7 +23,10 @@ func (r *runner) openBench(ctx context.Context, name string, sync outbox.Synchro
 	if err != nil {
 		return nil, err
 	}
-	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
+	// outbox_bare is the least an outbox row can be: a second b-tree with
+	// a key and the message, nothing else (section 1's floor).
+	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL);
+		CREATE TABLE IF NOT EXISTS outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL)`); err != nil {
 		ob.Close()
 		return nil, err
 	}
@@ -90,13 +93,15 @@ func (r *runner) enqueue(ctx context.Context) error {
 		r.rep.set("enqueue_"+mode.name+"_library_vs_business", vsBusiness)
 		r.rep.set("enqueue_"+mode.name+"_library_vs_raw", vsRaw)
 		r.rep.set("enqueue_"+mode.name+"_library10_vs_raw10", med["library10"]/med["raw10"])
+		r.rep.set("enqueue_"+mode.name+"_bare_vs_business", med["bare"]/med["business"])
+		r.rep.set("enqueue_"+mode.name+"_library_vs_bare", med["library"]/med["bare"])
 		r.rep.set("enqueue_"+mode.name+"_added_us", (1/med["library"]-1/med["business"])*1e6)
 		r.rep.check("enqueue_"+mode.name+"_library_vs_raw", vsRaw >= 0.95)
 		if mode.name == "full" {
 			r.rep.check("enqueue_full_library_vs_business", vsBusiness >= 0.90)
 		}
-		r.progress("  %s: business %.0f tx/s, raw %.0f, library %.0f (%.2f of business, %.2f of raw); batches of 10: raw %.0f, library %.0f",
-			mode.name, med["business"], med["raw"], med["library"], vsBusiness, vsRaw, med["raw10"], med["library10"])
+		r.progress("  %s: business %.0f tx/s, bare %.0f, raw %.0f, library %.0f (%.2f of business, %.2f of bare, %.2f of raw); batches of 10: raw %.0f, library %.0f",
+			mode.name, med["business"], med["bare"], med["raw"], med["library"], vsBusiness, med["library"]/med["bare"], vsRaw, med["raw10"], med["library10"])
 
 		if mode.name == "normal" {
 			if err := r.allocs(ctx, variants); err != nil {
@@ -110,8 +115,9 @@ func (r *runner) enqueue(ctx context.Context) error {
 			return err
 		}
 	}
-	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
-		"on one file per setting. Business transaction: one order row. Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
+	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, bare, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
+		"on one file per setting. Business transaction: one order row. Bare: the same plus a row in a table of three columns (seq, topic, payload) with no index or trigger — the least any outbox row costs. "+
+		"Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
 		"Payloads are %d-byte JSON documents. Ratios are of transactions per second.", sz.enqRounds, sz.enqFullTx, sz.enqNormalTx, payloadLen)
 	return nil
 }
@@ -123,6 +129,11 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 	db := ob.DB()
 	raw, err := db.PrepareContext(ctx, `INSERT INTO outbox (topic, type, payload) VALUES (?, ?, ?)`)
 	if err != nil {
+		return nil, nil, err
+	}
+	bare, err := db.PrepareContext(ctx, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`)
+	if err != nil {
+		raw.Close()
 		return nil, nil, err
 	}
 	pl := payload(0, payloadLen)
@@ -161,11 +172,22 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 		{"business", func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error { return insertOrder(ctx, tx, n) })
 		}},
+		{"bare", func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				if err := insertOrder(ctx, tx, n); err != nil {
+					return err
+				}
+				st := tx.StmtContext(ctx, bare)
+				defer st.Close()
+				_, err := st.ExecContext(ctx, benchTopic, pl)
+				return err
+			})
+		}},
 		{"raw", rawTx(1)},
 		{"library", libTx(1)},
 		{"raw10", rawTx(10)},
 		{"library10", libTx(10)},
-	}, func() { raw.Close() }, nil
+	}, func() { raw.Close(); bare.Close() }, nil
 }
 
 // allocs measures heap allocations per transaction of each variant, and

@@ -37,6 +37,9 @@ var keys = func() []keyDoc {
 		add(1, p+"raw10_tx_per_s", m.name+": + 10 raw SQL inserts", "tx/s", "")
 		add(1, p+"library10_tx_per_s", m.name+": + Enqueue of 10 messages", "tx/s", "")
 		add(1, p+"library10_vs_raw10", m.name+": library / raw SQL, 10 messages", "ratio", "")
+		add(1, p+"bare_tx_per_s", m.name+": + one row in a bare table (the floor of any outbox row)", "tx/s", "")
+		add(1, p+"bare_vs_business", m.name+": bare table / business alone (the most any outbox table reaches)", "ratio", "")
+		add(1, p+"library_vs_bare", m.name+": library / bare table", "ratio", "")
 	}
 
 	// 2. Drain rate.

@@ -35,9 +35,9 @@ type Stats struct {
 	LeaseExpires       time.Time // by the holder's clock at its last renewal
 }
 
-// Stats reads the outbox's counters. Pending, PendingBytes and Sent count
-// rows (a range of the table, no payloads read): about a millisecond per
-// 10,000 rows.
+// Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
+// (a range of the table; no counter is written per message): about 40 ms
+// for 100,000 pending messages on a 2-core amd64 (BenchmarkStats100k).
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return readStats(ctx, o.db)
 }
@@ -146,8 +146,9 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 }
 
 // Get returns the row with the given id, or an error wrapping ErrNotFound.
-// Ids are not indexed (an index would cost every Enqueue a page write), so
-// Get reads the table: about 10 ms per 100,000 rows.
+// UUIDv7 ids are not indexed (an index would cost every Enqueue a page
+// write), so Get reads the table from the newest row back: up to about 18 ms
+// per 100,000 rows (BenchmarkGet100k).
 func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	var r Record
 	var state string

@@ -214,3 +214,35 @@ func BenchmarkRelayDrain(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*n), "ns/msg")
 }
+
+// BenchmarkStats100k and BenchmarkGet100k read a backlog of 100,000
+// pending messages: Stats counts the pending rows (no counter is kept per
+// message) and Get looks an id up without an index.
+func BenchmarkStats100k(b *testing.B) {
+	ob := backlogOutbox(b, 100_000)
+	ctx := context.Background()
+	for b.Loop() {
+		st, err := ob.Stats(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st.Pending != 100_000 {
+			b.Fatalf("pending %d", st.Pending)
+		}
+	}
+}
+
+func BenchmarkGet100k(b *testing.B) {
+	ob := backlogOutbox(b, 100_000)
+	ctx := context.Background()
+	var id string
+	// The oldest: Get reads from the newest row back, so this is the worst case.
+	if err := ob.DB().QueryRow(`SELECT id FROM outbox ORDER BY seq LIMIT 1`).Scan(&id); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := ob.Get(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -391,6 +391,10 @@ func (s *session) ackLoop() {
 		done = nil
 	}
 	abandoned := false
+	// One timer for every flight: since Go 1.23 a Reset timer never
+	// delivers a stale expiry.
+	timer := time.NewTimer(r.opts.AckTimeout)
+	defer timer.Stop()
 	for f := range s.flights {
 		if abandoned {
 			r.inFlight.Add(-1)
@@ -398,7 +402,7 @@ func (s *session) ackLoop() {
 			continue
 		}
 		var err error
-		timer := time.NewTimer(time.Until(f.sent.Add(r.opts.AckTimeout)))
+		timer.Reset(time.Until(f.sent.Add(r.opts.AckTimeout)))
 	wait:
 		for {
 			select {

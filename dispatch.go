@@ -100,7 +100,8 @@ type session struct {
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
-	outstanding atomic.Int64 // dispatched, not yet marked or given up
+	outstanding atomic.Int64   // dispatched, not yet marked or given up
+	readers     sync.WaitGroup // batches read ahead
 	progress    atomic.Bool
 
 	mu   sync.Mutex
@@ -221,6 +222,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 	go func() { defer wg.Done(); s.ackLoop() }()
 	go func() { defer wg.Done(); s.markLoop() }()
 	fatal := s.dispatch()
+	s.readers.Wait()
 	if fatal != nil {
 		cancel(fatal)
 	}
@@ -308,6 +310,11 @@ func (s *session) dispatch() error {
 	r := s.r
 	var cursor int64
 	probe := r.suspect != 0
+	// ahead is the next batch, read while this one is published: reading
+	// and encoding a batch takes about as long as a window of 64 takes to
+	// be acknowledged on loopback, so reading in turn let the window run dry
+	// once per batch.
+	var ahead chan batch
 	for s.sctx.Err() == nil {
 		if !s.l.valid() {
 			// The lease was not renewed for half its TTL (a stalled
@@ -317,15 +324,21 @@ func (s *session) dispatch() error {
 			}
 			continue
 		}
-		wake := r.ob.wake.wait()
-		// A suspect goes out alone and first: read just that row, so that
-		// the window in which a network fault is blamed on it is one round
-		// trip, not the time it takes to read and encode a whole batch.
-		limit := r.opts.BatchSize
-		if probe {
-			limit = 1
+		var b batch
+		if ahead != nil {
+			b, ahead = <-ahead, nil
+		} else {
+			// A suspect goes out alone and first: read just that row, so
+			// that the window in which a network fault is blamed on it is
+			// one round trip, not the time it takes to read and encode a
+			// whole batch.
+			limit := r.opts.BatchSize
+			if probe {
+				limit = 1
+			}
+			b = s.fetch(cursor, limit)
 		}
-		version, rows, err := r.fetchN(s.sctx, r.reader, cursor, limit)
+		version, rows, err := b.version, b.rows, b.err
 		if err != nil {
 			if s.sctx.Err() != nil {
 				break
@@ -338,10 +351,18 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			if !r.waitForWork(s.sctx, r.reader, wake, version) {
+			if !r.waitForWork(s.sctx, r.reader, b.wake, version) {
 				break
 			}
 			continue
+		}
+		if !probe && len(rows) == r.opts.BatchSize {
+			ahead = make(chan batch, 1)
+			s.readers.Add(1)
+			go func(after int64) {
+				defer s.readers.Done()
+				ahead <- s.fetch(after, r.opts.BatchSize)
+			}(rows[len(rows)-1].seq)
 		}
 		for i := range rows {
 			m := &rows[i]
@@ -376,6 +397,21 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
+}
+
+// batch is one read of the outbox.
+type batch struct {
+	wake    <-chan struct{} // taken before the read: closed by a later commit
+	version int64           // data_version before the read
+	rows    []row
+	err     error
+}
+
+// fetch reads up to limit pending rows after cursor.
+func (s *session) fetch(cursor int64, limit int) batch {
+	b := batch{wake: s.r.ob.wake.wait()}
+	b.version, b.rows, b.err = s.r.fetchN(s.sctx, s.r.reader, cursor, limit)
+	return b
 }
 
 // ackLoop waits for the acknowledgements in publish order.

@@ -76,7 +76,7 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 	if opts.DedupeWindow < 0 {
 		return nil, fmt.Errorf("outbox: inbox: negative DedupeWindow")
 	}
-	if err := migrateSet(ctx, db, "inbox_schema", inboxMigrations); err != nil {
+	if err := migrateSet(ctx, db, "inbox_schema", inboxMigrations, ""); err != nil {
 		return nil, fmt.Errorf("outbox: inbox schema: %w", err)
 	}
 	in := &Inbox{db: db, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now}

@@ -16,7 +16,7 @@ func openV1(t *testing.T) string {
 	db, err := OpenDB(path, DBOptions{})
 	require.NoError(t, err)
 	defer db.Close()
-	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", migrations[:1]))
+	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", migrations[:1], ""))
 	return path
 }
 
@@ -127,6 +127,24 @@ func TestMigrationFromSchema1(t *testing.T) {
 		require.Equal(t, migratedRow{5, "a", "a", "pending", 0}, rows[0], "above the old counter, in order")
 		require.Equal(t, migratedRow{6, "b", "b", "pending", 0}, rows[1])
 		require.EqualValues(t, 7, rows[2].Seq)
+	})
+	t.Run("same objects as a new file", func(t *testing.T) {
+		objects := func(ob *Outbox) []string {
+			rows, err := ob.DB().Query(`SELECT type || ' ' || name || ' on ' || tbl_name FROM sqlite_schema
+				WHERE name NOT LIKE 'sqlite_%' ORDER BY 1`)
+			require.NoError(t, err)
+			defer rows.Close()
+			var out []string
+			for rows.Next() {
+				var o string
+				require.NoError(t, rows.Scan(&o))
+				out = append(out, o)
+			}
+			return out
+		}
+		migrated := openTestPath(t, openV1(t), Options{})
+		fresh := openTest(t, Options{})
+		require.Equal(t, objects(fresh), objects(migrated))
 	})
 	t.Run("empty", func(t *testing.T) {
 		path := openV1(t)

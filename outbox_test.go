@@ -281,6 +281,17 @@ func TestSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ob.Close())
 
+	t.Run("a new file is created at the newest schema, nothing left free", func(t *testing.T) {
+		ob, err := Open(ctx, path, Options{Logger: testLogger()})
+		require.NoError(t, err)
+		defer ob.Close()
+		var free int
+		require.NoError(t, ob.DB().QueryRow(`PRAGMA freelist_count`).Scan(&free))
+		require.Zero(t, free)
+		var v1Tables int
+		require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('outbox_counters', 'outbox_pending')`).Scan(&v1Tables))
+		require.Zero(t, v1Tables)
+	})
 	t.Run("migrations are idempotent", func(t *testing.T) {
 		for i := 0; i < 2; i++ {
 			ob, err := Open(ctx, path, Options{Logger: testLogger()})
@@ -288,9 +299,10 @@ func TestSchema(t *testing.T) {
 			v, err := readSchemaVersion(ctx, ob.DB())
 			require.NoError(t, err)
 			require.Equal(t, SchemaVersion, v)
+			// A new file gets the newest schema in one step: one row.
 			var rows int
 			require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox_schema`).Scan(&rows))
-			require.Equal(t, SchemaVersion, rows)
+			require.Equal(t, 1, rows)
 			require.NoError(t, ob.Close())
 		}
 	})

@@ -272,15 +272,7 @@ CREATE TABLE IF NOT EXISTS outbox_lease (
 	// in outbox_state.seq_floor, and the rare row that SQLite then numbers
 	// at or below the floor is moved above it (outbox_seq_floor).
 	`
-CREATE TABLE outbox_state (
-	id                INTEGER PRIMARY KEY CHECK (id = 1),
-	sent_seq          INTEGER NOT NULL DEFAULT 0,
-	sent_at           INTEGER,
-	max_pending_count INTEGER NOT NULL DEFAULT 0,
-	max_pending_bytes INTEGER NOT NULL DEFAULT 0,
-	pending_bytes     INTEGER NOT NULL DEFAULT 0,
-	seq_floor         INTEGER NOT NULL DEFAULT 0
-);
+` + outboxStateDDL + `
 -- Everything at or below the old table's settled rows (or below its
 -- AUTOINCREMENT counter, when its newest rows were deleted) counts as done;
 -- pending rows below that line move above it, in order.
@@ -292,27 +284,11 @@ FROM outbox_counters c,
 	        coalesce((SELECT max(seq) FROM outbox WHERE state <> 'pending'), 0) AS n)
 WHERE c.id = 1;
 
-CREATE TABLE outbox_sent_log (
-	seq     INTEGER PRIMARY KEY,
-	sent_at INTEGER NOT NULL
-);
-INSERT INTO outbox_sent_log (seq, sent_at)
+` + outboxSentLogDDL + `INSERT INTO outbox_sent_log (seq, sent_at)
 SELECT sent_seq, coalesce((SELECT max(sent_at) FROM outbox WHERE state = 'sent'), ` + nowMillisSQL + `)
 FROM outbox_state WHERE sent_seq > 0;
 
-CREATE TABLE outbox_v2 (
-	seq          INTEGER PRIMARY KEY,
-	id           TEXT    NOT NULL DEFAULT (` + uuidv7SQL + `),
-	topic        TEXT    NOT NULL CHECK (length(topic) > 0 AND instr(topic, '+') = 0 AND instr(topic, '#') = 0 AND instr(topic, char(0)) = 0),
-	payload      BLOB    NOT NULL,
-	type         TEXT    NOT NULL DEFAULT '',
-	content_type TEXT    NOT NULL DEFAULT '',
-	created_at   INTEGER NOT NULL DEFAULT (` + nowMillisSQL + `),
-	attempts     INTEGER NOT NULL DEFAULT 0,
-	last_error   TEXT,
-	dead_at      INTEGER
-);
-INSERT INTO outbox_v2 (seq, id, topic, payload, type, content_type, created_at, attempts, last_error, dead_at)
+` + outboxTableDDL("outbox_v2") + `INSERT INTO outbox_v2 (seq, id, topic, payload, type, content_type, created_at, attempts, last_error, dead_at)
 SELECT seq, id, topic, payload, type, content_type, created_at, attempts, last_error,
 	CASE WHEN state = 'dead' THEN coalesce(dead_at, created_at) END
 FROM outbox
@@ -333,6 +309,47 @@ UPDATE outbox_state SET pending_bytes = (SELECT coalesce(sum(length(CAST(payload
 	FROM outbox WHERE seq > outbox_state.sent_seq AND dead_at IS NULL)
 WHERE max_pending_bytes > 0;
 
+` + outboxObjectsDDL,
+}
+
+// The parts of schema 2, shared by migration 2 and outboxFresh.
+func outboxTableDDL(name string) string {
+	return `
+CREATE TABLE ` + name + ` (
+	seq          INTEGER PRIMARY KEY,
+	id           TEXT    NOT NULL DEFAULT (` + uuidv7SQL + `),
+	topic        TEXT    NOT NULL CHECK (length(topic) > 0 AND instr(topic, '+') = 0 AND instr(topic, '#') = 0 AND instr(topic, char(0)) = 0),
+	payload      BLOB    NOT NULL,
+	type         TEXT    NOT NULL DEFAULT '',
+	content_type TEXT    NOT NULL DEFAULT '',
+	created_at   INTEGER NOT NULL DEFAULT (` + nowMillisSQL + `),
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	last_error   TEXT,
+	dead_at      INTEGER
+);
+`
+}
+
+const outboxStateDDL = `
+CREATE TABLE outbox_state (
+	id                INTEGER PRIMARY KEY CHECK (id = 1),
+	sent_seq          INTEGER NOT NULL DEFAULT 0,
+	sent_at           INTEGER,
+	max_pending_count INTEGER NOT NULL DEFAULT 0,
+	max_pending_bytes INTEGER NOT NULL DEFAULT 0,
+	pending_bytes     INTEGER NOT NULL DEFAULT 0,
+	seq_floor         INTEGER NOT NULL DEFAULT 0
+);
+`
+
+const outboxSentLogDDL = `
+CREATE TABLE outbox_sent_log (
+	seq     INTEGER PRIMARY KEY,
+	sent_at INTEGER NOT NULL
+);
+`
+
+var outboxObjectsDDL = `
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;
 
 -- A mark is one statement on outbox_state; this logs when it was made.
@@ -380,19 +397,34 @@ SELECT o.seq, o.id, o.topic, o.payload, o.type, o.content_type, o.created_at,
 		THEN (SELECT l.sent_at FROM outbox_sent_log l WHERE l.seq >= o.seq ORDER BY l.seq LIMIT 1) END AS sent_at,
 	o.dead_at
 FROM outbox o, outbox_state st WHERE st.id = 1;
-`,
-}
+`
+
+const outboxLeaseDDL = `
+CREATE TABLE IF NOT EXISTS outbox_lease (
+	name       TEXT    PRIMARY KEY,
+	owner      TEXT    NOT NULL DEFAULT '',
+	token      INTEGER NOT NULL DEFAULT 0,
+	expires_at INTEGER NOT NULL DEFAULT 0
+);
+`
+
+// outboxFresh creates the newest schema on a database that has none, in
+// one step: running every migration would create schema 1's tables only to
+// drop them, leaving their pages free in the file.
+var outboxFresh = outboxTableDDL("outbox") + outboxStateDDL + `INSERT INTO outbox_state (id) VALUES (1);` +
+	outboxSentLogDDL + outboxObjectsDDL + outboxLeaseDDL
 
 // migrate applies the outbox's missing migrations.
 func migrate(ctx context.Context, db *sql.DB) error {
-	return migrateSet(ctx, db, "outbox_schema", migrations)
+	return migrateSet(ctx, db, "outbox_schema", migrations, outboxFresh)
 }
 
 // migrateSet brings a schema whose version is kept in table up to
-// len(steps): steps[i] goes from version i to i+1. All run in one IMMEDIATE
+// len(steps): steps[i] goes from version i to i+1; a database without the
+// schema gets fresh instead, when given, which creates the newest at once. All run in one IMMEDIATE
 // transaction, so a crash leaves the old schema or the new one, and two
 // processes migrating at once do not both start from the same version.
-func migrateSet(ctx context.Context, db *sql.DB, table string, steps []string) error {
+func migrateSet(ctx context.Context, db *sql.DB, table string, steps []string, fresh string) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
@@ -413,7 +445,7 @@ func migrateSet(ctx context.Context, db *sql.DB, table string, steps []string) e
 	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
 		return err
 	}
-	if err := migrateLocked(ctx, conn, table, steps); err != nil {
+	if err := migrateLocked(ctx, conn, table, steps, fresh); err != nil {
 		conn.ExecContext(context.Background(), `ROLLBACK`)
 		return err
 	}
@@ -424,7 +456,7 @@ func migrateSet(ctx context.Context, db *sql.DB, table string, steps []string) e
 	return nil
 }
 
-func migrateLocked(ctx context.Context, conn *sql.Conn, table string, steps []string) error {
+func migrateLocked(ctx context.Context, conn *sql.Conn, table string, steps []string, fresh string) error {
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 		version    INTEGER NOT NULL,
 		applied_at INTEGER NOT NULL DEFAULT (`+nowMillisSQL+`))`); err != nil {
@@ -436,6 +468,13 @@ func migrateLocked(ctx context.Context, conn *sql.Conn, table string, steps []st
 	}
 	if version > len(steps) {
 		return fmt.Errorf("%w: %s says schema version %d, this code knows up to %d", ErrSchemaTooNew, table, version, len(steps))
+	}
+	if version == 0 && fresh != "" {
+		if _, err := conn.ExecContext(ctx, fresh); err != nil {
+			return fmt.Errorf("%s: creating schema %d: %w", table, len(steps), err)
+		}
+		_, err := conn.ExecContext(ctx, `INSERT INTO `+table+` (version) VALUES (?)`, len(steps))
+		return err
 	}
 	for v := version; v < len(steps); v++ {
 		if _, err := conn.ExecContext(ctx, steps[v]); err != nil {

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -245,4 +246,38 @@ func BenchmarkGet100k(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDiskPerPendingEvent reports the database space a pending event
+// takes: 20,000 events of 200 bytes, one per transaction, as pages in use
+// (FLEET.md's sizing).
+func BenchmarkDiskPerPendingEvent(b *testing.B) {
+	const n = 20_000
+	ctx := context.Background()
+	payload := bytes.Repeat([]byte("x"), 200)
+	inUse := func(ob *Outbox) int64 {
+		var pages, free, size int64
+		if err := ob.DB().QueryRow(`SELECT (SELECT page_count FROM pragma_page_count()),
+			(SELECT freelist_count FROM pragma_freelist_count()), (SELECT page_size FROM pragma_page_size())`).Scan(&pages, &free, &size); err != nil {
+			b.Fatal(err)
+		}
+		return (pages - free) * size
+	}
+	var per float64
+	for b.Loop() {
+		b.StopTimer()
+		ob := openTest(b, Options{Synchronous: SyncNormal, ReserveBytes: -1})
+		before := inUse(ob)
+		b.StartTimer()
+		for i := 0; i < n; i++ {
+			if err := ob.Transact(ctx, func(tx *sql.Tx) error {
+				return ob.Enqueue(ctx, tx, Message{Topic: "acme/store-0042/sales", Type: "com.example.sale", Payload: payload})
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		per = float64(inUse(ob)-before) / n
+		ob.Close()
+	}
+	b.ReportMetric(per, "B/event")
 }

@@ -525,13 +525,18 @@ func subscribe(ctx context.Context, broker, clientID, filter string, deliver fun
 }
 
 // diskUse checkpoints every device's WAL into its database (passively: the
-// relays are idle while the broker is away) and returns the databases' and
-// the WALs' total sizes.
+// relays are idle while the broker is away) and returns the bytes of the
+// databases' pages in use and the WALs' total size.
 func diskUse(devs []*device) (db, wal uint64) {
 	for _, d := range devs {
 		d.ob.DB().Exec(`PRAGMA wal_checkpoint(PASSIVE)`)
-		if fi, err := os.Stat(d.path); err == nil {
-			db += uint64(fi.Size())
+		// The pages in use, as the database sees them: the file's size
+		// depends on how far the checkpoint got (a relay's read can hold
+		// it back) and on free pages waiting for incremental vacuum.
+		var pages, free, size uint64
+		if err := d.ob.DB().QueryRow(`SELECT (SELECT page_count FROM pragma_page_count()),
+			(SELECT freelist_count FROM pragma_freelist_count()), (SELECT page_size FROM pragma_page_size())`).Scan(&pages, &free, &size); err == nil {
+			db += (pages - free) * size
 		}
 		if fi, err := os.Stat(d.path + "-wal"); err == nil {
 			wal += uint64(fi.Size())

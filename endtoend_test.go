@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestEndToEndKillBothSides(t *testing.T) {
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
 	require.NoError(t, err)
-	var consumerKills, producerKills int
+	var consumerKills, producerKills atomic.Int64
 	var skipped int64 // redeliveries the inbox recognised
 	var wg sync.WaitGroup
 	stopConsumer := make(chan struct{})
@@ -84,7 +85,7 @@ func TestEndToEndKillBothSides(t *testing.T) {
 			case <-stopConsumer:
 				return
 			default:
-				consumerKills++
+				consumerKills.Add(1)
 			}
 		}
 	}()
@@ -97,7 +98,6 @@ func TestEndToEndKillBothSides(t *testing.T) {
 	producers := []*producer{{source: "/tills/1"}, {source: "/tills/2"}}
 	stopRelays := make(chan struct{})
 	var relayWG sync.WaitGroup
-	var killMu sync.Mutex
 	for i, p := range producers {
 		p.ob = openTest(t, Options{})
 		relayWG.Add(1)
@@ -132,20 +132,23 @@ func TestEndToEndKillBothSides(t *testing.T) {
 				if stop {
 					return
 				}
-				killMu.Lock()
-				producerKills++
-				killMu.Unlock()
+				producerKills.Add(1)
 			}
 		}()
 	}
 
-	// The tills sell while both sides are being killed.
+	// The tills sell while both sides are being killed: 400 events each at
+	// least, and on until each side was killed 8 times (the relay drains
+	// faster than the tills sell, so a count of events alone would let the
+	// test end before it killed much).
+	const minKills = 8
+	killedEnough := func() bool { return producerKills.Load() >= minKills && consumerKills.Load() >= minKills }
 	var writers sync.WaitGroup
 	for _, p := range producers {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
-			for i := 0; i < 400; i++ {
+			for i := 0; i < 400 || (!killedEnough() && i < 4000); i++ {
 				err := p.ob.Transact(ctx, func(tx *sql.Tx) error {
 					return p.ob.Enqueue(ctx, tx, Message{Topic: "e2e/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
 				})
@@ -188,7 +191,7 @@ func TestEndToEndKillBothSides(t *testing.T) {
 	eventually(t, 60*time.Second, "every event applied", func() bool { return appliedCount(t, db) >= total })
 
 	t.Logf("events committed %d (two sources), relay kills %d, consumer kills %d, redeliveries skipped by the inbox after the kills: %d",
-		total, producerKills, consumerKills, skipped+s.Stats().Duplicates)
+		total, producerKills.Load(), consumerKills.Load(), skipped+s.Stats().Duplicates)
 	var distinct int
 	require.NoError(t, db.QueryRow(`SELECT count(DISTINCT source || ' ' || id) FROM applied`).Scan(&distinct))
 	require.Equal(t, total, appliedCount(t, db), "no event applied twice")
@@ -205,5 +208,6 @@ func TestEndToEndKillBothSides(t *testing.T) {
 		last[src] = seq
 	}
 	require.NoError(t, rows.Err())
-	require.Greater(t, producerKills+consumerKills, 10, "the test killed something")
+	require.GreaterOrEqual(t, producerKills.Load(), int64(minKills), "relays killed")
+	require.GreaterOrEqual(t, consumerKills.Load(), int64(minKills), "consumers killed")
 }

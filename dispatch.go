@@ -100,9 +100,8 @@ type session struct {
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
-	outstanding atomic.Int64   // dispatched, not yet marked or given up
-	readers     sync.WaitGroup // batches read ahead
-	progress    atomic.Bool
+	readers  sync.WaitGroup // batches read ahead
+	progress atomic.Bool
 
 	mu   sync.Mutex
 	fail *failure
@@ -384,7 +383,6 @@ func (s *session) dispatch() error {
 			}
 			tok := r.pub.Publish(m.topic, m.wire)
 			r.inFlight.Add(1)
-			s.outstanding.Add(1)
 			s.flights <- flight{seq: m.seq, tok: tok, sent: time.Now(), probe: probe}
 			if probe {
 				select {
@@ -434,7 +432,6 @@ func (s *session) ackLoop() {
 	for f := range s.flights {
 		if abandoned {
 			r.inFlight.Add(-1)
-			s.outstanding.Add(-1)
 			continue
 		}
 		var err error
@@ -465,7 +462,6 @@ func (s *session) ackLoop() {
 			// Acknowledged after a message before it failed: it is sent
 			// again with that one (a duplicate after a failure).
 			r.inFlight.Add(-1)
-			s.outstanding.Add(-1)
 			<-s.slots
 			continue
 		}
@@ -483,7 +479,6 @@ func (s *session) ackLoop() {
 			continue
 		}
 		r.inFlight.Add(-1)
-		s.outstanding.Add(-1)
 		<-s.slots
 		if !abandoned {
 			s.setFail(failure{
@@ -556,7 +551,6 @@ func (s *session) markLoop() {
 		}
 		n := int64(len(batch))
 		r.inFlight.Add(-n)
-		s.outstanding.Add(-n)
 		for range batch {
 			<-s.unmarked
 		}

@@ -536,9 +536,12 @@ func (s *session) markLoop() {
 			// before them failed: everything up to the last is settled.
 			err := r.markSent(s.conn, batch[len(batch)-1], len(batch))
 			if err == nil {
+				if r.diskFull.Load() {
+					r.wakePurge()
+				}
 				break
 			}
-			if r.writeFailed(err) {
+			if r.markFailed(err) {
 				continue // space was freed: try again at once
 			}
 			r.log.Error("outbox relay cannot mark messages sent", "err", err, "rows", len(batch))
@@ -726,20 +729,40 @@ func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, d
 // and asks the purge loop to free space now; it reports whether it freed
 // anything.
 func (r *Relay) writeFailed(err error) bool {
+	full, freed := r.noteWriteErr(err)
+	if full {
+		r.wakePurge()
+	}
+	return freed
+}
+
+// markFailed is writeFailed for a mark, which goes first on a full disk: the
+// purge loop is woken once a mark has succeeded (see markLoop), because its
+// checkpoint and vacuum would otherwise take the space the mark needs.
+func (r *Relay) markFailed(err error) bool {
+	_, freed := r.noteWriteErr(err)
+	return freed
+}
+
+// noteWriteErr records err and, when it is a full disk, gives the reserve up.
+func (r *Relay) noteWriteErr(err error) (full, freed bool) {
 	r.setErr(err)
 	if !errors.Is(err, ErrDiskFull) {
-		return false
+		return false, false
 	}
 	r.diskFull.Store(true)
+	if r.ob.reserve.release() {
+		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
+		return true, true
+	}
+	return true, false
+}
+
+func (r *Relay) wakePurge() {
 	select {
 	case r.purgeNow <- struct{}{}:
 	default:
 	}
-	if r.ob.reserve.release() {
-		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
-		return true
-	}
-	return false
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -20,6 +20,19 @@ func openV1(t *testing.T) string {
 	return path
 }
 
+// migratedFrom writes a schema 1 database with setup (plain SQL), then
+// opens it with the current code, which migrates it.
+func migratedFrom(t *testing.T, setup string) *Outbox {
+	t.Helper()
+	path := openV1(t)
+	db, err := OpenDB(path, DBOptions{})
+	require.NoError(t, err)
+	_, err = db.Exec(setup)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	return openTestPath(t, path, Options{})
+}
+
 // openTestPath is openTest on an existing file.
 func openTestPath(t *testing.T, path string, opts Options) *Outbox {
 	t.Helper()
@@ -58,12 +71,9 @@ func migratedRows(t *testing.T, ob *Outbox) []migratedRow {
 func TestMigrationFromSchema1(t *testing.T) {
 	ctx := context.Background()
 	t.Run("states, order and limits", func(t *testing.T) {
-		path := openV1(t)
-		db, err := OpenDB(path, DBOptions{})
-		require.NoError(t, err)
 		// What a schema 1 relay leaves: 1 and 4 sent, 2 dead, 3 requeued
 		// (pending below a sent row), 5 and 6 pending.
-		_, err = db.Exec(`
+		ob := migratedFrom(t, `
 			INSERT INTO outbox (seq, id, topic, payload) VALUES
 				(1, 'id-1', 't', 'p1'), (2, 'id-2', 't', 'p2'), (3, 'id-3', 't', 'p3'),
 				(4, 'id-4', 't', 'p4'), (5, 'id-5', 't', 'p5'), (6, 'id-6', 't', 'p6');
@@ -72,10 +82,6 @@ func TestMigrationFromSchema1(t *testing.T) {
 			UPDATE outbox SET state = 'dead', attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq = 2;
 			UPDATE outbox SET attempts = 2 WHERE seq = 3;
 			UPDATE outbox_counters SET max_pending_count = 100, max_pending_bytes = 1000;`)
-		require.NoError(t, err)
-		require.NoError(t, db.Close())
-
-		ob := openTestPath(t, path, Options{})
 		require.Equal(t, []migratedRow{
 			{1, "id-1", "p1", "sent", 0},
 			{2, "id-2", "p2", "dead", 5},
@@ -110,17 +116,10 @@ func TestMigrationFromSchema1(t *testing.T) {
 	t.Run("numbers never reused", func(t *testing.T) {
 		// Schema 1 deleted its newest rows (retention): its AUTOINCREMENT
 		// counter is ahead of every row left.
-		path := openV1(t)
-		db, err := OpenDB(path, DBOptions{})
-		require.NoError(t, err)
-		_, err = db.Exec(`
+		ob := migratedFrom(t, `
 			INSERT INTO outbox (id, topic, payload) VALUES ('a', 't', 'a'), ('b', 't', 'b'), ('c', 't', 'c'), ('d', 't', 'd');
 			UPDATE outbox SET state = 'sent', sent_at = 1 WHERE seq >= 3;
 			DELETE FROM outbox WHERE seq >= 3;`)
-		require.NoError(t, err)
-		require.NoError(t, db.Close())
-
-		ob := openTestPath(t, path, Options{})
 		commitOrder(t, ob, "t", 1)
 		rows := migratedRows(t, ob)
 		require.Len(t, rows, 3)
@@ -142,18 +141,12 @@ func TestMigrationFromSchema1(t *testing.T) {
 			}
 			return out
 		}
-		migrated := openTestPath(t, openV1(t), Options{})
+		migrated := migratedFrom(t, ``)
 		fresh := openTest(t, Options{})
 		require.Equal(t, objects(fresh), objects(migrated))
 	})
 	t.Run("empty", func(t *testing.T) {
-		path := openV1(t)
-		db, err := OpenDB(path, DBOptions{})
-		require.NoError(t, err)
-		_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b'); DELETE FROM outbox;`)
-		require.NoError(t, err)
-		require.NoError(t, db.Close())
-		ob := openTestPath(t, path, Options{})
+		ob := migratedFrom(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b'); DELETE FROM outbox;`)
 		commitOrder(t, ob, "t", 1)
 		rows := migratedRows(t, ob)
 		require.Len(t, rows, 1)

@@ -88,16 +88,6 @@ type ListOptions struct {
 	WithPayload bool  // payloads are left out unless asked for
 }
 
-// stateSQL derives a row's state: there is no state column (see the
-// migration to schema 2), only dead_at and the relay's sent_seq.
-const stateSQL = `CASE WHEN dead_at IS NOT NULL THEN 'dead'
-	WHEN seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) THEN 'sent' ELSE 'pending' END`
-
-// sentAtSQL is when the relay recorded a sent row: the first mark at or
-// after it.
-const sentAtSQL = `CASE WHEN dead_at IS NULL AND seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1)
-	THEN (SELECT sent_at FROM outbox_sent_log l WHERE l.seq >= outbox.seq ORDER BY l.seq LIMIT 1) END`
-
 // List returns outbox rows in sequence order.
 func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	state := opts.State
@@ -123,9 +113,11 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	if opts.WithPayload {
 		payload = `payload`
 	}
+	// The view outbox_messages derives state and sent_at (schema 2 has no
+	// such columns); where selects by seq, so that SQLite reads a range.
 	rows, err := o.db.QueryContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)), `+payload+`,
-		attempts, coalesce(last_error, ''), created_at, `+sentAtSQL+`, dead_at
-		FROM outbox WHERE `+where+` ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
+		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
+		FROM outbox_messages WHERE `+where+` ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list: %w", err)
 	}
@@ -153,8 +145,8 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	var r Record
 	var state string
 	err := o.db.QueryRowContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)),
-		`+stateSQL+`, attempts, coalesce(last_error, ''), created_at, `+sentAtSQL+`, dead_at
-		FROM outbox WHERE id = ? ORDER BY seq DESC LIMIT 1`, id).Scan(
+		state, attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
+		FROM outbox_messages WHERE id = ? ORDER BY seq DESC LIMIT 1`, id).Scan(
 		&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size,
 		&state, &r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -230,8 +222,6 @@ func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
 
 // PurgeSent deletes sent messages acknowledged before the given time and
 // returns how many. The relay does this by itself for its retention period.
-// The newest row is always kept, whatever its state, so that its sequence
-// number is never used again.
 func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error) {
 	return purgeSent(ctx, o.db, before.UnixMilli(), math.MaxInt64)
 }

@@ -39,8 +39,9 @@ const (
 	// maxMarkBatch bounds the acknowledgements recorded in one mark.
 	maxMarkBatch = 512
 	// minMarkSlots is the least room for acknowledged messages not yet
-	// recorded: a mark takes longer than a loopback round trip, so with a
-	// window of 1 the next acknowledgements must be able to queue behind it.
+	// recorded: a mark takes about as long as a loopback round trip, so
+	// with a window of 1 the next acknowledgements must be able to queue
+	// behind it.
 	minMarkSlots = 32
 	// markDelay is the longest a mark waits for more acknowledgements.
 	markDelay = time.Millisecond
@@ -496,10 +497,11 @@ func (s *session) ackLoop() {
 func (s *session) markLoop() {
 	r := s.r
 	batch := make([]int64, 0, maxMarkBatch)
-	// A mark costs about as much as 50 rows' worth of marking: when few
-	// acknowledgements are queued, wait a moment for more, so that a fast
-	// stream is recorded in batches, not one mark per PUBACK. Nothing
-	// waits on a mark but the unmarked slots, of which half stay free.
+	// A mark costs about 34 µs however many messages it records
+	// (BenchmarkMarkSent64): when few acknowledgements are queued, wait a
+	// moment for more, so that a fast stream is recorded in batches, not
+	// one mark per PUBACK. Nothing waits on a mark but the unmarked slots,
+	// of which half stay free.
 	enough := max(cap(s.unmarked)/2, 1)
 	wait := time.NewTimer(0)
 	defer wait.Stop()

@@ -193,18 +193,40 @@ func (o *Outbox) RequeueDead(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-// requeue copies the dead rows that where selects to the end of the queue
-// and deletes them, in one transaction.
+// requeue moves the dead rows that where selects to the end of the queue,
+// in their order, in one transaction: each keeps its row (so a chosen id
+// never meets itself in the unique index) and gets a number above every one
+// used. The limits are checked first, counted as the insert trigger counts
+// them.
 func (o *Outbox) requeue(ctx context.Context, where string, args ...any) (int64, error) {
 	var n int64
 	err := runTx(ctx, o.db, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at)
-			SELECT id, topic, payload, type, content_type, created_at FROM outbox WHERE `+where+` ORDER BY seq`, args...); err != nil {
-			return classifyWriteErr(err)
-		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE `+where, args...)
-		if err != nil {
+		var count, bytes int64
+		if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE `+where, args...).Scan(&count, &bytes); err != nil {
 			return err
+		}
+		if count == 0 {
+			return nil
+		}
+		var maxCount, maxBytes, pending, pendingBytes int64
+		if err := tx.QueryRowContext(ctx, `SELECT max_pending_count, max_pending_bytes,
+			max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped, pending_bytes
+			FROM outbox_state WHERE id = 1`).Scan(&maxCount, &maxBytes, &pending, &pendingBytes); err != nil {
+			return err
+		}
+		if maxCount > 0 && pending+count > maxCount {
+			return fmt.Errorf("%w: %d pending and %d to requeue, limit %d messages", ErrFull, pending, count, maxCount)
+		}
+		if maxBytes > 0 && pendingBytes+bytes > maxBytes {
+			return fmt.Errorf("%w: %d bytes pending and %d to requeue, limit %d bytes", ErrFull, pendingBytes, bytes, maxBytes)
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE outbox SET seq = r.new_seq, dead_at = NULL, attempts = 0, last_error = NULL
+			FROM (SELECT seq AS old_seq, row_number() OVER (ORDER BY seq)
+					+ (SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) FROM outbox_state WHERE id = 1) AS new_seq
+				FROM outbox WHERE `+where+`) AS r
+			WHERE outbox.seq = r.old_seq`, args...)
+		if err != nil {
+			return classifyWriteErr(err)
 		}
 		n, err = res.RowsAffected()
 		return err

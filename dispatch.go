@@ -658,10 +658,19 @@ func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := conn.do(func(c *sql.Conn) error {
-		// Pending bytes are counted only while a byte limit is set.
-		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET pending_bytes = CASE WHEN max_pending_bytes > 0
-				THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
-					WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
+		// Pending bytes are counted only while a byte limit is set, the
+		// numbers that hold no pending message only while a message limit
+		// is: those the mark passes leave the count. Both are counts over
+		// the rows just acknowledged; count(*) over a range of seq reads no
+		// column, and the dead ones are in the outbox_dead index.
+		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET
+				pending_bytes = CASE WHEN max_pending_bytes > 0
+					THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+						WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
+				skipped = CASE WHEN max_pending_count > 0
+					THEN max(skipped - (?1 - sent_seq)
+						+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
+						- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) ELSE 0 END,
 				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
 			return err
 		}

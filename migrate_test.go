@@ -2,7 +2,10 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +19,7 @@ func openV1(t *testing.T) string {
 	db, err := OpenDB(path, DBOptions{})
 	require.NoError(t, err)
 	defer db.Close()
-	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", migrations[:1], ""))
+	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:1], ""))
 	return path
 }
 
@@ -93,7 +96,7 @@ func TestMigrationFromSchema1(t *testing.T) {
 		st, err := ob.Stats(ctx)
 		require.NoError(t, err)
 		require.Equal(t, Stats{Pending: 3, PendingBytes: 6, OldestPending: st.OldestPending, Dead: 1, Sent: 2,
-			MaxPendingMessages: 100, MaxPendingBytes: 1000, SchemaVersion: 2, LeaseExpires: st.LeaseExpires}, st)
+			MaxPendingMessages: 100, MaxPendingBytes: 1000, SchemaVersion: SchemaVersion, LeaseExpires: st.LeaseExpires}, st)
 		var pendingBytes int64
 		require.NoError(t, ob.DB().QueryRow(`SELECT pending_bytes FROM outbox_state`).Scan(&pendingBytes))
 		require.EqualValues(t, 6, pendingBytes, "the byte counter starts right")
@@ -128,22 +131,9 @@ func TestMigrationFromSchema1(t *testing.T) {
 		require.EqualValues(t, 7, rows[2].Seq)
 	})
 	t.Run("same objects as a new file", func(t *testing.T) {
-		objects := func(ob *Outbox) []string {
-			rows, err := ob.DB().Query(`SELECT type || ' ' || name || ' on ' || tbl_name FROM sqlite_schema
-				WHERE name NOT LIKE 'sqlite_%' ORDER BY 1`)
-			require.NoError(t, err)
-			defer rows.Close()
-			var out []string
-			for rows.Next() {
-				var o string
-				require.NoError(t, rows.Scan(&o))
-				out = append(out, o)
-			}
-			return out
-		}
 		migrated := migratedFrom(t, ``)
 		fresh := openTest(t, Options{})
-		require.Equal(t, objects(fresh), objects(migrated))
+		require.Equal(t, schemaObjects(t, fresh.DB()), schemaObjects(t, migrated.DB()))
 	})
 	t.Run("empty", func(t *testing.T) {
 		ob := migratedFrom(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b'); DELETE FROM outbox;`)
@@ -152,5 +142,107 @@ func TestMigrationFromSchema1(t *testing.T) {
 		require.Len(t, rows, 1)
 		require.EqualValues(t, 3, rows[0].Seq)
 		require.Equal(t, "pending", rows[0].State)
+	})
+}
+
+// schemaObjects describes a database's schema for comparison: every table's
+// columns (name, type, NOT NULL, default, primary key), and the SQL of every
+// index, trigger and view with its white space folded. A table's own CREATE
+// text is left out: ALTER TABLE ADD COLUMN rewrites it.
+func schemaObjects(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_schema
+		WHERE name NOT LIKE 'sqlite_%' AND name NOT IN ('orders') ORDER BY type, name`)
+	require.NoError(t, err)
+	type object struct{ typ, name, table, sql string }
+	var objects []object
+	for rows.Next() {
+		var o object
+		require.NoError(t, rows.Scan(&o.typ, &o.name, &o.table, &o.sql))
+		objects = append(objects, o)
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	var out []string
+	for _, o := range objects {
+		if o.typ != "table" {
+			out = append(out, o.typ+" "+o.name+" on "+o.table+": "+strings.Join(strings.Fields(o.sql), " "))
+			continue
+		}
+		cols, err := db.Query(`SELECT name, type, "notnull", coalesce(dflt_value, 'NULL'), pk FROM pragma_table_xinfo(?)`, o.name)
+		require.NoError(t, err)
+		for cols.Next() {
+			var name, typ, dflt string
+			var notNull, pk int
+			require.NoError(t, cols.Scan(&name, &typ, &notNull, &dflt, &pk))
+			out = append(out, fmt.Sprintf("table %s column %s %s notnull=%d default=%s pk=%d", o.name, name, typ, notNull, dflt, pk))
+		}
+		require.NoError(t, cols.Err())
+		cols.Close()
+	}
+	return out
+}
+
+// appObjects is what an application may keep beside the outbox: a trigger
+// on its own table that writes the event (a good way to write events), a
+// trigger on the outbox, and a view over it.
+const appObjects = `
+	CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL);
+	CREATE TABLE audit (topic TEXT);
+	CREATE TRIGGER orders_event AFTER INSERT ON orders
+	BEGIN INSERT INTO outbox (topic, payload) VALUES ('orders', json_object('order', NEW.id)); END;
+	CREATE TRIGGER outbox_audit AFTER INSERT ON outbox BEGIN INSERT INTO audit VALUES (NEW.topic); END;
+	CREATE VIEW order_events AS SELECT topic, payload FROM outbox WHERE topic = 'orders';
+	INSERT INTO orders (item) VALUES ('before');`
+
+// checkAppObjects checks that appObjects work on ob's database.
+func checkAppObjects(t *testing.T, ob *Outbox, before int) {
+	t.Helper()
+	_, err := ob.DB().Exec(`INSERT INTO orders (item) VALUES ('after')`)
+	require.NoError(t, err)
+	var events, audited int
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM order_events`).Scan(&events))
+	require.Equal(t, before+1, events, "the application's trigger writes events, its view reads them")
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM audit`).Scan(&audited))
+	require.Equal(t, before+1, audited, "the application's trigger on the outbox is still there")
+	checkCounters(t, ob.DB())
+}
+
+// TestMigrationKeepsApplicationObjects: migrating used to fail when the
+// application had a trigger or a view that names the outbox ("error in
+// trigger orders_event: no such table: main.outbox"), and a trigger on the
+// outbox would have gone with the old table.
+func TestMigrationKeepsApplicationObjects(t *testing.T) {
+	t.Run("from schema 1", func(t *testing.T) {
+		ob := migratedFrom(t, appObjects)
+		checkAppObjects(t, ob, 1)
+	})
+	t.Run("from schema 2", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "v2.db")
+		db, err := OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:2], ""))
+		_, err = db.Exec(appObjects)
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+		checkAppObjects(t, openTestPath(t, path, Options{MaxPendingMessages: 10}), 1)
+	})
+	t.Run("a trigger the new schema cannot take fails the migration whole", func(t *testing.T) {
+		path := openV1(t)
+		db, err := OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		_, err = db.Exec(appObjects + `
+			CREATE TRIGGER outbox_uses_state AFTER UPDATE ON outbox WHEN NEW.state = 'dead'
+			BEGIN INSERT INTO audit VALUES ('dead'); END;`)
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+		_, err = Open(context.Background(), path, Options{Logger: testLogger()})
+		require.ErrorContains(t, err, "one of your triggers on outbox (outbox_audit, outbox_uses_state) does not compile on the new schema")
+		db, err = OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		defer db.Close()
+		v, err := readSchemaVersion(context.Background(), db)
+		require.NoError(t, err)
+		require.Equal(t, 1, v, "left as it was")
 	})
 }

@@ -1,0 +1,279 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// checkCounters compares what the limits are checked against with the rows
+// themselves: the pending count the insert trigger computes (from skipped)
+// and the pending bytes, each while its limit is set.
+func checkCounters(t testing.TB, db *sql.DB) {
+	t.Helper()
+	var hasSkipped bool
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pragma_table_info('outbox_state') WHERE name = 'skipped'`).Scan(&hasSkipped))
+	counted := `0`
+	if hasSkipped {
+		counted = `max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped`
+	}
+	// One statement, one snapshot: a relay may be marking meanwhile.
+	var maxCount, maxBytes, bytes, count, wantCount, wantBytes int64
+	require.NoError(t, db.QueryRow(`SELECT max_pending_count, max_pending_bytes, pending_bytes, `+counted+`,
+		(SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
+		(SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL)
+		FROM outbox_state st`).Scan(&maxCount, &maxBytes, &bytes, &count, &wantCount, &wantBytes))
+	if maxBytes > 0 {
+		require.Equal(t, wantBytes, bytes, "pending_bytes against the rows")
+	}
+	if maxCount > 0 && hasSkipped {
+		require.Equal(t, wantCount, count, "the pending count the limit sees, against the rows")
+	}
+}
+
+func enqueueTopic(ctx context.Context, ob *Outbox, topic string, payload []byte) error {
+	return ob.Transact(ctx, func(tx *sql.Tx) error {
+		return ob.Enqueue(ctx, tx, Message{Topic: topic, Payload: payload})
+	})
+}
+
+// parkDead enqueues n messages on a topic outside the relay's TopicPrefix
+// and runs a relay until they are dead: messages parked at the end of the
+// queue, the mark just before them.
+func parkDead(t *testing.T, ob *Outbox, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < n; i++ {
+		require.NoError(t, enqueueTopic(ctx, ob, "elsewhere/orders", []byte(`{}`)))
+	}
+	opts := fastRelay()
+	opts.TopicPrefix = "till/"
+	r, err := ob.NewRelay(&fakePublisher{}, opts)
+	require.NoError(t, err)
+	stop := startRelay(t, r)
+	eventually(t, 5*time.Second, "dead", func() bool { return countState(t, ob, "dead") == n })
+	stop()
+	checkCounters(t, ob.DB())
+}
+
+// TestPendingLimitCountsOnlyPending: a limit on pending messages counts
+// messages that are neither sent nor dead. Dead messages at the end of the
+// queue, and the gap they leave when purged, used to fill it: the till could
+// not sell, and RequeueDead failed with ErrFull too.
+func TestPendingLimitCountsOnlyPending(t *testing.T) {
+	ctx := context.Background()
+	fill := func(t *testing.T, ob *Outbox, room int) {
+		t.Helper()
+		for i := 0; i < room; i++ {
+			require.NoError(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)), "message %d of %d", i+1, room)
+			checkCounters(t, ob.DB())
+		}
+		require.ErrorIs(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)), ErrFull)
+		_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES ('till/orders', '{}')`)
+		require.ErrorContains(t, err, "outbox full", "plain SQL is held to the same count")
+	}
+	t.Run("dead messages leave room", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 5})
+		parkDead(t, ob, 5)
+		fill(t, ob, 5)
+	})
+	t.Run("requeue counted the same way", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 5})
+		parkDead(t, ob, 5)
+		n, err := ob.RequeueDead(ctx)
+		require.NoError(t, err, "five dead and nothing pending: room for five")
+		require.EqualValues(t, 5, n)
+		checkCounters(t, ob.DB())
+		require.ErrorIs(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)), ErrFull)
+	})
+	t.Run("requeue beyond the limit fails whole", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 5})
+		parkDead(t, ob, 3)
+		for i := 0; i < 3; i++ {
+			require.NoError(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)))
+		}
+		_, err := ob.RequeueDead(ctx)
+		require.ErrorIs(t, err, ErrFull)
+		require.Equal(t, 3, countState(t, ob, "dead"), "nothing requeued")
+		checkCounters(t, ob.DB())
+	})
+	t.Run("purged dead messages leave no gap", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 5})
+		parkDead(t, ob, 5)
+		n, err := ob.PurgeDead(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, n)
+		checkCounters(t, ob.DB())
+		fill(t, ob, 5) // no relay marks in between
+	})
+	t.Run("dead between pending ones", func(t *testing.T) {
+		ob := openTest(t, Options{MaxPendingMessages: 5})
+		require.NoError(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)))
+		parkDead(t, ob, 2) // the relay sends the first, then parks two
+		require.NoError(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)))
+		fill(t, ob, 4)
+		// The relay drains: the mark passes the dead ones and the count
+		// stays right.
+		r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+		require.NoError(t, err)
+		stop := startRelay(t, r)
+		eventually(t, 5*time.Second, "drained", func() bool { return countState(t, ob, "pending") == 0 })
+		stop()
+		checkCounters(t, ob.DB())
+		fill(t, ob, 5)
+	})
+	t.Run("a limit set on a file with dead rows counts them out", func(t *testing.T) {
+		ob := openTest(t, Options{})
+		parkDead(t, ob, 4)
+		require.NoError(t, enqueueTopic(ctx, ob, "till/orders", []byte(`{}`)))
+		ob2, err := New(ctx, ob.DB(), Options{MaxPendingMessages: 3, Logger: testLogger()})
+		require.NoError(t, err)
+		checkCounters(t, ob.DB())
+		fill(t, ob2, 2)
+	})
+}
+
+// TestPendingBytesCountOnlyInsertedRows: the byte limit counts rows really
+// inserted. A plain-SQL writer that inserts idempotently with a business-key
+// id (INSERT OR IGNORE, ON CONFLICT DO NOTHING) used to add the bytes of
+// every row it did not insert, for good: after a full drain the outbox
+// refused events as full with nothing pending.
+func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{MaxPendingBytes: 100, MaxPendingMessages: 10})
+	db := ob.DB()
+	exec := func(db interface {
+		Exec(string, ...any) (sql.Result, error)
+	}, q string) {
+		t.Helper()
+		_, err := db.Exec(q)
+		require.NoError(t, err, q)
+		checkCounters(t, ob.DB())
+	}
+	exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+	for i := 0; i < 20; i++ {
+		exec(db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+		exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
+	}
+	// A replace deletes the pending row of that id: its bytes leave.
+	exec(db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
+	// The same on a connection with recursive_triggers, where SQLite fires
+	// the DELETE trigger for the replaced row too: counted once.
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `PRAGMA recursive_triggers = ON`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789012345678901234567890123456789')`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `PRAGMA recursive_triggers = OFF`)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	checkCounters(t, db)
+	// An upsert that changes the payload.
+	exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234')
+		ON CONFLICT (id) WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-')
+		DO UPDATE SET payload = excluded.payload`)
+	// A replace of a row that is not pending (sent or dead) changes nothing
+	// but adds the new one.
+	exec(db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
+	var pending int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
+	require.Equal(t, 2, pending)
+
+	// A full drain leaves nothing counted: the whole limit is free again.
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	stop := startRelay(t, r)
+	eventually(t, 5*time.Second, "drained", func() bool { return countState(t, ob, "pending") == 0 })
+	stop()
+	checkCounters(t, db)
+	exec(db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`) // replaces a sent row
+	require.NoError(t, enqueueTopic(ctx, ob, "t", make([]byte, 90)), "the limit is all there")
+	require.ErrorIs(t, enqueueTopic(ctx, ob, "t", make([]byte, 1)), ErrFull)
+	checkCounters(t, db)
+
+	// Counted again when the database is opened: a writer that broke the
+	// contract (deleted a pending row by hand with the triggers off) cannot
+	// leave the limit wrong for good.
+	_, err = db.Exec(`UPDATE outbox_state SET pending_bytes = 99, skipped = 7`)
+	require.NoError(t, err)
+	_, err = New(ctx, db, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	checkCounters(t, db)
+}
+
+// TestWritersNeverOwnSeq: a plain-SQL insert that set seq at or below what
+// was sent used to be taken as sent and never published. Such a row, and one
+// set into a gap the relay's read position has passed, is moved above every
+// number used; a seq beyond the next is kept. Every such row is published,
+// in commit order.
+func TestWritersNeverOwnSeq(t *testing.T) {
+	ctx := context.Background()
+	var offset atomic.Int64 // the clock jumps forward, so marks get their own times
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	path := t.TempDir() + "/seq.db"
+	ob, err := Open(ctx, path, Options{Logger: testLogger(), Now: clock, MaxPendingMessages: 100})
+	require.NoError(t, err)
+	defer ob.Close()
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.Envelope = EnvelopeRaw
+	opts.TopicPrefix = "t" // a row on x is parked dead at once
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	insert := func(q string) {
+		t.Helper()
+		_, err := ob.DB().Exec(q)
+		require.NoError(t, err, q)
+		checkCounters(t, ob.DB())
+	}
+	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b')`)
+	eventually(t, 5*time.Second, "a and b sent", func() bool { return countState(t, ob, "sent") == 2 })
+	offset.Store(int64(time.Hour))
+	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'c')`)
+	eventually(t, 5*time.Second, "c sent", func() bool { return countState(t, ob, "sent") == 3 })
+	// A purge that keeps the newest row: 1 and 2 go, 3 stays, so nothing
+	// raises the floor.
+	n, err := ob.PurgeSent(ctx, clock().Add(-time.Minute))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+
+	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (1, 't', 'd')`) // below what was sent
+	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (0, 't', 'e')`) // an ORM that writes every column
+	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (3000, 't', 'f')`)
+	insert(`INSERT INTO outbox (seq, id, topic, payload, type, content_type, created_at, attempts, last_error, dead_at)
+		VALUES (NULL, 'order-9', 't', 'g', '', '', 0, 0, NULL, NULL)`)
+	eventually(t, 5*time.Second, "every row published", func() bool { return pub.publishedCount() == 7 })
+	pub.mu.Lock()
+	require.Equal(t, []string{"a", "b", "c", "d", "e", "f", "g"}, pub.published, "in commit order")
+	pub.mu.Unlock()
+	var seqs []int64
+	rows, err := ob.DB().Query(`SELECT seq FROM outbox ORDER BY seq`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s int64
+		require.NoError(t, rows.Scan(&s))
+		seqs = append(seqs, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []int64{3, 4, 5, 3000, 3001}, seqs, "above what was sent, none reused; a seq beyond the next is kept (its gap counted as skipped)")
+
+	// A seq into the gap a purged dead row left, below the relay's read
+	// position: still published, after what was committed before it.
+	insert(`INSERT INTO outbox (topic, payload) VALUES ('x', 'dead')`)
+	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'h')`)
+	eventually(t, 5*time.Second, "h sent", func() bool { return pub.publishedCount() == 8 })
+	require.Equal(t, 1, countState(t, ob, "dead"))
+	_, err = ob.PurgeDead(ctx)
+	require.NoError(t, err)
+	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (8, 't', 'i')`)
+	eventually(t, 5*time.Second, "i sent", func() bool { return pub.publishedCount() == 9 })
+	pub.mu.Lock()
+	require.Equal(t, []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}, pub.published)
+	pub.mu.Unlock()
+}

@@ -1,0 +1,219 @@
+-- The outbox schema, version 3: what a new database gets, in one step.
+-- A database of an older version is brought here by the files in outbox/,
+-- one per version, which are never edited once released. The tests check that
+-- both roads lead to the same tables, columns, indexes, triggers and views.
+--
+-- The contract for writers in any language: INSERT INTO outbox (topic,
+-- payload) in the same transaction as the business rows; every other column
+-- has a default. Writers never set seq (a trigger renumbers a row whose seq is
+-- not the next one), never update rows, and never write outbox_state.
+
+-- One row per message. A row is sent when seq <= outbox_state.sent_seq and
+-- dead_at is NULL, dead when dead_at is set, pending otherwise. Nothing else
+-- is written per message: no state column, no index on the hot path.
+CREATE TABLE outbox (
+	seq          INTEGER PRIMARY KEY,
+	-- A UUIDv7 built in plain SQL (milliseconds, then random bits), so rows
+	-- from other languages get a stable, time-sortable id without help.
+	id           TEXT    NOT NULL DEFAULT (lower(printf('%08x-%04x-7%03x-%04x-%012x', CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) / 65536, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) % 65536, random() & 4095, 32768 | (random() & 16383), random() & 281474976710655))),
+	topic        TEXT    NOT NULL CHECK (length(topic) > 0 AND instr(topic, '+') = 0 AND instr(topic, '#') = 0 AND instr(topic, char(0)) = 0),
+	payload      BLOB    NOT NULL,
+	type         TEXT    NOT NULL DEFAULT '',
+	content_type TEXT    NOT NULL DEFAULT '',
+	-- Unix milliseconds by the writer's clock: shown, never used for order.
+	created_at   INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)),
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	last_error   TEXT,
+	dead_at      INTEGER
+);
+
+-- The relay's progress and the limits, in one row.
+CREATE TABLE outbox_state (
+	id                INTEGER PRIMARY KEY CHECK (id = 1),
+	-- Every message up to sent_seq is settled (acknowledged or dead).
+	sent_seq          INTEGER NOT NULL DEFAULT 0,
+	sent_at           INTEGER,
+	max_pending_count INTEGER NOT NULL DEFAULT 0,
+	max_pending_bytes INTEGER NOT NULL DEFAULT 0,
+	-- The payload bytes of pending messages, kept only while a byte limit
+	-- is set.
+	pending_bytes     INTEGER NOT NULL DEFAULT 0,
+	-- The seq of the newest row ever deleted: numbers are never reused.
+	seq_floor         INTEGER NOT NULL DEFAULT 0,
+	-- Sequence numbers above sent_seq that hold no pending message (dead
+	-- rows and the gaps deleted dead rows leave), kept only while a message
+	-- limit is set: pending = max(max(seq), seq_floor, sent_seq) - sent_seq
+	-- - skipped, without counting rows.
+	skipped           INTEGER NOT NULL DEFAULT 0,
+	-- A pending row that an INSERT OR REPLACE with the same chosen id is
+	-- about to delete; SQLite fires no DELETE trigger for it unless the
+	-- writer set recursive_triggers, so outbox_replacing notes it before the
+	-- insert and outbox_inserted counts it out after.
+	replacing_seq     INTEGER NOT NULL DEFAULT 0,
+	replacing_bytes   INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO outbox_state (id) VALUES (1);
+
+-- When each mark was recorded, for retention and Record.SentAt.
+CREATE TABLE outbox_sent_log (
+	seq     INTEGER PRIMARY KEY,
+	sent_at INTEGER NOT NULL
+);
+
+-- Which relay drains this database. The holder bumps token on every renewal;
+-- host, machine_id, boot_id, pid, pid_start and pid_ns say where it runs, so
+-- that a relay on the same host can tell at once that the holder is dead
+-- (another boot, or its process gone) instead of waiting a whole TTL.
+CREATE TABLE outbox_lease (
+	name       TEXT    PRIMARY KEY,
+	owner      TEXT    NOT NULL DEFAULT '',
+	token      INTEGER NOT NULL DEFAULT 0,
+	expires_at INTEGER NOT NULL DEFAULT 0,
+	host       TEXT    NOT NULL DEFAULT '',
+	machine_id TEXT    NOT NULL DEFAULT '',
+	boot_id    TEXT    NOT NULL DEFAULT '',
+	pid        INTEGER NOT NULL DEFAULT 0,
+	pid_start  INTEGER NOT NULL DEFAULT 0,
+	pid_ns     TEXT    NOT NULL DEFAULT ''
+);
+
+CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;
+
+-- A UUIDv7 (NewID, or the SQL default) is unique by construction; only
+-- other ids, chosen by the writer (business keys), cost an index entry.
+CREATE UNIQUE INDEX outbox_chosen_id ON outbox (id)
+WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-');
+
+-- A mark is one statement on outbox_state; this logs when it was made.
+CREATE TRIGGER outbox_sent_logged AFTER UPDATE OF sent_seq ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))); END;
+
+-- Before an insert with a chosen id while a limit is set: note the pending
+-- row of the same id that INSERT OR REPLACE would delete (or clear an old
+-- note). Reads only, unless such a row or a note exists.
+CREATE TRIGGER outbox_replacing BEFORE INSERT ON outbox
+WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
+	AND (SELECT (max_pending_count > 0 OR max_pending_bytes > 0) AND (replacing_seq <> 0 OR EXISTS (SELECT 1 FROM outbox o
+		WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')))
+	FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET
+		replacing_seq = coalesce((SELECT o.seq FROM outbox o
+			WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')
+				AND o.seq > outbox_state.sent_seq AND o.dead_at IS NULL), 0),
+		replacing_bytes = coalesce((SELECT length(CAST(o.payload AS BLOB)) FROM outbox o
+			WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')
+				AND o.seq > outbox_state.sent_seq AND o.dead_at IS NULL), 0)
+	WHERE id = 1;
+END;
+
+-- After every insert. Without limits, and with the seq SQLite chose (the
+-- common case), it only reads: outbox_state and one seek at the end of the
+-- table. Otherwise, in this order:
+--  1. A row numbered at or below what was sent or deleted (SQLite reuses the
+--     number of a deleted newest row; a writer may set seq), or below a row
+--     that exists (a writer's seq into a gap), is moved above every number
+--     used, so the relay, which only moves forward, cannot pass it.
+--  2. While a limit is set: a writer's seq beyond the next leaves a gap,
+--     counted as skipped; a pending row deleted by INSERT OR REPLACE (noted
+--     by outbox_replacing) is counted out, its number skipped unless the gap
+--     below this row already counts it.
+--  3. The limits: a full outbox fails the statement, so the caller's
+--     transaction rolls back; otherwise the bytes are counted. Rows ignored by
+--     INSERT OR IGNORE or ON CONFLICT DO NOTHING never get here.
+-- A row SQLite numbers itself is never moved below a number it gave before:
+-- INSERT OR REPLACE numbers the new row above the one it deletes.
+CREATE TRIGGER outbox_inserted AFTER INSERT ON outbox
+WHEN (SELECT NEW.seq <= max(seq_floor, sent_seq) OR max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
+	OR EXISTS (SELECT 1 FROM outbox WHERE seq > NEW.seq)
+BEGIN
+	UPDATE outbox SET seq = (SELECT 1 + max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
+	WHERE seq = NEW.seq AND ((SELECT NEW.seq <= max(seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
+		OR EXISTS (SELECT 1 FROM outbox WHERE seq > NEW.seq));
+	UPDATE outbox_state SET
+		skipped = CASE WHEN max_pending_count = 0 THEN 0 ELSE skipped
+			+ CASE WHEN EXISTS (SELECT 1 FROM outbox WHERE seq = NEW.seq)
+				THEN max(NEW.seq - 1 - max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq), 0)
+				ELSE 0 END
+			+ CASE WHEN replacing_seq <> 0
+					AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
+					AND NOT EXISTS (SELECT 1 FROM outbox WHERE seq = outbox_state.replacing_seq)
+					AND replacing_seq <= max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq)
+				THEN 1 ELSE 0 END
+			END,
+		pending_bytes = CASE WHEN max_pending_bytes = 0 THEN 0
+			WHEN replacing_seq <> 0
+				AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
+				AND NOT EXISTS (SELECT 1 FROM outbox WHERE seq = outbox_state.replacing_seq)
+			THEN max(pending_bytes - replacing_bytes, 0) ELSE pending_bytes END,
+		replacing_seq = CASE WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
+			THEN 0 ELSE replacing_seq END,
+		replacing_bytes = CASE WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
+			THEN 0 ELSE replacing_bytes END
+	WHERE id = 1 AND ((replacing_seq <> 0 AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-'))
+		OR (max_pending_count > 0 AND EXISTS (SELECT 1 FROM outbox WHERE seq = NEW.seq)
+			AND NEW.seq - 1 > max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq)));
+	SELECT RAISE(ABORT, 'outbox full: pending limit reached') FROM outbox_state
+	WHERE id = 1 AND ((max_pending_count > 0
+			AND max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped > max_pending_count)
+		OR (max_pending_bytes > 0 AND pending_bytes + length(CAST(NEW.payload AS BLOB)) > max_pending_bytes));
+	UPDATE outbox_state SET pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB))
+	WHERE id = 1 AND max_pending_bytes > 0;
+END;
+
+-- A message parked dead (by the relay) or brought back in place leaves or
+-- joins the pending count. A requeue moves the row to a new seq at the end:
+-- its old number stays skipped, as a gap.
+CREATE TRIGGER outbox_dead_changed AFTER UPDATE OF dead_at ON outbox
+WHEN (OLD.dead_at IS NULL) <> (NEW.dead_at IS NULL)
+	AND (SELECT max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET
+		skipped = CASE WHEN max_pending_count = 0 THEN 0
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq THEN skipped + 1
+			WHEN NEW.dead_at IS NULL AND NEW.seq = OLD.seq AND OLD.seq > sent_seq THEN max(skipped - 1, 0)
+			ELSE skipped END,
+		pending_bytes = CASE WHEN max_pending_bytes = 0 THEN 0
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0)
+			WHEN NEW.dead_at IS NULL AND NEW.seq > sent_seq THEN pending_bytes + length(CAST(NEW.payload AS BLOB))
+			ELSE pending_bytes END
+	WHERE id = 1;
+END;
+
+-- An upsert that changes a pending payload changes the pending bytes.
+CREATE TRIGGER outbox_payload_changed AFTER UPDATE OF payload ON outbox
+WHEN OLD.dead_at IS NULL AND NEW.dead_at IS NULL
+	AND (SELECT max_pending_bytes > 0 AND NEW.seq > sent_seq FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET pending_bytes = max(pending_bytes - length(CAST(OLD.payload AS BLOB)) + length(CAST(NEW.payload AS BLOB)), 0)
+	WHERE id = 1;
+END;
+
+CREATE TRIGGER outbox_newest_deleted BEFORE DELETE ON outbox
+WHEN OLD.seq = (SELECT max(seq) FROM outbox)
+BEGIN UPDATE outbox_state SET seq_floor = max(seq_floor, OLD.seq) WHERE id = 1; END;
+
+-- The library deletes only sent and dead rows. A pending row deleted anyway
+-- (by hand, or by INSERT OR REPLACE on a connection with recursive_triggers)
+-- leaves the counts; if it was noted by outbox_replacing, the note is done.
+CREATE TRIGGER outbox_pending_deleted AFTER DELETE ON outbox
+WHEN OLD.dead_at IS NULL
+	AND (SELECT OLD.seq > sent_seq AND (max_pending_count > 0 OR max_pending_bytes > 0) FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET
+		skipped = CASE WHEN max_pending_count > 0 THEN skipped + 1 ELSE 0 END,
+		pending_bytes = CASE WHEN max_pending_bytes > 0 THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0) ELSE 0 END,
+		replacing_seq = CASE WHEN replacing_seq = OLD.seq THEN 0 ELSE replacing_seq END,
+		replacing_bytes = CASE WHEN replacing_seq = OLD.seq THEN 0 ELSE replacing_bytes END
+	WHERE id = 1;
+END;
+
+-- Schema 1's columns, state and sent_at derived, for readers and tools.
+CREATE VIEW outbox_messages AS
+SELECT o.seq, o.id, o.topic, o.payload, o.type, o.content_type, o.created_at,
+	CASE WHEN o.dead_at IS NOT NULL THEN 'dead' WHEN o.seq <= st.sent_seq THEN 'sent' ELSE 'pending' END AS state,
+	o.attempts, o.last_error,
+	CASE WHEN o.dead_at IS NULL AND o.seq <= st.sent_seq
+		THEN (SELECT l.sent_at FROM outbox_sent_log l WHERE l.seq >= o.seq ORDER BY l.seq LIMIT 1) END AS sent_at,
+	o.dead_at
+FROM outbox o, outbox_state st WHERE st.id = 1;

@@ -175,6 +175,13 @@ type Outbox struct {
 	closed  bool
 	relays  map[*Relay]struct{}
 	relayWG sync.WaitGroup
+	// beforeTx, set by tests, runs in Transact between its check for Close
+	// and BEGIN.
+	beforeTx func()
+	// inUse is held shared by every Enqueue while it runs and exclusively
+	// by Close while it closes the insert statement and the database, so
+	// that an Enqueue racing Close either writes or fails with ErrClosed.
+	inUse sync.RWMutex
 }
 
 // Open opens (or creates) the SQLite file at path with OpenDB and returns an
@@ -310,6 +317,8 @@ func (o *Outbox) Close() error {
 	}
 	o.mu.Unlock()
 	o.relayWG.Wait()
+	o.inUse.Lock()
+	defer o.inUse.Unlock()
 	o.insert.Close()
 	if o.ownsDB {
 		return o.db.Close()
@@ -371,11 +380,13 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	if tx == nil {
 		return ErrNilTx
 	}
-	if o.isClosed() {
-		return ErrClosed
-	}
 	if err := o.validate(msgs); err != nil {
 		return err
+	}
+	o.inUse.RLock()
+	defer o.inUse.RUnlock()
+	if o.isClosed() {
+		return ErrClosed
 	}
 	// The statement is prepared once per connection: preparing an INSERT
 	// that fires the capacity trigger costs more than running it.
@@ -405,12 +416,21 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 // the busy timeout, or a read snapshot went stale), the transaction is rolled
 // back and fn runs again, a few times, with a short random pause: fn must
 // not have effects outside tx. Any other error from fn rolls back and is
-// returned as is.
+// returned as is. A Transact that Close interrupts fails with an error that
+// matches ErrClosed.
 func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	if o.isClosed() {
 		return ErrClosed
 	}
+	if o.beforeTx != nil {
+		o.beforeTx()
+	}
 	if err := runTx(ctx, o.db, fn); err != nil {
+		if o.isClosed() && !errors.Is(err, ErrClosed) {
+			// database/sql's own errors once Open's database is closed
+			// ("sql: database is closed") say the same, less clearly.
+			return fmt.Errorf("%w: %w", ErrClosed, err)
+		}
 		return err
 	}
 	o.wake.notify()

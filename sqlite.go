@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -223,10 +224,26 @@ func classifyWriteErr(err error) error {
 		return nil
 	}
 	switch {
-	case strings.Contains(err.Error(), "outbox full"):
+	case isFullTrigger(err):
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case sqliteCode(err) == sqlite3.SQLITE_FULL:
 		return fmt.Errorf("%w: %w", ErrDiskFull, err)
 	}
 	return err
+}
+
+// fullMessage is what the capacity trigger (outbox_inserted) raises.
+const fullMessage = "outbox full: pending limit reached"
+
+// isFullTrigger reports whether err is the capacity trigger's own
+// RAISE(ABORT): a SQLite constraint error from a trigger whose message is
+// exactly fullMessage. An application's error that merely mentions it is
+// not.
+func isFullTrigger(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) || se.Code() != sqlite3.SQLITE_CONSTRAINT_TRIGGER {
+		return false
+	}
+	// The driver's text is "<SQLite's name for the code>: <message> (<code>)".
+	return strings.HasSuffix(se.Error(), ": "+fullMessage+" ("+strconv.Itoa(se.Code())+")")
 }

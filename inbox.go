@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
 
 // InboxSchemaVersion is the newest inbox schema version this code knows.
-const InboxSchemaVersion = 1
+const InboxSchemaVersion = 2
 
 // DefaultDedupeWindow is how long an Inbox remembers an applied event unless
 // InboxOptions says otherwise.
@@ -43,18 +44,49 @@ CREATE TABLE IF NOT EXISTS inbox_quarantine (
 	received_at INTEGER NOT NULL
 );
 `,
+	// 2: the dedupe window is measured on the inbox clock, which wall-clock
+	// jumps cannot move; applied_at and received_at stay for display.
+	// Existing rows get tick 0, the clock's value as it is created here:
+	// they are kept one more full window, never purged early by a
+	// wall-clock time written before the migration.
+	`
+CREATE TABLE IF NOT EXISTS inbox_clock (
+	id         INTEGER PRIMARY KEY CHECK (id = 1),
+	elapsed_ms INTEGER NOT NULL
+);
+INSERT INTO inbox_clock (id, elapsed_ms) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+ALTER TABLE inbox ADD COLUMN applied_tick INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE inbox_quarantine ADD COLUMN received_tick INTEGER NOT NULL DEFAULT 0;
+DROP INDEX IF EXISTS inbox_applied_at;
+CREATE INDEX IF NOT EXISTS inbox_applied_tick ON inbox (applied_tick);
+CREATE INDEX IF NOT EXISTS inbox_quarantine_received_tick ON inbox_quarantine (received_tick);
+`,
 }
+
+// inboxClockPersistEvery is how far an Inbox's clock may run ahead of the
+// stored one before an Apply stores it: a consumer that restarts (or
+// crashes) more often than it purges must still see inbox time advance.
+// Not at every Apply: that would add a page to every transaction's WAL
+// write.
+const inboxClockPersistEvery = time.Minute
 
 // InboxOptions configures an Inbox. The zero value is ready to use.
 type InboxOptions struct {
 	// DedupeWindow is how long an applied event's id is remembered. A
 	// duplicate that arrives later than this is not recognised. Default 7
 	// days: far longer than any broker keeps a message for an offline
-	// consumer in practice.
+	// consumer in practice. It is measured on the inbox clock: the time an
+	// Inbox on this database was running, which a wall-clock jump cannot
+	// shorten (downtime does not count).
 	DedupeWindow time.Duration
 	Logger       *slog.Logger
-	// Now is the clock; only the window and the times shown depend on it.
+	// Now is the wall clock; only the times shown (applied_at,
+	// received_at) depend on it.
 	Now func() time.Time
+
+	// elapsed, set by tests, replaces the monotonic time since NewInbox so
+	// that inbox time moves only when the test says so.
+	elapsed func() time.Duration
 }
 
 // Inbox makes at-least-once delivery safe for a consumer: it runs the
@@ -62,10 +94,15 @@ type InboxOptions struct {
 // of the consumer's own SQLite database, so an event is applied once however
 // often it is delivered.
 type Inbox struct {
-	db     *sql.DB
-	window time.Duration
-	log    *slog.Logger
-	now    func() time.Time
+	db      *sql.DB
+	window  time.Duration
+	log     *slog.Logger
+	now     func() time.Time
+	elapsed func() time.Duration
+
+	mu     sync.Mutex
+	base   int64 // inbox clock in ms when elapsed() was 0; only grows
+	stored int64 // the latest stored clock this Inbox wrote or read
 }
 
 // NewInbox creates or migrates the inbox schema in db and returns an Inbox.
@@ -79,7 +116,17 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 	if err := migrateSet(ctx, db, "inbox_schema", inboxMigrations, ""); err != nil {
 		return nil, fmt.Errorf("outbox: inbox schema: %w", err)
 	}
-	in := &Inbox{db: db, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now}
+	var stored int64
+	if err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT elapsed_ms FROM inbox_clock WHERE id = 1), 0)`).Scan(&stored); err != nil {
+		return nil, fmt.Errorf("outbox: inbox clock: %w", err)
+	}
+	in := &Inbox{db: db, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now, elapsed: opts.elapsed, base: stored, stored: stored}
+	if in.elapsed == nil {
+		// time.Since reads the monotonic clock, which NTP and RTC resets
+		// do not move.
+		start := time.Now()
+		in.elapsed = func() time.Duration { return time.Since(start) }
+	}
 	if in.window == 0 {
 		in.window = DefaultDedupeWindow
 	}
@@ -91,6 +138,40 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 	}
 	return in, nil
 }
+
+// tick is the inbox clock in ms: the stored value this Inbox started from
+// (or caught up with) plus the monotonic time elapsed since.
+func (in *Inbox) tick() int64 {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.base + in.elapsed().Milliseconds()
+}
+
+// catchUp notes what the database's clock says and moves this Inbox's
+// clock forward to it when another process sharing the database stored a
+// later tick; it never moves it back.
+func (in *Inbox) catchUp(stored int64) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.stored = max(in.stored, stored)
+	if t := in.base + in.elapsed().Milliseconds(); stored > t {
+		in.base += stored - t
+	}
+}
+
+// applyTick is the tick for an Apply, and whether the Apply should store
+// it: the clock is that far ahead of the stored one.
+func (in *Inbox) applyTick() (int64, bool) {
+	t := in.tick()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return t, t-in.stored >= inboxClockPersistEvery.Milliseconds()
+}
+
+// tickSQL stamps a row with this Inbox's tick or, when another process
+// stored a later one since, with that: a row must not look older to the
+// process that purges than it is.
+const tickSQL = `max(?, coalesce((SELECT elapsed_ms FROM inbox_clock WHERE id = 1), 0))`
 
 // Handler applies one event's effects inside tx. It must not have effects
 // outside tx: it may run more than once when it fails or the database is
@@ -105,27 +186,40 @@ type Handler func(ctx context.Context, tx *sql.Tx, ev Event) error
 // Subscriber quarantines it instead. An event without an id (raw
 // envelope) cannot be deduplicated: h runs in a transaction, unrecorded.
 func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
+	var persisted int64 // the tick the committed transaction stored, if any
 	if ev.Source == "" && ev.ID != "" {
 		return fmt.Errorf("%w: event has an id but no source", ErrInvalidMessage)
 	}
 	if len(ev.ID) > maxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
 		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", ErrInvalidMessage)
 	}
-	return runTx(ctx, in.db, func(tx *sql.Tx) error {
+	err := runTx(ctx, in.db, func(tx *sql.Tx) error {
+		persisted = 0
 		if ev.ID != "" {
 			// The insert comes first: it takes the write lock at once and
 			// tells a duplicate before the handler runs.
-			res, err := tx.ExecContext(ctx, `INSERT INTO inbox (source, id, type, sequence, applied_at) VALUES (?, ?, ?, ?, ?)
-				ON CONFLICT (source, id) DO NOTHING`, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli())
+			tick, persist := in.applyTick()
+			res, err := tx.ExecContext(ctx, `INSERT INTO inbox (source, id, type, sequence, applied_at, applied_tick) VALUES (?, ?, ?, ?, ?, `+tickSQL+`)
+				ON CONFLICT (source, id) DO NOTHING`, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli(), tick)
 			if err != nil {
 				return err
 			}
 			if n, _ := res.RowsAffected(); n == 0 {
 				return ErrDuplicate
 			}
+			if persist {
+				if _, err := tx.ExecContext(ctx, `UPDATE inbox_clock SET elapsed_ms = max(elapsed_ms, ?) WHERE id = 1`, tick); err != nil {
+					return err
+				}
+				persisted = tick
+			}
 		}
 		return h(ctx, tx, ev)
 	})
+	if err == nil && persisted > 0 {
+		in.catchUp(persisted)
+	}
+	return err
 }
 
 // Quarantine stores a message that cannot be applied (not an event, or
@@ -135,8 +229,8 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := in.db.ExecContext(ctx, `INSERT INTO inbox_quarantine (topic, payload, reason, received_at) VALUES (?, ?, ?, ?)`,
-		topic, payload, reason, in.now().UnixMilli())
+	_, err := in.db.ExecContext(ctx, `INSERT INTO inbox_quarantine (topic, payload, reason, received_at, received_tick) VALUES (?, ?, ?, ?, `+tickSQL+`)`,
+		topic, payload, reason, in.now().UnixMilli(), in.tick())
 	if err != nil {
 		return fmt.Errorf("outbox: quarantine: %w", classifyWriteErr(err))
 	}
@@ -144,15 +238,26 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 }
 
 // PurgeExpired forgets applied events, and deletes quarantined messages,
-// older than the dedupe window, in bounded batches; it returns how many
-// applied events it forgot.
+// older than the dedupe window on the inbox clock, in bounded batches; it
+// returns how many applied events it forgot. It also stores the inbox
+// clock, so that inbox time survives a restart.
 func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
-	before := in.now().Add(-in.window).UnixMilli()
-	n, err := purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_at < ? LIMIT ?)`, before, purgeBatch)
+	// max(): several processes may share the database, and one whose clock
+	// lags must not move the stored clock back; it catches up instead.
+	var stored int64
+	err := in.db.QueryRowContext(ctx, `INSERT INTO inbox_clock (id, elapsed_ms) VALUES (1, ?)
+		ON CONFLICT (id) DO UPDATE SET elapsed_ms = max(elapsed_ms, excluded.elapsed_ms)
+		RETURNING elapsed_ms`, in.tick()).Scan(&stored)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: inbox clock: %w", classifyWriteErr(err))
+	}
+	in.catchUp(stored)
+	before := stored - in.window.Milliseconds()
+	n, err := purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_tick < ? LIMIT ?)`, before, purgeBatch)
 	if err != nil {
 		return n, err
 	}
-	_, err = purgeBatches(ctx, in.db, `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_at < ? LIMIT ?)`, before, purgeBatch)
+	_, err = purgeBatches(ctx, in.db, `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_tick < ? LIMIT ?)`, before, purgeBatch)
 	return n, err
 }
 

@@ -100,21 +100,59 @@ func TestInboxValidationAndSchema(t *testing.T) {
 	require.ErrorIs(t, err, ErrSchemaTooNew)
 }
 
+// fakeElapsed stands in for an Inbox's monotonic clock: inbox time moves
+// only when the test says so.
+type fakeElapsed struct{ d atomic.Int64 }
+
+func (f *fakeElapsed) elapsed() time.Duration  { return time.Duration(f.d.Load()) }
+func (f *fakeElapsed) advance(d time.Duration) { f.d.Add(int64(d)) }
+
+// fixedClock is a wall clock that shows what the test sets.
+type fixedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fixedClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fixedClock) set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+func storedInboxClock(t *testing.T, db *sql.DB) time.Duration {
+	t.Helper()
+	var ms int64
+	require.NoError(t, db.QueryRow(`SELECT elapsed_ms FROM inbox_clock WHERE id = 1`).Scan(&ms))
+	return time.Duration(ms) * time.Millisecond
+}
+
 func TestInboxDedupeWindow(t *testing.T) {
 	ctx := context.Background()
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	clock := &jumpyClock{}
-	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.now})
+	el := &fakeElapsed{}
+	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.now, elapsed: el.elapsed})
 	require.NoError(t, err)
 	for i := 0; i < 2500; i++ { // more than one purge batch
 		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: fmt.Sprint(i)}, recordApplied))
 	}
 	require.NoError(t, in.Quarantine(ctx, "t", []byte("junk"), "not an event"))
-	clock.jump(30 * time.Minute)
+	// The wall clock says two hours passed; the inbox clock did not move.
+	clock.jump(2 * time.Hour)
 	n, err := in.PurgeExpired(ctx)
 	require.NoError(t, err)
+	require.Zero(t, n, "a wall-clock jump purges nothing")
+	el.advance(30 * time.Minute)
+	n, err = in.PurgeExpired(ctx)
+	require.NoError(t, err)
 	require.Zero(t, n, "still within the window")
-	clock.jump(31 * time.Minute)
+	el.advance(31 * time.Minute)
 	n, err = in.PurgeExpired(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, n)
@@ -123,6 +161,186 @@ func TestInboxDedupeWindow(t *testing.T) {
 	require.Zero(t, st.Quarantined, "quarantined messages are kept for the window too, not for ever")
 	// Past the window a duplicate is no longer caught (documented).
 	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "0"}, recordApplied))
+}
+
+// TestInboxClockJumpForward: a consumer that booted with its clock near
+// 1970 applies an event, then NTP sets the clock to 2026. The purge must
+// not forget the event, in the same Inbox or after a restart.
+func TestInboxClockJumpForward(t *testing.T) {
+	ctx := context.Background()
+	boot := time.Date(1970, 1, 1, 0, 5, 0, 0, time.UTC)
+	synced := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created"}
+	setup := func(t *testing.T) (string, *sql.DB, *fixedClock, *Inbox) {
+		path := filepath.Join(t.TempDir(), "consumer.db")
+		db := consumerDB(t, path)
+		clock := &fixedClock{t: boot}
+		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+		require.NoError(t, err)
+		require.NoError(t, in.Apply(ctx, ev, recordApplied))
+		require.NoError(t, in.Quarantine(ctx, "pos/orders", []byte("junk"), "not an event"))
+		clock.set(synced)
+		return path, db, clock, in
+	}
+	check := func(t *testing.T, db *sql.DB, in *Inbox) {
+		n, err := in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "the clock jump made the purge forget an applied event")
+		require.ErrorIs(t, in.Apply(ctx, ev, recordApplied), ErrDuplicate, "the redelivery must be recognised")
+		require.Equal(t, 1, appliedCount(t, db))
+		st, err := in.Stats(ctx)
+		require.NoError(t, err)
+		require.Equal(t, InboxStats{Applied: 1, Quarantined: 1}, st)
+	}
+	t.Run("same inbox", func(t *testing.T) {
+		_, db, _, in := setup(t)
+		check(t, db, in)
+	})
+	t.Run("after a restart", func(t *testing.T) {
+		path, db, clock, _ := setup(t)
+		require.NoError(t, db.Close())
+		db = consumerDB(t, path)
+		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+		require.NoError(t, err)
+		check(t, db, in)
+	})
+}
+
+// TestInboxClockPersists: inbox time carries over a restart, from the last
+// purge and from an Apply that found the stored clock behind.
+func TestInboxClockPersists(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "consumer.db")
+	db := consumerDB(t, path)
+	el := &fakeElapsed{}
+	opts := InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed}
+	in, err := NewInbox(ctx, db, opts)
+	require.NoError(t, err)
+	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, recordApplied))
+	el.advance(40 * time.Minute)
+	n, err := in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 40*time.Minute, storedInboxClock(t, db))
+	el.advance(5 * time.Minute)
+	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, recordApplied))
+	require.Equal(t, 45*time.Minute, storedInboxClock(t, db), "an Apply persists a clock that is minutes ahead")
+
+	// The process stops (no purge); downtime does not count.
+	require.NoError(t, db.Close())
+	db = consumerDB(t, path)
+	el = &fakeElapsed{}
+	opts.elapsed = el.elapsed
+	in, err = NewInbox(ctx, db, opts)
+	require.NoError(t, err)
+	el.advance(14 * time.Minute)
+	n, err = in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "59 minutes of inbox time")
+	el.advance(2 * time.Minute)
+	n, err = in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "61 minutes of inbox time: the first event is forgotten, across the restart")
+	require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, recordApplied), ErrDuplicate)
+	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, recordApplied))
+	require.Equal(t, 61*time.Minute, storedInboxClock(t, db))
+}
+
+// TestInboxClockShared: two Inbox values on one database (two consumer
+// processes) share the inbox clock; it never goes backwards, and the one
+// that lags moves forward to what the other stored.
+func TestInboxClockShared(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "consumer.db")
+	db1 := consumerDB(t, path)
+	db2 := consumerDB(t, path)
+	el1, el2 := &fakeElapsed{}, &fakeElapsed{}
+	in1, err := NewInbox(ctx, db1, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el1.elapsed})
+	require.NoError(t, err)
+	in2, err := NewInbox(ctx, db2, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el2.elapsed})
+	require.NoError(t, err)
+	require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e1"}, recordApplied))
+
+	el1.advance(50 * time.Minute)
+	n, err := in1.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	// in2 has not purged yet (its own clock says 0), but an event it
+	// applies is stamped with the later stored clock.
+	require.NoError(t, in2.Apply(ctx, Event{Source: "/s", ID: "e0"}, recordApplied))
+	require.Equal(t, 50*time.Minute, appliedTick(t, db2, "e0"))
+	el2.advance(20 * time.Minute)
+	n, err = in2.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 50*time.Minute, storedInboxClock(t, db1), "the lagging inbox did not move the clock back")
+
+	// in2 now counts from 50 minutes: 11 more are past the window.
+	el2.advance(11 * time.Minute)
+	n, err = in2.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
+	// in1's own clock (50 minutes) is behind what in2 stored; its purge
+	// does not move the stored clock back either.
+	n, err = in1.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
+	// And in1's clock has moved forward to 61 and runs on from there.
+	el1.advance(3 * time.Minute)
+	require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e2"}, recordApplied))
+	require.Equal(t, 64*time.Minute, appliedTick(t, db1, "e2"))
+	require.Equal(t, 64*time.Minute, storedInboxClock(t, db1))
+}
+
+func appliedTick(t *testing.T, db *sql.DB, id string) time.Duration {
+	t.Helper()
+	var ms int64
+	require.NoError(t, db.QueryRow(`SELECT applied_tick FROM inbox WHERE id = ?`, id).Scan(&ms))
+	return time.Duration(ms) * time.Millisecond
+}
+
+// TestInboxMigrationFromSchema1: a version 1 inbox keeps its rows and does
+// not purge them when it migrates, whatever their wall-clock times say.
+func TestInboxMigrationFromSchema1(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "consumer.db")
+	db := consumerDB(t, path)
+	require.NoError(t, migrateSet(ctx, db, "inbox_schema", inboxMigrations[:1], ""))
+	// Applied in 1970 (a device that never synced its clock) and a year ago.
+	yearAgo := time.Now().AddDate(-1, 0, 0).UnixMilli()
+	_, err := db.Exec(`INSERT INTO inbox (source, id, type, sequence, applied_at) VALUES
+		('/s', 'e1', 't', 1, 1000), ('/s', 'e2', 't', 2, ?);
+		INSERT INTO inbox_quarantine (topic, payload, reason, received_at) VALUES ('t', x'00', 'junk', 1000)`, yearAgo)
+	require.NoError(t, err)
+
+	el := &fakeElapsed{}
+	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed})
+	require.NoError(t, err)
+	var version int
+	require.NoError(t, db.QueryRow(`SELECT max(version) FROM inbox_schema`).Scan(&version))
+	require.Equal(t, InboxSchemaVersion, version)
+	n, err := in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the migration must not purge old rows at once")
+	require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "e1"}, recordApplied), ErrDuplicate)
+	var appliedAt int64
+	require.NoError(t, db.QueryRow(`SELECT applied_at FROM inbox WHERE id = 'e2'`).Scan(&appliedAt))
+	require.Equal(t, yearAgo, appliedAt, "the wall-clock time shown is kept")
+
+	// They are kept one full window of inbox time after the migration.
+	el.advance(59 * time.Minute)
+	n, err = in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	el.advance(2 * time.Minute)
+	n, err = in.PurgeExpired(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	st, err := in.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, InboxStats{}, st)
 }
 
 // consumerSetup is a producer outbox with a relay, a broker, and a consumer

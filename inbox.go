@@ -23,45 +23,9 @@ const DefaultDedupeWindow = 7 * 24 * time.Hour
 // applied: the handler did not run.
 var ErrDuplicate = errors.New("outbox: duplicate event")
 
-var inboxMigrations = []string{
-	// 1: applied events, keyed by (source, id), and quarantined messages.
-	`
-CREATE TABLE IF NOT EXISTS inbox (
-	source     TEXT    NOT NULL,
-	id         TEXT    NOT NULL,
-	type       TEXT    NOT NULL DEFAULT '',
-	sequence   INTEGER NOT NULL DEFAULT 0,
-	applied_at INTEGER NOT NULL,
-	PRIMARY KEY (source, id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS inbox_applied_at ON inbox (applied_at);
-
-CREATE TABLE IF NOT EXISTS inbox_quarantine (
-	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
-	topic       TEXT    NOT NULL,
-	payload     BLOB    NOT NULL,
-	reason      TEXT    NOT NULL,
-	received_at INTEGER NOT NULL
-);
-`,
-	// 2: the dedupe window is measured on the inbox clock, which wall-clock
-	// jumps cannot move; applied_at and received_at stay for display.
-	// Existing rows get tick 0, the clock's value as it is created here:
-	// they are kept one more full window, never purged early by a
-	// wall-clock time written before the migration.
-	`
-CREATE TABLE IF NOT EXISTS inbox_clock (
-	id         INTEGER PRIMARY KEY CHECK (id = 1),
-	elapsed_ms INTEGER NOT NULL
-);
-INSERT INTO inbox_clock (id, elapsed_ms) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
-ALTER TABLE inbox ADD COLUMN applied_tick INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE inbox_quarantine ADD COLUMN received_tick INTEGER NOT NULL DEFAULT 0;
-DROP INDEX IF EXISTS inbox_applied_at;
-CREATE INDEX IF NOT EXISTS inbox_applied_tick ON inbox (applied_tick);
-CREATE INDEX IF NOT EXISTS inbox_quarantine_received_tick ON inbox_quarantine (received_tick);
-`,
-}
+// inboxMigrations[i] brings the inbox schema from version i to i+1 (see
+// schema.go).
+var inboxMigrations = schemaDir("schema/inbox")
 
 // inboxClockPersistEvery is how far an Inbox's clock may run ahead of the
 // stored one before an Apply stores it: a consumer that restarts (or

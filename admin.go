@@ -166,6 +166,9 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 // The outbox's limits apply: when it is full, Requeue fails with ErrFull and
 // requeues nothing. It returns how many were requeued.
 func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
+	if o.readOnly {
+		return 0, ErrReadOnly
+	}
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -188,6 +191,9 @@ func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
 
 // RequeueDead makes every dead message pending again; see Requeue.
 func (o *Outbox) RequeueDead(ctx context.Context) (int64, error) {
+	if o.readOnly {
+		return 0, ErrReadOnly
+	}
 	n, err := o.requeue(ctx, `dead_at IS NOT NULL`)
 	o.wake.notify()
 	return n, err
@@ -239,12 +245,18 @@ func (o *Outbox) requeue(ctx context.Context, where string, args ...any) (int64,
 
 // PurgeDead deletes every dead message and returns how many.
 func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
+	if o.readOnly {
+		return 0, ErrReadOnly
+	}
 	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE dead_at IS NOT NULL LIMIT ?)`, purgeBatch)
 }
 
 // PurgeSent deletes sent messages acknowledged before the given time and
 // returns how many. The relay does this by itself for its retention period.
 func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error) {
+	if o.readOnly {
+		return 0, ErrReadOnly
+	}
 	return purgeSent(ctx, o.db, before.UnixMilli(), math.MaxInt64)
 }
 

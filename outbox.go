@@ -67,6 +67,12 @@ var (
 	ErrNotFound = errors.New("outbox: not found")
 	// ErrUnsupportedDB: the *sql.DB lacks a setting the outbox relies on.
 	ErrUnsupportedDB = errors.New("outbox: unsupported database setup")
+	// ErrReadOnly: the Outbox was opened with Options.ReadOnly, and the call
+	// would write.
+	ErrReadOnly = errors.New("outbox: opened read-only")
+	// ErrSchemaTooOld: a read-only Outbox found a schema older than it can
+	// read; opening it for writing migrates it.
+	ErrSchemaTooOld = errors.New("outbox: database schema is older than this code reads")
 )
 
 type topicError struct{ reason string }
@@ -137,6 +143,14 @@ type Options struct {
 	Synchronous Synchronous
 	BusyTimeout time.Duration
 	MustExist   bool
+	// ReadOnly makes Open inspect an existing file without writing anything:
+	// no file, schema, migration, counter or disk reserve is created or
+	// changed (not even SQLite's -wal and -shm files when the database was
+	// closed cleanly). Stats, List and Get work on this schema version and
+	// the one before it; the calls that write fail with ErrReadOnly. Open
+	// only; a file without an outbox fails with ErrNoSchema, an older one
+	// with ErrSchemaTooOld.
+	ReadOnly bool
 	// TopicPrefix, if set, is where every topic must start (end it with a
 	// '/'): Enqueue refuses others with ErrTopicOutsidePrefix. A fleet's
 	// broker ACL usually lets a device publish only under its own prefix,
@@ -165,6 +179,7 @@ type Outbox struct {
 	insert     *sql.Stmt
 	reserve    *reserve // nil without a file or when disabled
 	ownsDB     bool
+	readOnly   bool // Options.ReadOnly: insert is nil
 	maxPayload int
 	prefix     string
 	log        *slog.Logger
@@ -188,6 +203,9 @@ type Outbox struct {
 // Outbox that owns it: Close closes the database. Use DB for the
 // application's own tables.
 func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
+	if opts.ReadOnly {
+		return openInspector(ctx, path, opts)
+	}
 	db, err := OpenDB(path, DBOptions{Synchronous: opts.Synchronous, BusyTimeout: opts.BusyTimeout, MustExist: opts.MustExist})
 	if err != nil {
 		return nil, err
@@ -198,6 +216,39 @@ func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
 		return nil, err
 	}
 	o.ownsDB = true
+	return o, nil
+}
+
+// oldestReadableSchema is the oldest schema version a read-only Outbox
+// reads: Stats, List and Get use what versions 2 and 3 share.
+const oldestReadableSchema = 2
+
+// openInspector is Open with Options.ReadOnly.
+func openInspector(ctx context.Context, path string, opts Options) (*Outbox, error) {
+	db, err := openReadOnly(path, opts.BusyTimeout)
+	if err != nil {
+		return nil, err
+	}
+	v, err := readSchemaVersion(ctx, db)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("outbox: open %s: %w", path, err)
+	case v > SchemaVersion:
+		err = fmt.Errorf("outbox: open %s: %w: it says schema version %d, this code knows up to %d", path, ErrSchemaTooNew, v, SchemaVersion)
+	case v < oldestReadableSchema:
+		err = fmt.Errorf("outbox: open %s: %w: it has schema version %d, this code reads %d to %d", path, ErrSchemaTooOld, v, oldestReadableSchema, SchemaVersion)
+	}
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, relays: make(map[*Relay]struct{})}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
 	return o, nil
 }
 
@@ -319,7 +370,9 @@ func (o *Outbox) Close() error {
 	o.relayWG.Wait()
 	o.inUse.Lock()
 	defer o.inUse.Unlock()
-	o.insert.Close()
+	if o.insert != nil {
+		o.insert.Close()
+	}
 	if o.ownsDB {
 		return o.db.Close()
 	}
@@ -388,6 +441,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	if o.isClosed() {
 		return ErrClosed
 	}
+	if o.readOnly {
+		return ErrReadOnly
+	}
 	// The statement is prepared once per connection: preparing an INSERT
 	// that fires the capacity trigger costs more than running it.
 	stmt := tx.StmtContext(ctx, o.insert)
@@ -421,6 +477,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	if o.isClosed() {
 		return ErrClosed
+	}
+	if o.readOnly {
+		return ErrReadOnly
 	}
 	if o.beforeTx != nil {
 		o.beforeTx()

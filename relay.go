@@ -206,6 +206,9 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("outbox: relay: nil Publisher")
 	}
+	if o.readOnly {
+		return nil, fmt.Errorf("outbox: relay: %w", ErrReadOnly)
+	}
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err

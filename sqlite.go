@@ -142,8 +142,8 @@ func createPrivate(path string) (bool, error) {
 	return true, f.Close()
 }
 
-// probeExisting checks, read-only and without changing anything (not even
-// the journal mode), that path is a SQLite file with an outbox schema.
+// probeExisting checks, without writing anything (see readOnlyDSN), that
+// path is a SQLite file with an outbox schema.
 func probeExisting(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -152,8 +152,7 @@ func probeExisting(path string) error {
 	if fi.IsDir() {
 		return fmt.Errorf("is a directory")
 	}
-	u := url.URL{Path: path}
-	db, err := sql.Open("sqlite", "file:"+u.EscapedPath()+"?mode=ro")
+	db, err := sql.Open("sqlite", readOnlyDSN(path, 0))
 	if err != nil {
 		return err
 	}
@@ -169,6 +168,43 @@ func probeExisting(path string) error {
 		return ErrNoSchema
 	}
 	return nil
+}
+
+// readOnlyDSN opens path for reading only. SQLite reads a WAL database
+// through its -wal and -shm files and creates them when they are missing,
+// which is a write (on a full disk, one that fails): a file without a -wal
+// beside it was closed cleanly and holds everything, so it is opened
+// immutable, which needs neither; otherwise the files that exist are used.
+func readOnlyDSN(path string, busy time.Duration) string {
+	q := url.Values{}
+	q.Set("mode", "ro")
+	if _, err := os.Stat(path + "-wal"); errors.Is(err, os.ErrNotExist) {
+		q.Set("immutable", "1")
+	}
+	if busy > 0 {
+		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
+	}
+	u := url.URL{Path: path}
+	return "file:" + u.EscapedPath() + "?" + q.Encode()
+}
+
+// openReadOnly opens an existing outbox file for inspection: nothing is
+// created, migrated or written (see readOnlyDSN).
+func openReadOnly(path string, busy time.Duration) (*sql.DB, error) {
+	if path == "" || strings.HasPrefix(path, "file:") || path == ":memory:" {
+		return nil, fmt.Errorf("outbox: open: %q is not a file path (pass a plain path; an outbox needs a file for WAL)", path)
+	}
+	if err := probeExisting(path); err != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+	}
+	if busy <= 0 {
+		busy = 5 * time.Second
+	}
+	db, err := sql.Open("sqlite", readOnlyDSN(path, busy))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+	}
+	return db, nil
 }
 
 func initNewFile(path string, opts DBOptions) error {

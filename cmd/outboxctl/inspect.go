@@ -18,17 +18,24 @@ import (
 func (a *app) initCmd() *cobra.Command {
 	var db dbFlags
 	cmd := &cobra.Command{
-		Use:   "init --db PATH",
-		Short: "Create or migrate the outbox schema",
+		Use:   "init --db PATH [--max-pending-messages N] [--max-pending-bytes B]",
+		Short: "Create or migrate the outbox schema, and set its limits",
 		Long: `init creates the database file (readable by its owner only) if it does not
 exist, and creates or migrates the outbox schema in it. It is idempotent.
 A database whose schema is newer than this outboxctl is refused, never
-downgraded.`,
-		Example: `  outboxctl init --db /var/lib/till/till.db`,
-		Args:    noArgs,
+downgraded.
+
+--max-pending-messages and --max-pending-bytes set the limits stored in the
+database, which every writer is held to (plain SQL included): an INSERT
+beyond them fails with "outbox full: pending limit reached". 0 keeps what is
+stored, a negative value removes the limit. status shows them.`,
+		Example: `  outboxctl init --db /var/lib/till/till.db
+  outboxctl init --db /var/lib/till/till.db --max-pending-messages 100000 --max-pending-bytes 64000000
+  outboxctl init --db /var/lib/till/till.db --max-pending-bytes -1   # remove the byte limit`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, statErr := os.Stat(db.path)
-			ob, err := db.open(cmd.Context(), a, true)
+			ob, err := db.open(cmd.Context(), a, create)
 			if err != nil {
 				return err
 			}
@@ -41,11 +48,14 @@ downgraded.`,
 			if errors.Is(statErr, os.ErrNotExist) {
 				what = "new file"
 			}
-			fmt.Fprintf(a.stdout, "%s: outbox schema version %d (%s)\n", db.path, st.SchemaVersion, what)
+			fmt.Fprintf(a.stdout, "%s: outbox schema version %d (%s), limits: %s\n", db.path, st.SchemaVersion, what,
+				limitsText(st.MaxPendingMessages, st.MaxPendingBytes))
 			return nil
 		},
 	}
 	db.register(cmd)
+	cmd.Flags().Int64Var(&db.maxMessages, "max-pending-messages", 0, "pending messages at most (0 keeps the stored limit, negative removes it)")
+	cmd.Flags().Int64Var(&db.maxBytes, "max-pending-bytes", 0, "pending payload bytes at most (0 keeps the stored limit, negative removes it)")
 	return cmd
 }
 
@@ -75,8 +85,11 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status --db PATH [--json]",
 		Short: "Show what is in an outbox",
 		Long: `status shows the pending messages (count, bytes, age of the oldest), dead
-messages, sent messages still kept, the relay lease, the schema version and
-the file sizes. It never creates or changes a database.
+messages, sent messages still kept, the limits, the relay lease, the schema
+version and the file sizes. It never writes anything: no schema is created
+or migrated (a file of the previous schema version is read as it is; an
+older one gets a line saying that init migrates it), no disk reserve is
+written, and a database closed cleanly gets no -wal or -shm file.
 
 --json prints one object with these keys: db, schema_version, pending,
 pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, sent,
@@ -86,7 +99,7 @@ file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ob, err := db.open(cmd.Context(), a, false)
+			ob, err := db.open(cmd.Context(), a, inspect)
 			if err != nil {
 				return err
 			}
@@ -170,7 +183,7 @@ func (a *app) listCmd() *cobra.Command {
 		Short: "List messages in an outbox",
 		Long: `list prints messages in sequence order: sequence number, id, topic, type,
 size, age, attempts and last error. Payloads are shown only with --payload.
-It never creates or changes a database.
+Like status, it never writes anything.
 
 --json prints an array of objects with these keys: seq, id, topic, type,
 content_type, size, state, attempts, last_error, created_at, age_seconds,
@@ -187,7 +200,7 @@ sent_at, dead_at, and payload_base64 with --payload.`,
 			if limit < 1 {
 				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
 			}
-			ob, err := db.open(cmd.Context(), a, false)
+			ob, err := db.open(cmd.Context(), a, inspect)
 			if err != nil {
 				return err
 			}
@@ -256,7 +269,7 @@ or nothing is changed.`,
 			if (len(ids) == 0) == !allDead {
 				return usageError{errors.New("give either --id (one or more) or --all-dead")}
 			}
-			ob, err := db.open(cmd.Context(), a, false)
+			ob, err := db.open(cmd.Context(), a, existing)
 			if err != nil {
 				return err
 			}
@@ -311,7 +324,7 @@ writers are not held up.`,
 			if given && sentBefore < 0 {
 				return usageError{fmt.Errorf("--sent-before %s: want a duration of zero or more", sentBefore)}
 			}
-			ob, err := db.open(cmd.Context(), a, false)
+			ob, err := db.open(cmd.Context(), a, existing)
 			if err != nil {
 				return err
 			}

@@ -121,6 +121,8 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 type dbFlags struct {
 	path    string
 	timeout time.Duration
+	// Stored limits to set (init only): 0 keeps, negative removes.
+	maxMessages, maxBytes int64
 }
 
 func (f *dbFlags) register(cmd *cobra.Command) {
@@ -128,17 +130,35 @@ func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for a database locked by another process")
 }
 
-// open opens an existing outbox; it never creates a file or a schema
-// unless create is true.
-func (f *dbFlags) open(ctx context.Context, a *app, create bool) (*outbox.Outbox, error) {
+// openMode says what a command may do to the database it opens.
+type openMode int
+
+const (
+	// inspect reads only: nothing is created, migrated or written, not
+	// even the disk reserve (status, list).
+	inspect openMode = iota
+	// existing writes to an outbox that must exist, migrating it if it is
+	// older (requeue, purge).
+	existing
+	// create creates the file and schema when missing (init, relay).
+	create
+)
+
+// open opens the outbox at --db as mode allows.
+func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, error) {
 	if f.path == "" {
 		return nil, usageError{errors.New("--db is required")}
 	}
-	ob, err := outbox.Open(ctx, f.path, outbox.Options{
+	opts := outbox.Options{
 		BusyTimeout: f.timeout,
-		MustExist:   !create,
+		MustExist:   mode != create,
+		ReadOnly:    mode == inspect,
 		Logger:      a.logger,
-	})
+
+		MaxPendingMessages: f.maxMessages,
+		MaxPendingBytes:    f.maxBytes,
+	}
+	ob, err := outbox.Open(ctx, f.path, opts)
 	if err != nil {
 		return nil, f.explain(err)
 	}
@@ -165,6 +185,8 @@ func (f *dbFlags) explain(err error) error {
 		return f.whyNotWritable(msg)
 	case errors.Is(err, outbox.ErrSchemaTooNew):
 		return fmt.Errorf("%s: %s; use a newer outboxctl", f.path, lastPart(msg))
+	case errors.Is(err, outbox.ErrSchemaTooOld):
+		return fmt.Errorf("%s: %s; outboxctl init --db %s migrates it (stop the relay that uses it first)", f.path, lastPart(msg), f.path)
 	}
 	return err
 }

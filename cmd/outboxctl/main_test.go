@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -297,10 +298,15 @@ func TestReadOnlyFileSystem(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	for _, args := range [][]string{{"status"}, {"requeue", "--all-dead"}, {"purge", "--dead"}, {"init"}} {
+	for _, args := range [][]string{{"requeue", "--all-dead"}, {"purge", "--dead"}, {"init"}} {
 		r := ctl(t, append(args, "--db", path)...)
 		require.Equal(t, 1, r.code, "%v", args)
 		require.Contains(t, r.stderr, "is on a read-only file system", "%v", args)
+	}
+	// Inspection needs no write, so it works there.
+	for _, args := range [][]string{{"status"}, {"list"}} {
+		r := ctl(t, append(args, "--db", path)...)
+		require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
 	}
 }
 
@@ -451,4 +457,119 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// oldSchema creates a database at an older schema version from the frozen
+// migration files, with one pending message.
+func oldSchema(t *testing.T, version int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), fmt.Sprintf("v%d.db", version))
+	db, err := outbox.OpenDB(path, outbox.DBOptions{})
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`CREATE TABLE outbox_schema (version INTEGER NOT NULL, applied_at INTEGER NOT NULL DEFAULT 0)`)
+	require.NoError(t, err)
+	steps, err := filepath.Glob("../../schema/outbox/*.sql")
+	require.NoError(t, err)
+	for v := 1; v <= version; v++ {
+		step, err := os.ReadFile(steps[v-1])
+		require.NoError(t, err)
+		_, err = db.Exec(string(step))
+		require.NoError(t, err, steps[v-1])
+		_, err = db.Exec(`INSERT INTO outbox_schema (version) VALUES (?)`, v)
+		require.NoError(t, err)
+	}
+	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('stores/1/orders', '{"order":1}')`)
+	require.NoError(t, err)
+	return path
+}
+
+// dirState is every file in dir with its size and a hash of its content.
+func dirState(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		out[e.Name()] = fmt.Sprintf("%d %x", len(b), sha256.Sum256(b))
+	}
+	return out
+}
+
+// TestInspectionWritesNothing: status and list used to migrate the schema
+// (under an older relay still running on the file) and to write the disk
+// reserve, although their help says they never change a database.
+func TestInspectionWritesNothing(t *testing.T) {
+	inspections := [][]string{{"status"}, {"status", "--json"}, {"list"}, {"list", "--state", "dead", "--json"}}
+	t.Run("this schema", func(t *testing.T) {
+		path, ob := newOutbox(t)
+		enqueue(t, ob, outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":1}`)})
+		require.NoError(t, ob.Close())
+		require.NoError(t, os.Remove(path+"-reserve"))
+		before := dirState(t, filepath.Dir(path))
+		for _, args := range inspections {
+			r := ctl(t, append(args, "--db", path)...)
+			require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+		}
+		require.Equal(t, before, dirState(t, filepath.Dir(path)), "no file created or changed")
+	})
+	t.Run("the schema before", func(t *testing.T) {
+		path := oldSchema(t, outbox.SchemaVersion-1)
+		before := dirState(t, filepath.Dir(path))
+		for _, args := range inspections {
+			r := ctl(t, append(args, "--db", path)...)
+			require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+		}
+		r := ctl(t, "status", "--db", path, "--json")
+		var st map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		require.EqualValues(t, outbox.SchemaVersion-1, st["schema_version"], "read as it is")
+		require.EqualValues(t, 1, st["pending"])
+		require.Equal(t, before, dirState(t, filepath.Dir(path)), "not migrated, nothing written")
+	})
+	t.Run("an older schema", func(t *testing.T) {
+		path := oldSchema(t, 1)
+		before := dirState(t, filepath.Dir(path))
+		for _, args := range inspections {
+			r := ctl(t, append(args, "--db", path)...)
+			require.Equal(t, 1, r.code, "%v", args)
+			require.Contains(t, r.stderr, "outboxctl init --db "+path+" migrates it", "%v", args)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line: %q", r.stderr)
+		}
+		require.Equal(t, before, dirState(t, filepath.Dir(path)))
+		r := ctl(t, "init", "--db", path)
+		require.Equal(t, 0, r.code, r.stderr)
+		r = ctl(t, "status", "--db", path, "--json")
+		require.Equal(t, 0, r.code, r.stderr)
+	})
+}
+
+func TestInitSetsLimits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "till.db")
+	r := ctl(t, "init", "--db", path, "--max-pending-messages", "5", "--max-pending-bytes", "1000")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "limits: 5 messages, 1000 B")
+	r = ctl(t, "init", "--db", path, "--max-pending-bytes", "-1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "limits: 5 messages\n", "0 keeps, negative removes")
+	r = ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.EqualValues(t, 5, st["max_pending_messages"])
+	require.EqualValues(t, 0, st["max_pending_bytes"])
+	r = ctl(t, "status", "--db", path)
+	require.Contains(t, r.stdout, "limits          5 messages")
+	// Plain SQL is held to the stored limit.
+	db, err := outbox.OpenDB(path, outbox.DBOptions{})
+	require.NoError(t, err)
+	defer db.Close()
+	for i := 0; i < 5; i++ {
+		_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+		require.NoError(t, err)
+	}
+	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	require.ErrorContains(t, err, "outbox full: pending limit reached")
 }

@@ -88,7 +88,7 @@ so they can be replaced on disk while the relay runs.`,
 				return usageError{err}
 			}
 			defer pub.Close()
-			ob, err := f.db.open(cmd.Context(), a, true)
+			ob, err := f.db.open(cmd.Context(), a, create)
 			if err != nil {
 				return err
 			}

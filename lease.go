@@ -1,10 +1,14 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,11 +27,17 @@ const leaseName = "relay"
 // after it has watched the token stand still for a whole TTL on its own
 // monotonic clock. The holder stops dispatching when it has not renewed for
 // half a TTL, so the two never overlap.
+//
+// A holder that is provably dead is not waited for: the lease records where
+// its holder runs (see holder), and a relay restarted on the same host after
+// a crash or a power cut — its predecessor's boot is over, or its process is
+// gone — takes the lease at once instead of a whole TTL later.
 type lease struct {
 	conn  *relayConn
 	owner string
 	ttl   time.Duration
 	now   func() time.Time // wall clock, only for the displayed expiry
+	self  holder           // where this relay runs
 
 	mu        sync.Mutex
 	lastRenew time.Time // monotonic reading of the last successful renewal
@@ -83,28 +93,35 @@ type watch struct {
 	since time.Time // monotonic
 }
 
-// try takes the lease if it is free, released, ours, or unrenewed for a
-// whole TTL; otherwise it returns the holder.
+// try takes the lease if it is free, released, ours, unrenewed for a whole
+// TTL, or held by a relay that is provably dead; otherwise it returns the
+// holder.
 func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, holder string, err error) {
-	owner, token, found, err := l.read(ctx)
+	owner, token, where, found, err := l.read(ctx)
 	if err != nil {
 		return false, "", err
 	}
 	switch {
 	case !found:
-		took, err = l.exec(ctx, `INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES (?, ?, 1, ?) ON CONFLICT (name) DO NOTHING`,
-			leaseName, l.owner, l.expiresMillis())
+		took, err = l.exec(ctx, `INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
+			VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING`,
+			leaseName, l.owner, l.expiresMillis(), l.self.host, l.self.machineID, l.self.bootID, l.self.pid, l.self.pidStart, l.self.pidNS)
 		return took, "", err
 	case owner == "" || owner == l.owner:
+	case where.deadTo(l.self, processStart):
 	case owner != w.owner || token != w.token:
 		*w = watch{owner: owner, token: token, since: now}
 		return false, owner, nil
 	case now.Sub(w.since) < l.ttl:
 		return false, owner, nil
 	}
-	// Free, ours, or the holder has not renewed for a whole TTL: it is gone.
-	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ? WHERE name = ? AND owner = ? AND token = ?`,
-		l.owner, l.expiresMillis(), leaseName, owner, token)
+	// Free, ours, dead, or the holder has not renewed for a whole TTL: it
+	// is gone.
+	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?,
+			host = ?, machine_id = ?, boot_id = ?, pid = ?, pid_start = ?, pid_ns = ?
+		WHERE name = ? AND owner = ? AND token = ?`,
+		l.owner, l.expiresMillis(), l.self.host, l.self.machineID, l.self.bootID, l.self.pid, l.self.pidStart, l.self.pidNS,
+		leaseName, owner, token)
 	return took, owner, err
 }
 
@@ -130,17 +147,19 @@ func (l *lease) release(ctx context.Context) error {
 	return err
 }
 
-func (l *lease) read(ctx context.Context) (owner string, token int64, found bool, err error) {
+func (l *lease) read(ctx context.Context) (owner string, token int64, where holder, found bool, err error) {
 	err = l.conn.do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `SELECT owner, token FROM outbox_lease WHERE name = ?`, leaseName).Scan(&owner, &token)
+		return c.QueryRowContext(ctx, `SELECT owner, token, host, machine_id, boot_id, pid, pid_start, pid_ns
+			FROM outbox_lease WHERE name = ?`, leaseName).Scan(&owner, &token,
+			&where.host, &where.machineID, &where.bootID, &where.pid, &where.pidStart, &where.pidNS)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", 0, false, nil
+		return "", 0, holder{}, false, nil
 	}
 	if err != nil {
-		return "", 0, false, fmt.Errorf("outbox: lease: %w", err)
+		return "", 0, holder{}, false, fmt.Errorf("outbox: lease: %w", err)
 	}
-	return owner, token, true, nil
+	return owner, token, where, true, nil
 }
 
 func (l *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
@@ -157,4 +176,84 @@ func (l *lease) exec(ctx context.Context, query string, args ...any) (bool, erro
 		return false, fmt.Errorf("outbox: lease: %w", err)
 	}
 	return n == 1, nil
+}
+
+// holder is where a lease holder runs: the host, the boot and the process,
+// as Linux names them. Elsewhere only the host is known, and a holder is
+// never judged dead.
+type holder struct {
+	host      string
+	machineID string // /etc/machine-id: tells two hosts of one name apart
+	bootID    string // /proc/sys/kernel/random/boot_id: new at every boot
+	pid       int64
+	pidStart  int64  // the process's start time in clock ticks since boot: a reused pid has another
+	pidNS     string // the PID namespace: pids mean the same only within one
+}
+
+// thisHolder describes the calling process.
+func thisHolder() holder {
+	h := holder{pid: int64(os.Getpid())}
+	h.host, _ = os.Hostname()
+	h.machineID = readTrimmed("/etc/machine-id")
+	if h.machineID == "" {
+		h.machineID = readTrimmed("/var/lib/dbus/machine-id")
+	}
+	h.bootID = readTrimmed("/proc/sys/kernel/random/boot_id")
+	h.pidNS, _ = os.Readlink("/proc/self/ns/pid")
+	h.pidStart, _ = processStart(h.pid)
+	return h
+}
+
+// deadTo reports whether a relay running as self can tell for certain that
+// the holder h is dead: it ran on this host (same name and, where both know
+// it, the same machine id) and either in an earlier boot, or in this boot, in
+// this PID namespace, as a process that no longer exists (its pid is gone or
+// belongs to a process started at another time). Anything it cannot tell for
+// certain — another host, another namespace, a holder written by an older
+// version — counts as alive. start reads a process's start time.
+func (h holder) deadTo(self holder, start func(pid int64) (int64, bool)) bool {
+	switch {
+	case h.host == "" || h.host != self.host:
+		return false
+	case h.machineID != "" && self.machineID != "" && h.machineID != self.machineID:
+		return false
+	case h.bootID == "" || self.bootID == "":
+		return false
+	case h.bootID != self.bootID:
+		return true
+	case h.pid <= 0 || h.pidStart <= 0 || h.pidNS == "" || h.pidNS != self.pidNS:
+		return false
+	}
+	t, ok := start(h.pid)
+	return !ok || t != h.pidStart
+}
+
+// processStart reads the start time of process pid (field 22 of
+// /proc/PID/stat, in clock ticks since boot); false if there is no such
+// process, or only its zombie (killed, not yet reaped).
+func processStart(pid int64) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.FormatInt(pid, 10) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The command name, field 2, is in parentheses and may hold anything,
+	// parentheses and spaces included: count fields after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	t, err := strconv.ParseInt(f[19], 10, 64)
+	return t, err == nil
+}
+
+func readTrimmed(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

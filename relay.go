@@ -424,7 +424,7 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
-	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now}
+	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder()}
 	if err := l.acquire(ctx, func(holder string) {
 		r.log.Info("outbox relay waiting for the lease", "holder", holder)
 	}); err != nil {

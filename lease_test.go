@@ -1,0 +1,182 @@
+package outbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestLeaseHolderDeadTo(t *testing.T) {
+	self := holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 100, pidStart: 5000, pidNS: "pid:[1]"}
+	running := func(pid int64) (int64, bool) {
+		switch pid {
+		case 100:
+			return 5000, true
+		case 200:
+			return 7000, true // alive, started at 7000
+		}
+		return 0, false
+	}
+	for _, c := range []struct {
+		name string
+		h    holder
+		dead bool
+	}{
+		{"an earlier boot of this host", holder{host: "till-7", machineID: "m1", bootID: "b0", pid: 200, pidStart: 7000, pidNS: "pid:[1]"}, true},
+		{"a process of this boot that is gone", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, true},
+		{"its pid reused by a later process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 6999, pidNS: "pid:[1]"}, true},
+		{"a live process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 7000, pidNS: "pid:[1]"}, false},
+		{"this very process", self, false},
+		{"another PID namespace", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 300, pidStart: 900, pidNS: "pid:[2]"}, false},
+		{"another host", holder{host: "till-8", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
+		{"another machine of the same name", holder{host: "till-7", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
+		{"written by an older version", holder{}, false},
+		{"no boot id", holder{host: "till-7", machineID: "m1", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
+	} {
+		require.Equal(t, c.dead, c.h.deadTo(self, running), c.name)
+	}
+	me := thisHolder()
+	if me.bootID == "" {
+		t.Skip("not Linux: no boot id, a holder is never judged dead")
+	}
+	require.NotEmpty(t, me.host)
+	require.NotZero(t, me.pidStart)
+	require.NotEmpty(t, me.pidNS)
+	require.False(t, me.deadTo(me, processStart), "this process is alive")
+}
+
+const leaseChildEnv = "OUTBOX_LEASE_CHILD_DB"
+
+// TestLeaseChild holds the lease of the database named by leaseChildEnv
+// until it is killed; it does nothing otherwise.
+func TestLeaseChild(t *testing.T) {
+	path := os.Getenv(leaseChildEnv)
+	if path == "" {
+		t.Skip("the child of TestLeaseTakenAtOnceFromKilledHolder; runs only when started by it")
+	}
+	go func() { // an orphan must not run on
+		bufio.NewReader(os.Stdin).ReadByte()
+		os.Exit(3)
+	}()
+	ctx := context.Background()
+	ob, err := Open(ctx, path, Options{Logger: testLogger()})
+	if err != nil {
+		os.Exit(2)
+	}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour
+	opts.Owner = "child"
+	r, err := ob.NewRelay(&fakePublisher{connErr: errors.New("no broker")}, opts)
+	if err != nil {
+		os.Exit(2)
+	}
+	go r.Run(ctx)
+	for {
+		st, err := ob.Stats(ctx)
+		if err == nil && st.LeaseOwner == "child" {
+			os.Stdout.WriteString("HOLDING\n")
+			select {}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLeaseTakenAtOnceFromKilledHolder: a relay restarted after a crash
+// used to wait a whole LeaseTTL before it published, on every reboot of
+// every till, because the dead holder's lease had to go stale first. A
+// holder on this host whose process is gone (or whose boot is over) is
+// provably dead: its lease is taken at once. A live one is waited for.
+func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
+	if thisHolder().bootID == "" {
+		t.Skip("not Linux: no boot id, a holder is never judged dead")
+	}
+	if testing.Short() {
+		t.Skip("re-executes the test binary (-short skips that, as under qemu-user)")
+	}
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "lease.db")
+	ob := openTestPath(t, path, Options{})
+	commitOrder(t, ob, "t", 1)
+
+	child := exec.Command(os.Args[0], "-test.run=^TestLeaseChild$", "-test.count=1")
+	child.Env = append(os.Environ(), leaseChildEnv+"="+path)
+	stdin, err := child.StdinPipe()
+	require.NoError(t, err)
+	defer stdin.Close()
+	stdout, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HOLDING\n", line)
+
+	// While the child lives, its lease is not taken.
+	conn := &relayConn{}
+	c, err := ob.DB().Conn(ctx)
+	require.NoError(t, err)
+	conn.conn = c
+	defer conn.close()
+	l := &lease{conn: conn, owner: "parent", ttl: time.Hour, now: time.Now, self: thisHolder()}
+	took, holderName, err := l.try(ctx, &watch{}, time.Now())
+	require.NoError(t, err)
+	require.False(t, took, "a live holder is waited for")
+	require.Equal(t, "child", holderName)
+
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	child.Wait()
+
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the lease taken and the backlog published, long before a TTL", func() bool {
+		return pub.publishedCount() == 1
+	})
+}
+
+// TestLeaseTakenAtOnceAfterReboot: a lease left by a relay of an earlier
+// boot of this host is taken at once.
+func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
+	self := thisHolder()
+	if self.bootID == "" {
+		t.Skip("not Linux: no boot id, a holder is never judged dead")
+	}
+	ob := openTest(t, Options{})
+	commitOrder(t, ob, "t", 1)
+	_, err := ob.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
+		VALUES ('relay', 'before-the-power-cut', 7, 0, ?, ?, 'an-earlier-boot', ?, ?, ?)`,
+		self.host, self.machineID, self.pid, self.pidStart, self.pidNS)
+	require.NoError(t, err)
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "published, long before a TTL", func() bool { return pub.publishedCount() == 1 })
+
+	// A holder on another host is waited for.
+	ob2 := openTest(t, Options{})
+	commitOrder(t, ob2, "t", 1)
+	_, err = ob2.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
+		VALUES ('relay', 'elsewhere', 7, 0, 'another-host', 'another-machine', 'an-earlier-boot', 1, 1, ?)`, self.pidNS)
+	require.NoError(t, err)
+	c, err := ob2.DB().Conn(context.Background())
+	require.NoError(t, err)
+	conn := &relayConn{conn: c}
+	defer conn.close()
+	l := &lease{conn: conn, owner: "me", ttl: time.Hour, now: time.Now, self: self}
+	took, _, err := l.try(context.Background(), &watch{}, time.Now())
+	require.NoError(t, err)
+	require.False(t, took)
+}

@@ -57,8 +57,9 @@ const (
 	crashRollbackEvery = 5
 	// A commit every crashCommitEvery at most: orders arrive fast, yet
 	// the backlog does not grow without bound over thousands of cycles,
-	// while each child still leaves a backlog behind for the next one (it
-	// waits a lease TTL before it may relay). Much faster (one fsync'd
+	// while each child still leaves a backlog behind for the next one (a
+	// killed child's lease is taken at once, its process being gone, but
+	// the next one starts and connects first). Much faster (one fsync'd
 	// commit after another) and the writer starves the relay's own writes
 	// of the lock; no till works like that.
 	crashCommitEvery = 8 * time.Millisecond
@@ -70,8 +71,8 @@ const (
 
 // crashRelayOptions make every phase happen often: purges every 20 ms of
 // rows sent 50 ms ago (and with them incremental vacuum), small read
-// batches, a short lease (a killed child's lease blocks the next one for a
-// TTL, by design), fast reconnects.
+// batches, a short lease (in case a killed child's lease is not judged dead,
+// as off Linux, it blocks the next one for a TTL), fast reconnects.
 func crashRelayOptions(owner string) RelayOptions {
 	return RelayOptions{
 		Source:          crashSource,

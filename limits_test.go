@@ -137,30 +137,26 @@ func TestPendingLimitCountsOnlyPending(t *testing.T) {
 	})
 }
 
-// TestPendingBytesCountOnlyInsertedRows: the byte limit counts rows really
-// inserted. A plain-SQL writer that inserts idempotently with a business-key
-// id (INSERT OR IGNORE, ON CONFLICT DO NOTHING) used to add the bytes of
-// every row it did not insert, for good: after a full drain the outbox
-// refused events as full with nothing pending.
-func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
+// idempotentWriters writes as plain-SQL writers with business-key ids do
+// (ignore, replace, upsert), checking the counters after each statement.
+func idempotentWriters(t *testing.T, opts Options) *Outbox {
+	t.Helper()
 	ctx := context.Background()
-	ob := openTest(t, Options{MaxPendingBytes: 100, MaxPendingMessages: 10})
+	ob := openTest(t, opts)
 	db := ob.DB()
-	exec := func(db interface {
-		Exec(string, ...any) (sql.Result, error)
-	}, q string) {
+	exec := func(q string) {
 		t.Helper()
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
-		checkCounters(t, ob.DB())
+		checkCounters(t, db)
 	}
-	exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+	exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
 	for i := 0; i < 20; i++ {
-		exec(db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
-		exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
+		exec(`INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+		exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
 	}
 	// A replace deletes the pending row of that id: its bytes leave.
-	exec(db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
+	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
 	// The same on a connection with recursive_triggers, where SQLite fires
 	// the DELETE trigger for the replaced row too: counted once.
 	conn, err := db.Conn(ctx)
@@ -174,16 +170,34 @@ func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
 	require.NoError(t, conn.Close())
 	checkCounters(t, db)
 	// An upsert that changes the payload.
-	exec(db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234')
+	exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234')
 		ON CONFLICT (id) WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-')
 		DO UPDATE SET payload = excluded.payload`)
-	// A replace of a row that is not pending (sent or dead) changes nothing
-	// but adds the new one.
-	exec(db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
+	exec(`INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
+	// A replace of a row that is not the newest leaves a gap in the middle.
+	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '012')`)
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
 	require.Equal(t, 2, pending)
+	return ob
+}
 
+// TestPendingBytesCountOnlyInsertedRows: the byte limit counts rows really
+// inserted. A plain-SQL writer that inserts idempotently with a business-key
+// id (INSERT OR IGNORE, ON CONFLICT DO NOTHING) used to add the bytes of
+// every row it did not insert, for good: after a full drain the outbox
+// refused events as full with nothing pending.
+func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
+	t.Run("count limit alone", func(t *testing.T) { idempotentWriters(t, Options{MaxPendingMessages: 10}) })
+	ctx := context.Background()
+	ob := idempotentWriters(t, Options{MaxPendingBytes: 100, MaxPendingMessages: 10})
+	db := ob.DB()
+	exec := func(q string) {
+		t.Helper()
+		_, err := db.Exec(q)
+		require.NoError(t, err, q)
+		checkCounters(t, db)
+	}
 	// A full drain leaves nothing counted: the whole limit is free again.
 	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
 	require.NoError(t, err)
@@ -191,7 +205,8 @@ func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
 	eventually(t, 5*time.Second, "drained", func() bool { return countState(t, ob, "pending") == 0 })
 	stop()
 	checkCounters(t, db)
-	exec(db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`) // replaces a sent row
+	// A replace of a row that is not pending (sent) adds the new one only.
+	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
 	require.NoError(t, enqueueTopic(ctx, ob, "t", make([]byte, 90)), "the limit is all there")
 	require.ErrorIs(t, enqueueTopic(ctx, ob, "t", make([]byte, 1)), ErrFull)
 	checkCounters(t, db)

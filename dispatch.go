@@ -587,7 +587,7 @@ func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit
 		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
 			return err
 		}
-		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, type, content_type, created_at, attempts
+		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts
 			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
 			ORDER BY seq LIMIT ?`)
 		if err != nil {
@@ -602,7 +602,7 @@ func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit
 		for rows.Next() {
 			var m row
 			var payload sql.RawBytes
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
 				return err
 			}
 			m.payload = payload

@@ -54,8 +54,9 @@ type Event struct {
 	Type            string
 	Time            time.Time
 	DataContentType string
-	// Data is the payload as enqueued: inline JSON data verbatim, or the
-	// decoded data_base64.
+	// Data is the payload as enqueued: inline JSON data verbatim, the text
+	// of a string data whose content type is not JSON, or the decoded
+	// data_base64.
 	Data []byte
 	// Sequence is the outbox sequence number (the "sequence" extension):
 	// commit order within one source.
@@ -68,6 +69,7 @@ type outgoing struct {
 	id          string
 	topic       string
 	payload     []byte
+	text        bool // SQLite stores the payload as TEXT, as plain-SQL writers often do
 	typ         string
 	contentType string
 	createdAt   int64 // Unix ms
@@ -112,12 +114,17 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 		return nil, fmt.Errorf("%w: empty id", errPermanent)
 	}
 	ct := m.contentType
-	inline := false
+	inline, str := false, false
 	switch {
 	case ct == "":
-		if json.Valid(m.payload) {
+		switch {
+		case json.Valid(m.payload):
 			ct, inline = "application/json", true
-		} else {
+		case m.text && utf8.Valid(m.payload):
+			// A writer that stored text meant text; a BLOB stays bytes
+			// even when they happen to be text.
+			ct, str = "text/plain; charset=utf-8", true
+		default:
 			ct = "application/octet-stream"
 		}
 	case isJSONContentType(ct):
@@ -140,10 +147,14 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 	}
 	dst = append(dst, seq...)
 	dst = append(dst, '"')
-	if inline {
+	switch {
+	case inline:
 		dst = append(dst, `,"data":`...)
 		dst = append(dst, m.payload...)
-	} else {
+	case str:
+		dst = append(dst, `,"data":`...)
+		dst = appendJSONString(dst, m.payload)
+	default:
 		dst = append(dst, `,"data_base64":"`...)
 		dst = base64.StdEncoding.AppendEncode(dst, m.payload)
 		dst = append(dst, '"')
@@ -160,7 +171,7 @@ func isJSONContentType(ct string) bool {
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString appends s, valid UTF-8, as a JSON string.
-func appendJSONString(dst []byte, s string) []byte {
+func appendJSONString[T string | []byte](dst []byte, s T) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); i++ {
@@ -235,6 +246,15 @@ func DecodeEvent(b []byte) (Event, error) {
 			return Event{}, fmt.Errorf("outbox: decode event: data_base64: %w", err)
 		}
 		ev.Data = d
+	case len(raw.Data) > 0 && raw.Data[0] == '"' && raw.DataContentType != "" && !isJSONContentType(raw.DataContentType):
+		// The CloudEvents JSON format: a string of a non-JSON content
+		// type carries the data itself (an absent content type means
+		// JSON, whose data is the JSON value, quotes and all).
+		var text string
+		if err := json.Unmarshal(raw.Data, &text); err != nil {
+			return Event{}, fmt.Errorf("outbox: decode event: data: %w", err)
+		}
+		ev.Data = []byte(text)
 	case raw.Data != nil:
 		ev.Data = []byte(raw.Data)
 	}

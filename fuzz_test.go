@@ -22,14 +22,16 @@ func FuzzValidateTopic(f *testing.F) {
 	})
 }
 
-// FuzzEnvelope checks that whatever is enqueued comes out of the envelope
-// as the same data, and that the document is valid JSON.
+// FuzzEnvelope checks that whatever is enqueued, stored as a BLOB or as
+// TEXT, comes out of the envelope as the same data, with the content type
+// the relay promises, and that the document is valid JSON.
 func FuzzEnvelope(f *testing.F) {
 	f.Add(int64(1), "id-1", "t", []byte(`{"a":1}`), "", "")
 	f.Add(int64(99), "x", "t/u", []byte{0, 1, 2, 0xff}, "com.example", "application/octet-stream")
 	f.Add(int64(12345678901), "\"q\"<>&", "t", []byte(`"str"`), "ty\npe", "application/cloudevents+json")
 	f.Add(int64(7), "id", "t", []byte(` [1, 2] `), "", "text/plain")
 	f.Add(int64(7), "id", "t", []byte{}, "", "")
+	f.Add(int64(8), "id", "t", []byte("Bon \"7\" <a&b>\n\x01\u00e9\u2028"), "", "")
 	f.Fuzz(func(t *testing.T, seq int64, id, topic string, payload []byte, typ, ct string) {
 		if seq < 0 {
 			seq = -seq
@@ -37,38 +39,59 @@ func FuzzEnvelope(f *testing.F) {
 		if seq < 0 { // math.MinInt64
 			seq = 0
 		}
-		enc := encoder{source: "/dev/\"1\"", defaultType: DefaultEventType}
-		m := &outgoing{seq: seq, id: id, topic: topic, payload: payload, typ: typ, contentType: ct, createdAt: 1_700_000_000_123}
-		out, err := enc.encode(nil, m)
-		if err != nil {
-			if ValidateTopic(topic) == nil && id != "" && utf8.ValidString(id) && utf8.ValidString(typ) && utf8.ValidString(ct) {
-				t.Fatalf("encode refused a valid message: %v", err)
+		for _, text := range []bool{false, true} {
+			enc := encoder{source: "/dev/\"1\"", defaultType: DefaultEventType}
+			m := &outgoing{seq: seq, id: id, topic: topic, payload: payload, text: text, typ: typ, contentType: ct, createdAt: 1_700_000_000_123}
+			out, err := enc.encode(nil, m)
+			if err != nil {
+				if ValidateTopic(topic) == nil && id != "" && utf8.ValidString(id) && utf8.ValidString(typ) && utf8.ValidString(ct) {
+					t.Fatalf("encode refused a valid message: %v", err)
+				}
+				return
 			}
-			return
-		}
-		if !json.Valid(out) {
-			t.Fatalf("not JSON: %s", out)
-		}
-		ev, err := DecodeEvent(out)
-		if err != nil {
-			t.Fatalf("decode: %v\n%s", err, out)
-		}
-		if ev.ID != id || ev.Sequence != seq || ev.Source != enc.source {
-			t.Fatalf("round trip: got %+v", ev)
-		}
-		wantType := typ
-		if wantType == "" {
-			wantType = DefaultEventType
-		}
-		if ev.Type != wantType {
-			t.Fatalf("type %q, want %q", ev.Type, wantType)
-		}
-		if bytes.Contains(out, []byte(`"data_base64"`)) {
-			if !bytes.Equal(ev.Data, payload) {
-				t.Fatalf("data %q, want %q", ev.Data, payload)
+			if !json.Valid(out) {
+				t.Fatalf("not JSON: %s", out)
 			}
-		} else if !bytes.Equal(ev.Data, bytes.TrimSpace(payload)) {
-			t.Fatalf("inline data %q, want %q", ev.Data, payload)
+			ev, err := DecodeEvent(out)
+			if err != nil {
+				t.Fatalf("decode: %v\n%s", err, out)
+			}
+			if ev.ID != id || ev.Sequence != seq || ev.Source != enc.source {
+				t.Fatalf("round trip: got %+v", ev)
+			}
+			wantType := typ
+			if wantType == "" {
+				wantType = DefaultEventType
+			}
+			if ev.Type != wantType {
+				t.Fatalf("type %q, want %q", ev.Type, wantType)
+			}
+			wantCT := ct
+			if ct == "" {
+				switch {
+				case json.Valid(payload):
+					wantCT = "application/json"
+				case text && utf8.Valid(payload):
+					wantCT = "text/plain; charset=utf-8"
+				default:
+					wantCT = "application/octet-stream"
+				}
+			}
+			if ev.DataContentType != wantCT {
+				t.Fatalf("text=%v: content type %q, want %q", text, ev.DataContentType, wantCT)
+			}
+			switch {
+			case bytes.Contains(out, []byte(`"data_base64"`)):
+				if !bytes.Equal(ev.Data, payload) {
+					t.Fatalf("data %q, want %q", ev.Data, payload)
+				}
+			case wantCT == "text/plain; charset=utf-8" && ct == "":
+				if !bytes.Equal(ev.Data, payload) {
+					t.Fatalf("text data %q, want %q\n%s", ev.Data, payload, out)
+				}
+			case !bytes.Equal(ev.Data, bytes.TrimSpace(payload)):
+				t.Fatalf("inline data %q, want %q", ev.Data, payload)
+			}
 		}
 	})
 }
@@ -78,10 +101,53 @@ func FuzzDecodeEvent(f *testing.F) {
 	f.Add([]byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","data_base64":"AAE=","sequence":"0042","time":"2026-01-01T00:00:00Z"}`))
 	f.Add([]byte(`{"specversion":"0.3"}`))
 	f.Add([]byte(`not json`))
+	f.Add([]byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","datacontenttype":"text/plain; charset=utf-8","data":"a \"b\"\n\u00e9"}`))
+	f.Add([]byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","datacontenttype":"application/json","data":"a"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ev, err := DecodeEvent(b)
-		if err == nil && (ev.ID == "" || ev.Source == "" || ev.Type == "") {
+		if err != nil {
+			return
+		}
+		if ev.ID == "" || ev.Source == "" || ev.Type == "" {
 			t.Fatalf("accepted an event without id, source or type: %s", b)
+		}
+		// A string of a non-JSON content type is the data itself.
+		var doc struct {
+			DataContentType string `json:"datacontenttype"`
+			Data            any    `json:"data"`
+		}
+		if json.Unmarshal(b, &doc) == nil {
+			if s, ok := doc.Data.(string); ok && doc.DataContentType != "" && !isJSONContentType(doc.DataContentType) && string(ev.Data) != s {
+				t.Fatalf("string data decoded as %q, want %q: %s", ev.Data, s, b)
+			}
+		}
+		if ev.Sequence < 0 {
+			return // the relay never writes one
+		}
+		// What was decoded, enqueued again as a BLOB or as TEXT, comes back
+		// the same from the relay's envelope.
+		for _, text := range []bool{false, true} {
+			enc := encoder{source: ev.Source, defaultType: DefaultEventType}
+			m := &outgoing{seq: ev.Sequence, id: ev.ID, topic: "t", payload: ev.Data, text: text, typ: ev.Type, contentType: ev.DataContentType}
+			out, err := enc.encode(nil, m)
+			if err != nil {
+				t.Fatalf("encode %+v: %v", ev, err)
+			}
+			ev2, err := DecodeEvent(out)
+			if err != nil {
+				t.Fatalf("decode: %v\n%s", err, out)
+			}
+			if ev2.ID != ev.ID || ev2.Source != ev.Source || ev2.Type != ev.Type || ev2.Sequence != ev.Sequence ||
+				(ev.DataContentType != "" && ev2.DataContentType != ev.DataContentType) {
+				t.Fatalf("round trip: %+v, want %+v", ev2, ev)
+			}
+			want := ev.Data
+			if isJSONContentType(ev2.DataContentType) && !bytes.Contains(out, []byte(`"data_base64"`)) {
+				want = bytes.TrimSpace(want) // inline JSON, its spaces around dropped
+			}
+			if !bytes.Equal(ev2.Data, want) {
+				t.Fatalf("text=%v: data %q, want %q\n%s", text, ev2.Data, want, out)
+			}
 		}
 	})
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -216,6 +218,11 @@ func (s *Subscriber) purgeLoop(ctx context.Context) {
 	}
 }
 
+// disconnectWait bounds how long ending a session waits for paho to send
+// the DISCONNECT and stop its goroutines; it takes longer only when a write
+// is stuck.
+const disconnectWait = time.Second
+
 // session runs one connection until it is lost or ctx ends.
 func (s *Subscriber) session(ctx context.Context) error {
 	// paho's callback may be blocked handing over a message when the
@@ -250,18 +257,38 @@ func (s *Subscriber) session(ctx context.Context) error {
 		default:
 		}
 	})
+	var abort connectAbort
+	if os.Getenv("ALL_PROXY") == "" && os.Getenv("all_proxy") == "" {
+		// Without a proxy (which only paho's own dialer knows how to use)
+		// the subscriber opens the connection itself, so that ctx can end
+		// the attempt.
+		o.SetCustomOpenConnectionFn(abort.open(sctx))
+	}
 	c := mqtt.NewClient(o)
 	tok := c.Connect()
 	select {
 	case <-tok.Done():
 	case <-ctx.Done():
-		go func() { <-tok.Done(); c.Disconnect(0) }()
+		// paho cannot abandon a connect under way (Disconnect waits for
+		// it), and it waits for the CONNACK until ConnectTimeout; abort
+		// closes the connection, which ends that wait at once (with a
+		// proxy it takes up to ConnectTimeout). Run must not return before
+		// paho's goroutine has.
+		<-tok.Done()
+		abort.settle()
 		return nil
 	}
+	abort.settle()
 	if err := tok.Error(); err != nil {
 		return fmt.Errorf("outbox: subscriber connect: %w", err)
 	}
-	defer c.Disconnect(0)
+	defer func() {
+		// Disconnect waits (up to the quiesce) for paho's goroutines to
+		// end, and one of them may be blocked in the callback until sctx
+		// ends.
+		cancel()
+		c.Disconnect(uint(disconnectWait / time.Millisecond))
+	}()
 	filters := make(map[string]byte, len(s.opts.Topics))
 	for _, t := range s.opts.Topics {
 		filters[t] = 1
@@ -362,4 +389,54 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, c
 		s.opts.OnEvent(ev, Quarantined, cause)
 	}
 	return true
+}
+
+// connectAbort opens a subscriber's connection for paho and closes it if
+// ctx ends while the connect is under way.
+type connectAbort struct {
+	mu   sync.Mutex
+	stop func() bool   // unregisters the close
+	done chan struct{} // closed once the close ran
+}
+
+// open returns paho's function to open the network connection, as paho's
+// own would (the dialer's timeout is ConnectTimeout) but with ctx.
+func (a *connectAbort) open(ctx context.Context) mqtt.OpenConnectionFunc {
+	return func(u *url.URL, o mqtt.ClientOptions) (net.Conn, error) {
+		d := o.Dialer
+		if d == nil {
+			d = &net.Dialer{Timeout: o.ConnectTimeout}
+		}
+		var conn net.Conn
+		var err error
+		if isTLS(u) {
+			conn, err = (&tls.Dialer{NetDialer: d, Config: o.TLSConfig}).DialContext(ctx, "tcp", u.Host)
+		} else {
+			conn, err = d.DialContext(ctx, "tcp", u.Host)
+		}
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			defer close(done)
+			conn.Close()
+		})
+		a.mu.Lock()
+		a.stop, a.done = stop, done
+		a.mu.Unlock()
+		return conn, nil
+	}
+}
+
+// settle, called once the connect has ended, keeps the connection from
+// being closed by ctx from now on (Disconnect ends it), or waits for a close
+// already under way.
+func (a *connectAbort) settle() {
+	a.mu.Lock()
+	stop, done := a.stop, a.done
+	a.mu.Unlock()
+	if stop != nil && !stop() {
+		<-done
+	}
 }

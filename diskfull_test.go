@@ -228,3 +228,52 @@ func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) 
 	free, _ := freeBytes(path)
 	t.Logf("delivered %d with the filler in place, %d bytes free", backlog, free)
 }
+
+// TestFullDiskRestart: a device restarts on a full disk. SQLite must create
+// the database's -shm file (its WAL index, 32 KiB) before the first
+// statement, and that fails (SQLITE_IOERR_SHMSIZE) while the reserve holds
+// the last free space. Open must spend the reserve and try again, and a relay
+// then drains the backlog while the disk stays full.
+func TestFullDiskRestart(t *testing.T) {
+	ctx := context.Background()
+	dir, mounted := smallFileSystem(t, "4m")
+	if !mounted {
+		t.Skip("needs a small file system of its own (a tmpfs mount) to fill")
+	}
+	path := filepath.Join(dir, "till.db")
+	ob, err := Open(ctx, path, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)`)
+	require.NoError(t, err)
+	const backlog = 40
+	for i := range backlog {
+		commitOrder(t, ob, "pos/orders", i)
+	}
+	require.NoError(t, ob.Close())
+	_, err = os.Stat(path + "-reserve")
+	require.NoError(t, err, "the reserve is on disk")
+	_, err = os.Stat(path + "-shm")
+	require.ErrorIs(t, err, os.ErrNotExist, "a clean close removes the -shm file")
+
+	fillDisk(t, dir)
+	logs := &crashLog{}
+	ob, err = Open(ctx, path, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err, "Open on a full disk spends the reserve")
+	defer ob.Close()
+	require.Contains(t, logs.String(), "disk full", "the log says why the reserve went")
+	_, err = os.Stat(path + "-reserve")
+	require.ErrorIs(t, err, os.ErrNotExist, "the reserve was spent")
+
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 20*time.Second, "the backlog delivered", func() bool { return pub.publishedCount() == backlog })
+	eventually(t, 10*time.Second, "the backlog marked sent", func() bool { return countState(t, ob, "pending") == 0 })
+	_, err = os.Stat(filepath.Join(dir, "filler"))
+	require.NoError(t, err, "the filler is still there")
+	var check string
+	require.NoError(t, ob.DB().QueryRow(`PRAGMA integrity_check`).Scan(&check))
+	require.Equal(t, "ok", check)
+}

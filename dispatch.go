@@ -59,6 +59,13 @@ type connectionLoser interface {
 	ConnectionLost() <-chan struct{}
 }
 
+// handOffWatcher is implemented by a test's Publisher that must learn of each
+// message just before the relay decides whether to hand it over, to tell
+// what a relay that stalled may still publish when it wakes.
+type handOffWatcher interface {
+	aboutToHandOff(seq int64)
+}
+
 // flight is a publish awaiting its acknowledgement.
 type flight struct {
 	seq   int64
@@ -103,6 +110,7 @@ type session struct {
 
 	readers  sync.WaitGroup // batches read ahead
 	progress atomic.Bool
+	watch    handOffWatcher // nil but in tests
 
 	mu   sync.Mutex
 	fail *failure
@@ -204,6 +212,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
 	}
+	s.watch, _ = r.pub.(handOffWatcher)
 	var wg sync.WaitGroup
 	if cl, ok := r.pub.(connectionLoser); ok {
 		if lost := cl.ConnectionLost(); lost != nil {
@@ -381,6 +390,19 @@ func (s *session) dispatch() error {
 			case s.slots <- struct{}{}:
 			case <-s.sctx.Done():
 				return nil
+			}
+			if s.watch != nil {
+				s.watch.aboutToHandOff(m.seq)
+			}
+			// Checked before every hand-off, not once per batch: a relay
+			// stopped (SIGSTOP, a frozen VM) for longer than the TTL while
+			// another took over would otherwise, on waking, publish the
+			// rest of its batch before its renewal told it the lease was
+			// gone. It costs a mutex and a monotonic clock read.
+			for !s.l.valid() {
+				if !sleepCtx(s.sctx, s.l.ttl/16) {
+					return nil
+				}
 			}
 			tok := r.pub.Publish(m.topic, m.wire)
 			r.inFlight.Add(1)

@@ -202,10 +202,33 @@ type Outbox struct {
 // Open opens (or creates) the SQLite file at path with OpenDB and returns an
 // Outbox that owns it: Close closes the database. Use DB for the
 // application's own tables.
+//
+// When the disk is too full to open the database — SQLite must create and
+// grow the -shm file first — Open deletes the disk reserve (PATH-reserve), if
+// there is one, and tries once more: a device that restarts on a full disk
+// can then relay its backlog and so free space.
 func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
 	if opts.ReadOnly {
+		// Inspection never spends the reserve: it is the relay's.
 		return openInspector(ctx, path, opts)
 	}
+	o, err := openOnce(ctx, path, opts)
+	if err == nil || !noSpace(err) {
+		return o, err
+	}
+	size, ok := releaseReserveFile(path)
+	if !ok {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("outbox: disk full on open; released the disk reserve and trying again", "path", path, "bytes", size, "err", err)
+	return openOnce(ctx, path, opts)
+}
+
+func openOnce(ctx context.Context, path string, opts Options) (*Outbox, error) {
 	db, err := OpenDB(path, DBOptions{Synchronous: opts.Synchronous, BusyTimeout: opts.BusyTimeout, MustExist: opts.MustExist})
 	if err != nil {
 		return nil, err

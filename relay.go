@@ -464,15 +464,22 @@ func (r *Relay) run(ctx context.Context) error {
 }
 
 // keepLease renews the lease every quarter TTL; losing it stops the relay.
+// A renewal that fails is a write that failed: on a full disk it spends the
+// reserve like any other, and it is tried again soon, because the relay
+// stops publishing once it has not renewed for half a TTL.
 func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCauseFunc) {
-	t := time.NewTicker(l.ttl / 4)
+	t := time.NewTimer(l.ttl / 4)
 	defer t.Stop()
+	var lastWarn time.Time
+	var lastMsg string
+	quick := false // the last attempt was an immediate retry
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		next := l.ttl / 4
 		err := l.renew(ctx)
 		switch {
 		case errors.Is(err, ErrLeaseLost):
@@ -480,9 +487,46 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 			stop(ErrLeaseLost)
 			return
 		case err != nil && ctx.Err() == nil:
-			r.log.Warn("outbox relay could not renew its lease", "err", err)
+			err = classifyWriteErr(err)
+			// Retried every TTL/16 on a disk that stays full: warn when it
+			// starts, when the reason changes, and once a minute.
+			level := slog.LevelDebug
+			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
+				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
+			}
+			r.log.Log(ctx, level, "outbox relay could not renew its lease", "err", err)
+			next = l.ttl / 16
+			freed := r.writeFailed(err)
+			// Each renewal appends a page to the WAL, and only a complete
+			// checkpoint lets SQLite write the WAL from its start again:
+			// an idle relay would spend the reserve in minutes, then lose
+			// its lease on a disk that stays full. So, while no marks need
+			// the space, copy the WAL into the database now, with the
+			// reserve's space; from then on renewals take none.
+			ckpt := errors.Is(err, ErrDiskFull) && !r.connected.Load() && (freed || !quick) && walCheckpointed(ctx, l.conn)
+			if ckpt {
+				r.log.Info("outbox: disk full; copied the WAL into the database, so that lease renewals need no new space")
+			}
+			if freed || ckpt {
+				next = 0
+			}
+		default:
+			lastMsg = ""
 		}
+		quick = next == 0
+		t.Reset(next)
 	}
+}
+
+// walCheckpointed copies the WAL into the database file, waiting for no one,
+// and reports whether all of it is there: then the next write transaction
+// starts the WAL from its beginning again and needs no new space.
+func walCheckpointed(ctx context.Context, conn *relayConn) bool {
+	var busy, frames, copied int
+	err := conn.do(func(c *sql.Conn) error {
+		return c.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied)
+	})
+	return err == nil && busy == 0 && copied == frames
 }
 
 // purgeLoop deletes sent rows past retention and gives free pages back.

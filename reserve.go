@@ -4,6 +4,10 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // DefaultReserveBytes is the disk space an Outbox keeps back unless
@@ -101,4 +105,26 @@ func (r *reserve) refill() {
 		return
 	}
 	r.fill()
+}
+
+// releaseReserveFile deletes the reserve of the database at dbPath before it
+// is open, and reports how large it was and whether there was one.
+func releaseReserveFile(dbPath string) (int64, bool) {
+	path := dbPath + "-reserve"
+	fi, err := os.Stat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, false
+	}
+	return fi.Size(), os.Remove(path) == nil
+}
+
+// noSpace reports whether err says the disk has no room: SQLITE_FULL,
+// SQLITE_IOERR_SHMSIZE (SQLite could not grow the -shm file, which it writes
+// a page at a time so that the mapping never hits a hole) or ENOSPC.
+func noSpace(err error) bool {
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_IOERR_SHMSIZE {
+		return true
+	}
+	return sqliteCode(err) == sqlite3.SQLITE_FULL || errors.Is(err, syscall.ENOSPC)
 }

@@ -277,3 +277,30 @@ func TestFullDiskRestart(t *testing.T) {
 	require.NoError(t, ob.DB().QueryRow(`PRAGMA integrity_check`).Scan(&check))
 	require.Equal(t, "ok", check)
 }
+
+// TestFullDiskRelayStartsOnFullDisk: a relay started on a database whose
+// disk is already full used to fail Run at once ("outbox: lease: database or
+// disk is full"): taking the lease is a write, and it may spend the reserve
+// like the relay's other writes.
+func TestFullDiskRelayStartsOnFullDisk(t *testing.T) {
+	ctx := context.Background()
+	dir, mounted := smallFileSystem(t, "4m")
+	if !mounted {
+		t.Skip("needs a small file system of its own (a tmpfs mount, as root)")
+	}
+	ob, err := Open(ctx, filepath.Join(dir, "till.db"), Options{Logger: testLogger()})
+	require.NoError(t, err)
+	defer ob.Close()
+	for i := 0; i < 20; i++ {
+		require.NoError(t, enqueueTopic(ctx, ob, "pos/orders", make([]byte, 1000)))
+	}
+	fillDisk(t, dir)
+	pub := &fakePublisher{}
+	r, err := ob.NewRelay(pub, fastRelay())
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "drained on the full disk", func() bool { return pub.publishedCount() == 20 })
+	st, err := r.Stats(ctx)
+	require.NoError(t, err)
+	require.Contains(t, st.LastError, "disk full")
+}

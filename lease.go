@@ -58,16 +58,27 @@ func (l *lease) renewed(at time.Time) {
 func (l *lease) expiresMillis() int64 { return l.now().Add(l.ttl).UnixMilli() }
 
 // acquire blocks until the lease is held or ctx ends. waiting is called once
-// with the holder's name when the lease is held by another relay.
-func (l *lease) acquire(ctx context.Context, waiting func(holder string)) error {
+// with the holder's name when the lease is held by another relay; full with
+// a write that failed for lack of space, and says whether it freed some.
+func (l *lease) acquire(ctx context.Context, waiting func(holder string), full func(error) (freed bool)) error {
 	var w watch
 	told := false
 	for {
 		start := time.Now()
 		took, holder, err := l.try(ctx, &w, start)
-		// A database held busy past the busy timeout is no reason to give
-		// up: try again.
-		if err != nil && !isBusy(err) {
+		switch {
+		case err == nil:
+		case isBusy(err):
+			// A database held busy past the busy timeout is no reason to
+			// give up: try again.
+		case errors.Is(classifyWriteErr(err), ErrDiskFull) && full != nil:
+			// Taking the lease is a write like any other: on a full disk it
+			// may spend the reserve, and then try again at once; otherwise
+			// it waits for space, as the relay would.
+			if full(classifyWriteErr(err)) {
+				continue
+			}
+		default:
 			return err
 		}
 		if took {

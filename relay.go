@@ -425,8 +425,16 @@ func (r *Relay) run(ctx context.Context) error {
 	}
 	r.reader = reader
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder()}
+	var lastFull time.Time
 	if err := l.acquire(ctx, func(holder string) {
 		r.log.Info("outbox relay waiting for the lease", "holder", holder)
+	}, func(err error) bool {
+		freed := r.writeFailed(err)
+		if time.Since(lastFull) >= time.Minute {
+			lastFull = time.Now()
+			r.log.Warn("outbox relay cannot take its lease: disk full; waiting for space", "err", err)
+		}
+		return freed
 	}); err != nil {
 		if ctx.Err() != nil {
 			return nil

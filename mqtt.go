@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -57,6 +58,10 @@ type MQTTPublisher struct {
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	conn *mqttConn
+
+	// control, if set, is given every socket before it connects: tests
+	// use it to shrink the send buffer, as on a device whose writes block.
+	control func(network, address string, c syscall.RawConn) error
 }
 
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
@@ -173,6 +178,9 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		p.opts.ConnectTimeout, p.opts.KeepAlive, p.opts.PingTimeout)
 	o.SetCleanSession(true)
 	o.SetWriteTimeout(p.opts.WriteTimeout)
+	if p.control != nil {
+		o.Dialer.Control = p.control
+	}
 	o.SetStore(mqtt.NewOrderedMemoryStore())
 	o.SetOrderMatters(false)
 	o.SetConnectionLostHandler(func(mqtt.Client, error) { once.Do(func() { close(lost) }) })

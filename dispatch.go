@@ -25,6 +25,12 @@ import (
 //     refuse a publish (they close the connection), so a message that a
 //     broker keeps refusing is parked as dead after MaxAttempts, while a
 //     broker that is merely down never sees the message and never charges it.
+//   - Slow is not broken. With a publisher whose tokens tell how far their
+//     packet has got (wireToken; MQTTPublisher's do), a message's AckTimeout
+//     counts from when its last byte left, and until then from the last
+//     time the connection moved bytes. A connection given up on because it
+//     moved no bytes before the message had left (a stall: errStalled)
+//     charges nothing, even for the suspect: its bytes never got out.
 //   - A Publisher error wrapping ErrRejected charges the message at once.
 //   - A message that cannot be encoded (a bad topic written by plain SQL, or
 //     too large for MQTT) can never succeed and is parked as dead at once.
@@ -50,7 +56,19 @@ const (
 var (
 	errNoAck          = errors.New("no acknowledgement within the ack timeout")
 	errConnectionLost = errors.New("connection lost")
+	errStalled        = errors.New("the connection moved no bytes before the message had left")
 )
+
+// wireToken is implemented by tokens that can tell how far their packet
+// has got on the wire (MQTTPublisher's), so that a slow link is not taken
+// for a broken one. Other tokens keep the plain AckTimeout from hand-off.
+type wireToken interface {
+	// Wire reports whether every byte of the packet has left this host,
+	// and since when; while it has not, the last time the connection moved
+	// any bytes. It may ask the kernel, so the relay calls it only for
+	// publishes that wait.
+	Wire() (left bool, since time.Time)
+}
 
 // connectionLoser is implemented by publishers that can tell when their
 // connection drops while idle (MQTTPublisher does), so the relay reconnects
@@ -81,6 +99,7 @@ type failure struct {
 	probe    bool
 	rejected bool // the publisher blamed the message
 	notSent  bool // the message never left: there was no connection
+	stalled  bool // the connection stopped moving bytes before it had left
 }
 
 // markSlots is how many acknowledged messages may wait for their mark.
@@ -269,7 +288,7 @@ func (s *session) result(fatal error) sessionResult {
 		}
 	case f.notSent:
 		// Nothing reached the broker; the suspect stays as it was.
-	case f.probe && f.seq == r.suspect:
+	case f.probe && f.seq == r.suspect && !f.stalled:
 		_, dead, err := r.charge(s.conn, f.seq, f.err)
 		if err != nil {
 			r.writeFailed(err)
@@ -452,13 +471,23 @@ func (s *session) ackLoop() {
 	// delivers a stale expiry.
 	timer := time.NewTimer(r.opts.AckTimeout)
 	defer timer.Stop()
+	// Until its packet is seen gone, a flight is looked at this often:
+	// its ack clock starts when it is first seen gone, so this is how much
+	// longer than AckTimeout a missing PUBACK may take to be noticed. A
+	// PUBACK that comes sooner costs no look.
+	look := max(r.opts.AckTimeout/16, time.Millisecond)
 	for f := range s.flights {
 		if abandoned {
 			r.inFlight.Add(-1)
 			continue
 		}
 		var err error
-		timer.Reset(time.Until(f.sent.Add(r.opts.AckTimeout)))
+		wt, _ := f.tok.(wireToken)
+		if wt != nil {
+			timer.Reset(min(time.Until(f.sent.Add(r.opts.AckTimeout)), look))
+		} else {
+			timer.Reset(time.Until(f.sent.Add(r.opts.AckTimeout)))
+		}
 	wait:
 		for {
 			select {
@@ -466,7 +495,23 @@ func (s *session) ackLoop() {
 				err = f.tok.Error()
 				break wait
 			case <-timer.C:
-				s.setFail(failure{seq: f.seq, err: errNoAck, probe: f.probe})
+				stalled := false
+				if wt != nil {
+					left, since := wt.Wire()
+					if d := time.Until(later(f.sent, since).Add(r.opts.AckTimeout)); d > 0 {
+						if !left {
+							d = min(d, look)
+						}
+						timer.Reset(d)
+						continue
+					}
+					stalled = !left
+				}
+				cause := errNoAck
+				if stalled {
+					cause = errStalled
+				}
+				s.setFail(failure{seq: f.seq, err: cause, probe: f.probe, stalled: stalled})
 				// Disconnecting completes this token with an error.
 				r.pub.Disconnect()
 			case <-done:
@@ -510,6 +555,7 @@ func (s *session) ackLoop() {
 				probe:    f.probe,
 				rejected: errors.Is(err, ErrRejected),
 				notSent:  errors.Is(err, ErrNotConnected),
+				stalled:  errors.Is(err, errStalled),
 			})
 		}
 	}
@@ -807,4 +853,12 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -22,10 +24,16 @@ import (
 //     back (as TCP would retransmit them), while connections accepted during
 //     it are closed unused (a real stall would have eaten their SYN);
 //   - refuse: the listener is closed (connection refused) and every
-//     connection cut, until it listens again on the same address.
+//     connection cut, until it listens again on the same address;
+//   - bandwidth: bytes in one direction pass at most at a set rate (a slow
+//     uplink). A shaped proxy (startShapedProxy) keeps its socket buffers
+//     as small as the kernel allows, so that the bytes it has not forwarded
+//     yet are not acknowledged to the sender either: to the client, the
+//     link is as slow as its rate, as a real one would be.
 type faultProxy struct {
 	target string
 	addr   string
+	tight  bool // small receive buffers on both sides (startShapedProxy)
 
 	mu        sync.Mutex
 	ln        net.Listener
@@ -38,6 +46,9 @@ type faultProxy struct {
 	connected atomic.Int64 // connections accepted and dialled through
 	dropped   [2]atomic.Int64
 	rebinds   atomic.Int64 // failed attempts to listen again after refusing
+
+	moved [2]atomic.Int64 // bytes forwarded, per direction
+	rate  [2]atomic.Int64 // bytes per second per direction; 0: unlimited
 }
 
 // faultConn is one proxied connection.
@@ -72,15 +83,65 @@ const (
 // until the test ends.
 func startFaultProxy(t testing.TB, target string) *faultProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return newFaultProxy(t, target, false)
+}
+
+// startShapedProxy is startFaultProxy with bandwidth limits in bytes per
+// second (up: client to broker; 0: unlimited) and small socket buffers.
+func startShapedProxy(t testing.TB, target string, up, down int64) *faultProxy {
+	t.Helper()
+	p := newFaultProxy(t, target, true)
+	p.setRate(dirUp, up)
+	p.setRate(dirDown, down)
+	return p
+}
+
+func newFaultProxy(t testing.TB, target string, tight bool) *faultProxy {
+	t.Helper()
+	p := &faultProxy{target: target, tight: tight, conns: map[*faultConn]struct{}{}}
+	ln, err := p.listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{target: target, addr: ln.Addr().String(), conns: map[*faultConn]struct{}{}}
+	p.addr = ln.Addr().String()
 	p.serve(ln)
 	t.Cleanup(p.close)
 	return p
 }
+
+// smallRcvBuf asks for the smallest receive buffer (the kernel rounds it
+// up): set before the connection is made, it bounds the window the peer is
+// offered, so a peer's bytes wait in its own socket until the proxy reads
+// them.
+func smallRcvBuf(_, _ string, c syscall.RawConn) error {
+	var err error
+	if cerr := c.Control(func(fd uintptr) {
+		err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1)
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+func (p *faultProxy) listen(addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	if p.tight {
+		lc.Control = smallRcvBuf // accepted connections inherit it
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+func (p *faultProxy) dial() (net.Conn, error) {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if p.tight {
+		d.Control = smallRcvBuf
+	}
+	return d.Dial("tcp", p.target)
+}
+
+// setRate limits one direction to bytesPerSec (0: unlimited), from the next
+// read on.
+func (p *faultProxy) setRate(dir int, bytesPerSec int64) { p.rate[dir].Store(bytesPerSec) }
 
 func (p *faultProxy) url() string { return "tcp://" + p.addr }
 
@@ -115,7 +176,7 @@ func (p *faultProxy) handle(client net.Conn) {
 	var server net.Conn
 	if stalled == nil {
 		var err error
-		server, err = net.DialTimeout("tcp", p.target, 2*time.Second)
+		server, err = p.dial()
 		if err != nil { // the broker is down: the client sees the connection close
 			client.Close()
 			return
@@ -150,17 +211,28 @@ func (p *faultProxy) handle(client net.Conn) {
 	wg.Wait()
 }
 
-// pump copies src to dst, holding bytes back during a stall and throwing
-// them away while its direction is blackholed.
+// pump copies src to dst, holding bytes back during a stall, throwing them
+// away while its direction is blackholed and pacing them to its rate.
 func (p *faultProxy) pump(c *faultConn, dst, src net.Conn, dir int) {
 	defer c.close(false)
 	buf := make([]byte, 32<<10)
+	var paced time.Time // when the bytes passed so far may have passed
 	for {
 		if !p.pass(c) {
 			return
 		}
-		n, err := src.Read(buf)
+		rate := p.rate[dir].Load()
+		chunk := buf
+		if rate > 0 {
+			// A 20th of a second's worth at a time: what is read is out
+			// of the sender's socket, so read no faster than the rate.
+			chunk = buf[:min(len(buf), max(int(rate/20), 1))]
+		}
+		n, err := src.Read(chunk)
 		if n > 0 {
+			if rate > 0 && !p.pace(c, &paced, n, rate) {
+				return
+			}
 			if !p.pass(c) {
 				return
 			}
@@ -168,11 +240,37 @@ func (p *faultProxy) pump(c *faultConn, dst, src net.Conn, dir int) {
 				p.dropped[dir].Add(int64(n))
 			} else if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			} else {
+				p.moved[dir].Add(int64(n))
 			}
 		}
 		if err != nil {
 			return
 		}
+	}
+}
+
+// pace waits until n more bytes may pass at rate bytes per second, paced
+// being when the bytes before them could; false once c is closed. A little
+// credit (50 ms) is kept, so that the proxy's own scheduling delays do not
+// slow the link below its rate.
+func (p *faultProxy) pace(c *faultConn, paced *time.Time, n int, rate int64) bool {
+	now := time.Now()
+	if floor := now.Add(-50 * time.Millisecond); paced.Before(floor) {
+		*paced = floor
+	}
+	*paced = paced.Add(time.Duration(int64(n) * int64(time.Second) / rate))
+	d := paced.Sub(now)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d) // the link's pace
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.done:
+		return false
 	}
 }
 
@@ -275,7 +373,7 @@ func (p *faultProxy) refuse(d time.Duration) error {
 	var ln net.Listener
 	var err error
 	for attempt := 0; attempt < 100; attempt++ {
-		if ln, err = net.Listen("tcp", p.addr); err == nil {
+		if ln, err = p.listen(p.addr); err == nil {
 			break
 		}
 		p.rebinds.Add(1)

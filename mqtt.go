@@ -6,15 +6,19 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/eclipse/paho.mqtt.golang/packets"
+	netproxy "golang.org/x/net/proxy"
 )
 
 // MQTTOptions configures an MQTTPublisher.
@@ -37,12 +41,19 @@ type MQTTOptions struct {
 	TLSFiles *TLSFiles
 	// ConnectTimeout bounds connecting, including the CONNACK. Default 10 s.
 	ConnectTimeout time.Duration
-	// WriteTimeout bounds handing one packet to the connection. Default 10 s.
+	// WriteTimeout is the longest a write may go without moving a byte: a
+	// packet may take longer to write over a slow link, as long as its
+	// bytes keep moving. Default 10 s.
 	WriteTimeout time.Duration
 	// KeepAlive is the MQTT keepalive; a dead connection is noticed within
-	// about KeepAlive + PingTimeout. Default 30 s.
+	// about KeepAlive + PingTimeout. Brokers close a connection on which no
+	// whole packet arrived within 1.5 × KeepAlive, so it must be longer
+	// than the largest message takes to send over the slowest link.
+	// Default 30 s.
 	KeepAlive time.Duration
-	// PingTimeout is how long to wait for a PINGRESP. Default 10 s.
+	// PingTimeout is how long to wait for a PINGRESP once the PINGREQ has
+	// left (on a slow link it waits behind the bytes before it). Default
+	// 10 s.
 	PingTimeout time.Duration
 }
 
@@ -57,6 +68,10 @@ type MQTTPublisher struct {
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	conn *mqttConn
+
+	// control, if set, is given every socket before it connects: tests
+	// use it to shrink the send buffer, as on a device whose writes block.
+	control func(network, address string, c syscall.RawConn) error
 }
 
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
@@ -173,6 +188,16 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		p.opts.ConnectTimeout, p.opts.KeepAlive, p.opts.PingTimeout)
 	o.SetCleanSession(true)
 	o.SetWriteTimeout(p.opts.WriteTimeout)
+	// paho calls this from its connect goroutine; wire is read only once
+	// the connect token is done.
+	var wire *wireConn
+	o.SetCustomOpenConnectionFn(func(uri *url.URL, co mqtt.ClientOptions) (net.Conn, error) {
+		w, err := p.open(uri, co.TLSConfig)
+		if err == nil {
+			wire = w
+		}
+		return w, err
+	})
 	o.SetStore(mqtt.NewOrderedMemoryStore())
 	o.SetOrderMatters(false)
 	o.SetConnectionLostHandler(func(mqtt.Client, error) { once.Do(func() { close(lost) }) })
@@ -190,9 +215,14 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		c.Disconnect(0)
 		return fmt.Errorf("outbox: mqtt connect to %s: %s: %w", redactURL(p.url), explainConnectError(err, time.Now()), err)
 	}
+	if wire == nil { // paho connected without asking for a connection
+		c.Disconnect(0)
+		return fmt.Errorf("outbox: mqtt connect to %s: no connection was opened", redactURL(p.url))
+	}
 	cn := &mqttConn{
 		wg:      &p.wg,
 		client:  c,
+		wire:    wire,
 		lost:    lost,
 		queue:   make(chan *pubToken, 64),
 		forward: make(chan forwarding, 1024),
@@ -206,6 +236,39 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.conn = cn
 	p.mu.Unlock()
 	return nil
+}
+
+// open dials the broker for paho, as paho would (ALL_PROXY honoured, TLS
+// for a TLS URL, all within ConnectTimeout), with a wireConn on top.
+func (p *MQTTPublisher) open(uri *url.URL, tlsCfg *tls.Config) (*wireConn, error) {
+	deadline := time.Now().Add(p.opts.ConnectTimeout)
+	d := &net.Dialer{Deadline: deadline, Control: p.control}
+	raw, err := netproxy.FromEnvironmentUsing(d).Dial("tcp", uri.Host)
+	if err != nil {
+		return nil, err
+	}
+	l := newLinkConn(raw, p.opts.WriteTimeout)
+	w := &wireConn{Conn: l, link: l, pingTimeout: p.opts.PingTimeout, wrote: make(chan struct{}, 1), closed: make(chan struct{})}
+	if !isTLS(uri) {
+		return w, nil
+	}
+	if tlsCfg == nil {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if tlsCfg.ServerName == "" {
+		// As tls.Dial does.
+		tlsCfg = tlsCfg.Clone()
+		tlsCfg.ServerName = uri.Hostname()
+	}
+	tc := tls.Client(l, tlsCfg)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	w.Conn = tc
+	return w, nil
 }
 
 // Publish sends one message at QoS 1.
@@ -260,6 +323,7 @@ func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
 type mqttConn struct {
 	wg      *sync.WaitGroup
 	client  mqtt.Client
+	wire    *wireConn
 	lost    chan struct{}
 	queue   chan *pubToken
 	forward chan forwarding
@@ -276,7 +340,7 @@ type forwarding struct {
 }
 
 func (c *mqttConn) publish(topic string, payload []byte) Token {
-	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{})}
+	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), wire: c.wire}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -296,7 +360,7 @@ func (c *mqttConn) complete(t *pubToken, err error) {
 	c.mu.Lock()
 	delete(c.pending, t)
 	c.mu.Unlock()
-	t.complete(err)
+	t.complete(t.classify(err))
 }
 
 // write hands publishes to paho in order.
@@ -307,8 +371,18 @@ func (c *mqttConn) write() {
 		case <-c.stop:
 			return
 		case t := <-c.queue:
+			if !c.wire.expect(t, c.stop) {
+				return
+			}
 			pt := c.client.Publish(t.topic, 1, false, t.payload)
 			t.payload = nil
+			select {
+			case <-pt.Done():
+				if pt.Error() != nil {
+					c.wire.forget(t) // paho never wrote it
+				}
+			default:
+			}
 			select {
 			case c.forward <- forwarding{t, pt}:
 			case <-c.stop:
@@ -348,7 +422,7 @@ func (c *mqttConn) close() {
 	c.pending = nil
 	c.mu.Unlock()
 	for t := range pending {
-		t.complete(errDisconnected)
+		t.complete(t.classify(errDisconnected))
 	}
 	// Without quiesce: nothing more may be acknowledged on this connection.
 	c.wg.Add(1)
@@ -362,6 +436,10 @@ type pubToken struct {
 	done    chan struct{}
 	err     error
 	once    sync.Once
+
+	wire   *wireConn
+	end    atomic.Int64              // where the packet ends on the wire; 0 until written
+	leftAt atomic.Pointer[time.Time] // when its last byte was first seen gone
 }
 
 func (t *pubToken) Done() <-chan struct{} { return t.done }
@@ -373,6 +451,34 @@ func (t *pubToken) complete(err error) {
 	})
 }
 
+// Wire implements wireToken: whether every byte of the packet has left,
+// and since when; while it has not, when the connection last moved bytes.
+func (t *pubToken) Wire() (left bool, since time.Time) {
+	if at := t.leftAt.Load(); at != nil {
+		return true, *at
+	}
+	gone, moved := t.wire.link.progress()
+	if end := t.end.Load(); end > 0 && gone >= end {
+		now := time.Now()
+		t.leftAt.CompareAndSwap(nil, &now)
+		return true, *t.leftAt.Load()
+	}
+	return false, moved
+}
+
+// classify marks a failure as a stall when the connection was given up
+// for moving no bytes (a write or ping that made no progress) before the
+// packet had left: nothing then says the broker refused it.
+func (t *pubToken) classify(err error) error {
+	if err == nil || !t.wire.link.stalled.Load() {
+		return err
+	}
+	if left, _ := t.Wire(); left {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errStalled, err)
+}
+
 // failedToken is a token that failed before anything was sent.
 type failedToken struct{ err error }
 
@@ -380,6 +486,238 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 
 func (failedToken) Done() <-chan struct{} { return closedChan }
 func (t failedToken) Error() error        { return t.err }
+
+// wireConn is the connection paho writes to. It tells when each publish
+// has been written and where it ends on the wire, so the relay can start a
+// message's ack clock when its bytes have left rather than when it was
+// handed over; and it makes paho's timeouts count from progress:
+//
+//   - paho puts a deadline of WriteTimeout on each publish's write; here it
+//     is the longest the write may go without moving a byte (linkConn);
+//   - paho counts PingTimeout from the return of the PINGREQ's write; here
+//     that write returns once the PINGREQ has left, so a ping queued behind
+//     a big message on a slow link does not time out while it waits;
+//   - paho's Publish waits WriteTimeout for its network goroutine to take
+//     the packet, which is busy for as long as the packet before takes to
+//     write: expect lets at most two publishes wait unwritten (one being
+//     written, one queued behind it), so Publish never waits for a write.
+//
+// Over TLS, paho writes to the tls.Conn inside (Conn), itself over the link.
+type wireConn struct {
+	net.Conn
+	link        *linkConn
+	pingTimeout time.Duration
+
+	mu        sync.Mutex
+	unwritten []*pubToken // handed to paho, in order, not yet written
+	wrote     chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+// expect records that t is about to be handed to paho, once fewer than
+// two publishes wait to be written; false if stop closed first.
+func (w *wireConn) expect(t *pubToken, stop <-chan struct{}) bool {
+	for {
+		w.mu.Lock()
+		if len(w.unwritten) < 2 {
+			w.unwritten = append(w.unwritten, t)
+			w.mu.Unlock()
+			return true
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.wrote:
+		case <-stop:
+			return false
+		}
+	}
+}
+
+// forget drops t, which paho refused without writing it.
+func (w *wireConn) forget(t *pubToken) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, u := range w.unwritten {
+		if u == t {
+			w.unwritten = append(w.unwritten[:i], w.unwritten[i+1:]...)
+			return
+		}
+	}
+}
+
+// Write writes one packet: paho writes each in one call, publishes from
+// its network goroutine in the order they were handed over, pings from its
+// keepalive goroutine.
+func (w *wireConn) Write(b []byte) (int, error) {
+	n, err := w.Conn.Write(b)
+	if err != nil || len(b) == 0 {
+		return n, err
+	}
+	switch b[0] >> 4 {
+	case packets.Publish:
+		end := w.link.written.Load()
+		w.mu.Lock()
+		var t *pubToken
+		if len(w.unwritten) > 0 {
+			t = w.unwritten[0]
+			w.unwritten = append(w.unwritten[:0], w.unwritten[1:]...)
+		}
+		w.mu.Unlock()
+		if t != nil {
+			t.end.Store(end)
+		}
+		select {
+		case w.wrote <- struct{}{}:
+		default:
+		}
+	case packets.Pingreq:
+		w.awaitGone(w.link.written.Load())
+	}
+	return n, err
+}
+
+// awaitGone waits until the bytes up to end have left, the link has moved
+// nothing for PingTimeout (a stall: paho's PingTimeout then ends the
+// connection), or the connection is closed. It polls: a ping is rare.
+func (w *wireConn) awaitGone(end int64) {
+	start := time.Now()
+	delay := time.Millisecond
+	for {
+		gone, moved := w.link.progress()
+		if gone >= end {
+			return
+		}
+		if time.Since(later(start, moved)) >= w.pingTimeout {
+			w.link.stalled.Store(true)
+			return
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-w.closed:
+			t.Stop()
+			return
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+// SetWriteDeadline is paho's per-publish deadline: linkConn applies it as
+// a deadline on progress.
+func (w *wireConn) SetWriteDeadline(t time.Time) error {
+	w.link.armed.Store(!t.IsZero())
+	return nil
+}
+
+// SetDeadline is paho's bound on the MQTT handshake: a plain deadline.
+func (w *wireConn) SetDeadline(t time.Time) error {
+	w.link.armed.Store(false)
+	return w.Conn.SetDeadline(t)
+}
+
+func (w *wireConn) Close() error {
+	w.closeOnce.Do(func() { close(w.closed) })
+	return w.Conn.Close()
+}
+
+// linkConn is the socket under paho (and under TLS). It counts the bytes
+// written, tells how many have left — acknowledged by the peer's TCP where
+// the kernel says (Linux), else handed to the kernel — and, while paho's
+// write deadline is armed, fails a write only after WriteTimeout without
+// any byte moving.
+type linkConn struct {
+	net.Conn
+	raw     syscall.RawConn // nil: the bytes acknowledged cannot be asked
+	base    int64           // bytes the peer had acknowledged before (a proxy's handshake)
+	timeout time.Duration
+
+	wmu     sync.Mutex // a write's rounds must not interleave with another's
+	armed   atomic.Bool
+	written atomic.Int64
+	// stalled: the connection was given up on, or nearly, for moving no
+	// bytes (see pubToken.classify). Progress clears it.
+	stalled atomic.Bool
+
+	pmu         sync.Mutex
+	gone        int64     // bytes known to have left
+	movedAt     time.Time // when gone last grew
+	byAcks      bool      // gone is what the peer acknowledged
+	writtenOnly bool      // the kernel does not say: gone is what was written
+}
+
+func newLinkConn(c net.Conn, timeout time.Duration) *linkConn {
+	l := &linkConn{Conn: c, timeout: timeout, movedAt: time.Now()}
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			l.raw = raw
+			l.base, _ = tcpBytesAcked(raw)
+		}
+	}
+	if l.raw == nil {
+		l.writtenOnly = true
+	}
+	return l
+}
+
+func (l *linkConn) Write(b []byte) (int, error) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if !l.armed.Load() {
+		n, err := l.Conn.Write(b)
+		l.written.Add(int64(n))
+		return n, err
+	}
+	defer l.Conn.SetWriteDeadline(time.Time{})
+	n := 0
+	for {
+		round := time.Now()
+		l.Conn.SetWriteDeadline(round.Add(l.timeout))
+		m, err := l.Conn.Write(b[n:])
+		n += m
+		l.written.Add(int64(m))
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		if m == 0 {
+			// The kernel took nothing, yet bytes may have left: it frees
+			// the send buffer in lumps.
+			if _, moved := l.progress(); moved.After(round) {
+				continue
+			}
+			l.stalled.Store(true)
+			return n, err
+		}
+		// Bytes moved within the deadline: a slow link, not a broken one.
+	}
+}
+
+// progress reports how many bytes are known to have left and when that
+// last grew.
+func (l *linkConn) progress() (gone int64, movedAt time.Time) {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	g := l.gone // if the socket is closed, what was known stands
+	if !l.writtenOnly {
+		acked, ok := tcpBytesAcked(l.raw)
+		switch {
+		case ok && acked > l.base:
+			g, l.byAcks = acked-l.base, true
+		case !l.byAcks:
+			// Asked after the CONNECT was acknowledged, yet nothing: the
+			// kernel does not count (before Linux 4.1, or emulated).
+			l.writtenOnly = true
+		}
+	}
+	if l.writtenOnly {
+		g = l.written.Load()
+	}
+	if g > l.gone {
+		l.gone, l.movedAt = g, time.Now()
+		l.stalled.Store(false)
+	}
+	return l.gone, l.movedAt
+}
 
 // explainConnectError says in words what a user can do about a failed
 // connection: TLS problems (often a device clock that is wrong before NTP

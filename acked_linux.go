@@ -1,0 +1,27 @@
+//go:build linux
+
+package outbox
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// tcpBytesAcked reports how many bytes the peer of a TCP socket has
+// acknowledged: bytes that have left this host. Linux counts them since
+// 4.1; earlier kernels, and emulators that copy only part of TCP_INFO,
+// report 0.
+func tcpBytesAcked(raw syscall.RawConn) (int64, bool) {
+	var n uint64
+	var err error
+	if cerr := raw.Control(func(fd uintptr) {
+		var info *unix.TCPInfo
+		if info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = info.Bytes_acked
+		}
+	}); cerr != nil || err != nil {
+		return 0, false
+	}
+	return int64(n), true
+}

@@ -243,10 +243,20 @@ func TestRelayRejectedMessageRetriedThenDead(t *testing.T) {
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
 	require.Equal(t, 4, attempts)
-	// 3 was in flight behind the rejected 2 and acknowledged: marks record
-	// a high-water mark, so it goes again once 2 is settled — one
-	// duplicate, after a failure, and nothing else twice.
-	require.Equal(t, 3, pub.publishedCount(), "good ones: 1 once, 3 twice")
+	// 3 may have been handed over behind the rejected 2, before the relay
+	// saw 2 fail (the fake completes a rejection at once, so it is a race)
+	// and been acknowledged: marks record a high-water mark, so it goes
+	// again once 2 is settled — at most one duplicate, after a failure.
+	pub.mu.Lock()
+	var published []string
+	for _, p := range pub.published {
+		ev, err := DecodeEvent([]byte(p))
+		require.NoError(t, err)
+		published = append(published, string(ev.Data))
+	}
+	pub.mu.Unlock()
+	require.Contains(t, [][]string{{`{"n":1}`, `{"n":3}`}, {`{"n":1}`, `{"n":3}`, `{"n":3}`}}, published,
+		"good ones: 1 once, 3 once or (handed over behind 2) twice")
 }
 
 func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {

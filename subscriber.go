@@ -294,20 +294,23 @@ func (s *Subscriber) session(ctx context.Context) error {
 		filters[t] = 1
 	}
 	st := c.SubscribeMultiple(filters, handler)
-	select {
-	case <-st.Done():
-	case <-ctx.Done():
-		return nil
-	}
-	if err := st.Error(); err != nil {
-		return fmt.Errorf("outbox: subscribe: %w", err)
-	}
-	s.connected.Store(true)
-	s.log.Info("outbox subscriber connected", "topics", s.opts.Topics)
+	// A resumed session's messages come before the SUBACK, as many as the
+	// broker holds: they are applied while the SUBSCRIBE is under way.
+	// Waiting for the SUBACK first would hang once more than the queue holds
+	// had come: paho's one delivery goroutine, blocked handing them over,
+	// is the one that would read the SUBACK.
+	subscribed := st.Done()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-subscribed:
+			subscribed = nil
+			if err := st.Error(); err != nil {
+				return fmt.Errorf("outbox: subscribe: %w", err)
+			}
+			s.connected.Store(true)
+			s.log.Info("outbox subscriber connected", "topics", s.opts.Topics)
 		case err := <-lost:
 			return fmt.Errorf("connection lost: %w", err)
 		case m := <-queue:

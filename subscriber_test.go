@@ -180,3 +180,22 @@ func TestSubscriberOverTLS(t *testing.T) {
 	require.NoError(t, srv.Publish("pos/orders", []byte(ev), false, 1))
 	eventually(t, 10*time.Second, "event applied", func() bool { return appliedCount(t, db) == 1 })
 }
+
+// TestSubscriberResumesLargeBacklog: a consumer that comes back to a
+// persistent session holding more events than its hand-over queue (256)
+// used to hang for good: the broker sends the session's messages before it
+// answers the SUBSCRIBE, paho's one delivery goroutine blocked handing them
+// over, and the subscriber only began taking them once the SUBACK came,
+// which that goroutine would have had to read.
+func TestSubscriberResumesLargeBacklog(t *testing.T) {
+	c := newConsumerSetup(t)
+	_, stop := c.subscriber(t, recordApplied, nil)
+	stop() // the session stays, the consumer is away
+	const n = 1000
+	for i := 0; i < n; i++ {
+		commitOrder(t, c.ob, "pos/orders", i)
+	}
+	eventually(t, 20*time.Second, "the relay published them", func() bool { return countState(t, c.ob, "pending") == 0 })
+	c.subscriber(t, recordApplied, nil)
+	eventually(t, 30*time.Second, "the backlog applied", func() bool { return appliedCount(t, c.db) == n })
+}

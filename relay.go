@@ -75,7 +75,10 @@ type RelayOptions struct {
 	BatchSize int
 	// AckTimeout is how long a publish may wait for its acknowledgement on
 	// a connection that is still up before the connection is deemed broken.
-	// Default 30 s.
+	// With a Publisher whose tokens tell when their bytes have left (the
+	// MQTTPublisher's do), it counts from then, and before then from the
+	// last time the connection moved any bytes: a slow link is never taken
+	// for a broken one, and never charges a message. Default 30 s.
 	AckTimeout time.Duration
 	// Reconnect is the backoff between connection attempts. It never gives
 	// up; RelayOptions.Reconnect.Max is the cap (default 30 s).

@@ -119,7 +119,7 @@ func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 			leaseName, l.owner, l.expiresMillis(), l.self.host, l.self.machineID, l.self.bootID, l.self.pid, l.self.pidStart, l.self.pidNS)
 		return took, "", err
 	case owner == "" || owner == l.owner:
-	case where.deadTo(l.self, processStart):
+	case where.deadTo(l.self, readProc):
 	case owner != w.owner || token != w.token:
 		*w = watch{owner: owner, token: token, since: now}
 		return false, owner, nil
@@ -211,18 +211,23 @@ func thisHolder() holder {
 	}
 	h.bootID = readTrimmed("/proc/sys/kernel/random/boot_id")
 	h.pidNS, _ = os.Readlink("/proc/self/ns/pid")
-	h.pidStart, _ = processStart(h.pid)
+	// Only a start time that can be trusted is recorded; without one a
+	// successor judges this process by its boot alone.
+	if p, known := readProc(h.pid); known && p.exists {
+		h.pidStart = p.start
+	}
 	return h
 }
 
 // deadTo reports whether a relay running as self can tell for certain that
 // the holder h is dead: it ran on this host (same name and, where both know
 // it, the same machine id) and either in an earlier boot, or in this boot, in
-// this PID namespace, as a process that no longer exists (its pid is gone or
-// belongs to a process started at another time). Anything it cannot tell for
-// certain — another host, another namespace, a holder written by an older
-// version — counts as alive. start reads a process's start time.
-func (h holder) deadTo(self holder, start func(pid int64) (int64, bool)) bool {
+// this PID namespace, as another process that no longer exists (its pid is
+// gone or belongs to a process started at another time). Anything it cannot
+// tell for certain — another host, another namespace, a holder written by an
+// older version, a process whose start time cannot be read reliably — counts
+// as alive. proc reads a process's state.
+func (h holder) deadTo(self holder, proc func(pid int64) (procInfo, bool)) bool {
 	switch {
 	case h.host == "" || h.host != self.host:
 		return false
@@ -234,31 +239,54 @@ func (h holder) deadTo(self holder, start func(pid int64) (int64, bool)) bool {
 		return true
 	case h.pid <= 0 || h.pidStart <= 0 || h.pidNS == "" || h.pidNS != self.pidNS:
 		return false
+	case h.pid == self.pid:
+		return false // this very process: alive, whatever /proc says
 	}
-	t, ok := start(h.pid)
-	return !ok || t != h.pidStart
+	p, known := proc(h.pid)
+	switch {
+	case !known:
+		return false
+	case !p.exists:
+		return true
+	}
+	return p.start != h.pidStart
 }
 
-// processStart reads the start time of process pid (field 22 of
-// /proc/PID/stat, in clock ticks since boot); false if there is no such
-// process, or only its zombie (killed, not yet reaped).
-func processStart(pid int64) (int64, bool) {
+// procInfo is what /proc says of a process.
+type procInfo struct {
+	exists bool  // running, or stopped; not a zombie
+	start  int64 // start time in clock ticks since boot
+}
+
+// readProc reads /proc/PID/stat. known is false when the file cannot be
+// trusted: qemu-user, for one, answers for its own process with made-up
+// fields (a state of "0", a start time that moves).
+func readProc(pid int64) (p procInfo, known bool) {
 	b, err := os.ReadFile("/proc/" + strconv.FormatInt(pid, 10) + "/stat")
+	if errors.Is(err, os.ErrNotExist) {
+		return procInfo{}, true
+	}
 	if err != nil {
-		return 0, false
+		return procInfo{}, false
 	}
 	// The command name, field 2, is in parentheses and may hold anything,
 	// parentheses and spaces included: count fields after the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return procInfo{}, false
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
+	if len(f) < 20 || len(f[0]) != 1 || f[0][0] < 'A' || f[0][0] > 'z' {
+		return procInfo{}, false
+	}
+	if f[0] == "Z" || f[0] == "X" || f[0] == "x" {
+		return procInfo{}, true // killed, not yet reaped: gone
 	}
 	t, err := strconv.ParseInt(f[19], 10, 64)
-	return t, err == nil
+	if err != nil || t <= 0 {
+		return procInfo{}, false
+	}
+	return procInfo{exists: true, start: t}, true
 }
 
 func readTrimmed(path string) string {

@@ -16,14 +16,16 @@ import (
 
 func TestLeaseHolderDeadTo(t *testing.T) {
 	self := holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 100, pidStart: 5000, pidNS: "pid:[1]"}
-	running := func(pid int64) (int64, bool) {
+	running := func(pid int64) (procInfo, bool) {
 		switch pid {
 		case 100:
-			return 5000, true
+			return procInfo{exists: true, start: 5000}, true
 		case 200:
-			return 7000, true // alive, started at 7000
+			return procInfo{exists: true, start: 7000}, true // alive, started at 7000
+		case 400:
+			return procInfo{}, false // /proc cannot be trusted for it
 		}
-		return 0, false
+		return procInfo{}, true // no such process
 	}
 	for _, c := range []struct {
 		name string
@@ -35,6 +37,8 @@ func TestLeaseHolderDeadTo(t *testing.T) {
 		{"its pid reused by a later process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 6999, pidNS: "pid:[1]"}, true},
 		{"a live process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 7000, pidNS: "pid:[1]"}, false},
 		{"this very process", self, false},
+		{"this very process, /proc saying otherwise", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 100, pidStart: 4999, pidNS: "pid:[1]"}, false},
+		{"a process /proc cannot tell of", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 400, pidStart: 900, pidNS: "pid:[1]"}, false},
 		{"another PID namespace", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 300, pidStart: 900, pidNS: "pid:[2]"}, false},
 		{"another host", holder{host: "till-8", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
 		{"another machine of the same name", holder{host: "till-7", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
@@ -48,9 +52,13 @@ func TestLeaseHolderDeadTo(t *testing.T) {
 		t.Skip("not Linux: no boot id, a holder is never judged dead")
 	}
 	require.NotEmpty(t, me.host)
-	require.NotZero(t, me.pidStart)
 	require.NotEmpty(t, me.pidNS)
-	require.False(t, me.deadTo(me, processStart), "this process is alive")
+	require.False(t, me.deadTo(me, readProc), "this process is alive")
+	p, known := readProc(me.pid)
+	if known {
+		require.True(t, p.exists)
+		require.Equal(t, me.pidStart, p.start)
+	}
 }
 
 const leaseChildEnv = "OUTBOX_LEASE_CHILD_DB"

@@ -276,7 +276,7 @@ func startBroker() (*mochi.Server, string, error) {
 }
 
 // cloudEvent is the structured-mode CloudEvents JSON document that the
-// outbox relay publishes (see the README, "On the wire").
+// outbox relay publishes (see docs/wire.md).
 type cloudEvent struct {
 	SpecVersion     string          `json:"specversion"`
 	ID              string          `json:"id"`

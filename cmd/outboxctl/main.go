@@ -43,9 +43,6 @@ type app struct {
 	logger         *slog.Logger
 }
 
-// usageError marks a wrong command line (exit status 2).
-type usageError struct{ error }
-
 func run(args []string, stdout, stderr io.Writer) int {
 	a := &app{stdout: stdout, stderr: stderr}
 	root := a.rootCmd()
@@ -115,12 +112,4 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
-}
-
-// noArgs refuses positional arguments with a usage error.
-func noArgs(_ *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
-	}
-	return nil
 }

@@ -57,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "outboxctl: "+oneLine(err))
 	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown ") || strings.Contains(err.Error(), "flag") && strings.Contains(err.Error(), "needs an argument") {
+	if errors.As(err, &ue) {
 		return exitUsage
 	}
 	return exitError
@@ -78,6 +78,10 @@ in commit order, whenever the broker is reachable.`,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Runnable, so that cobra hands the root's arguments to its Args
+		// check instead of failing on an unknown command by itself.
+		Args: unknownCommand,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(a.stderr, a.logLevel, a.logFormat)
 			if err != nil {
@@ -89,9 +93,9 @@ in commit order, whenever the broker is reachable.`,
 	}
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.demoCmd(), a.relayCmd(), a.initCmd(), a.statusCmd(), a.listCmd(), a.requeueCmd(), a.purgeCmd())
 	root.AddCommand(a.benchCmd(), a.fleetCmd())
+	typeUsageErrors(root)
 	return root
 }
 

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"encoding/base64"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+// recordJSON is one message in the stable output of `list --json`.
+type recordJSON struct {
+	Seq           int64      `json:"seq"`
+	ID            string     `json:"id"`
+	Topic         string     `json:"topic"`
+	Type          string     `json:"type"`
+	ContentType   string     `json:"content_type"`
+	Size          int        `json:"size"`
+	State         string     `json:"state"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error"`
+	CreatedAt     time.Time  `json:"created_at"`
+	AgeS          float64    `json:"age_seconds"`
+	SentAt        *time.Time `json:"sent_at"`
+	DeadAt        *time.Time `json:"dead_at"`
+	PayloadBase64 *string    `json:"payload_base64,omitempty"`
+}
+
+func (a *app) listCmd() *cobra.Command {
+	var db dbFlags
+	var state string
+	var limit int
+	var after int64
+	var asJSON, payload bool
+	cmd := &cobra.Command{
+		Use:   "list --db PATH [--state pending|dead|sent] [--limit N] [--json]",
+		Short: "List messages in an outbox",
+		Long: `list prints messages in sequence order: sequence number, id, topic, type,
+size, age, attempts and last error. Payloads are shown only with --payload.
+Like status, it never writes anything.
+
+--json prints an array of objects with these keys: seq, id, topic, type,
+content_type, size, state, attempts, last_error, created_at, age_seconds,
+sent_at, dead_at, and payload_base64 with --payload.`,
+		Example: `  outboxctl list --db till.db
+  outboxctl list --db till.db --state dead --json
+  outboxctl list --db till.db --after 1500 --limit 50 --payload`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st := outbox.State(state)
+			if st != outbox.StatePending && st != outbox.StateDead && st != outbox.StateSent {
+				return usageError{fmt.Errorf("--state %q: want pending, dead or sent", state)}
+			}
+			if limit < 1 {
+				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
+			}
+			ob, err := db.open(cmd.Context(), a, inspect)
+			if err != nil {
+				return err
+			}
+			defer ob.Close()
+			recs, err := ob.List(cmd.Context(), outbox.ListOptions{State: st, Limit: limit, AfterSeq: after, WithPayload: payload})
+			if err != nil {
+				return db.explain(err)
+			}
+			now := time.Now()
+			out := make([]recordJSON, 0, len(recs))
+			for _, r := range recs {
+				j := recordJSON{
+					Seq: r.Seq, ID: r.ID, Topic: r.Topic, Type: r.Type, ContentType: r.ContentType,
+					Size: r.Size, State: string(r.State), Attempts: r.Attempts, LastError: r.LastError,
+					CreatedAt: r.CreatedAt.UTC(), AgeS: now.Sub(r.CreatedAt).Seconds(),
+					SentAt: timeOrNil(r.SentAt), DeadAt: timeOrNil(r.DeadAt),
+				}
+				if payload {
+					p := base64.StdEncoding.EncodeToString(r.Payload)
+					j.PayloadBase64 = &p
+				}
+				out = append(out, j)
+			}
+			if asJSON {
+				return writeJSON(a.stdout, out)
+			}
+			w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			header := "SEQ\tID\tTOPIC\tTYPE\tSIZE\tAGE\tATTEMPTS\tLAST ERROR"
+			if payload {
+				header += "\tPAYLOAD"
+			}
+			fmt.Fprintln(w, header)
+			for i, r := range out {
+				line := fmt.Sprintf("%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s", r.Seq, r.ID, r.Topic, orDash(r.Type), r.Size, ageText(r.AgeS), r.Attempts, orDash(r.LastError))
+				if payload {
+					line += "\t" + fmt.Sprintf("%q", recs[i].Payload)
+				}
+				fmt.Fprintln(w, line)
+			}
+			return w.Flush()
+		},
+	}
+	db.register(cmd)
+	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead or sent")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many messages")
+	cmd.Flags().Int64Var(&after, "after", 0, "only messages with a larger sequence number (for paging)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&payload, "payload", false, "include payloads (they may hold personal or payment data)")
+	return cmd
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

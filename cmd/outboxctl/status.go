@@ -1,0 +1,113 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// statusJSON is the stable output of `status --json`. Times are RFC 3339 in
+// UTC, or null; ages and sizes are numbers.
+type statusJSON struct {
+	DB                 string     `json:"db"`
+	SchemaVersion      int        `json:"schema_version"`
+	Pending            int64      `json:"pending"`
+	PendingBytes       int64      `json:"pending_bytes"`
+	OldestPendingAt    *time.Time `json:"oldest_pending_at"`
+	OldestPendingAgeS  *float64   `json:"oldest_pending_age_seconds"`
+	Dead               int64      `json:"dead"`
+	Sent               int64      `json:"sent"`
+	MaxPendingMessages int64      `json:"max_pending_messages"`
+	MaxPendingBytes    int64      `json:"max_pending_bytes"`
+	LeaseOwner         string     `json:"lease_owner"`
+	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
+	FileBytes          int64      `json:"file_bytes"`
+	WALBytes           int64      `json:"wal_bytes"`
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	var db dbFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status --db PATH [--json]",
+		Short: "Show what is in an outbox",
+		Long: `status shows the pending messages (count, bytes, age of the oldest), dead
+messages, sent messages still kept, the limits, the relay lease, the schema
+version and the file sizes. It never writes anything: no schema is created
+or migrated (a file of the previous schema version is read as it is; an
+older one gets a line saying that init migrates it), no disk reserve is
+written, and a database closed cleanly gets no -wal or -shm file.
+
+--json prints one object with these keys: db, schema_version, pending,
+pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, sent,
+max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
+file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
+		Example: `  outboxctl status --db /var/lib/till/till.db
+  outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ob, err := db.open(cmd.Context(), a, inspect)
+			if err != nil {
+				return err
+			}
+			defer ob.Close()
+			st, err := ob.Stats(cmd.Context())
+			if err != nil {
+				return db.explain(err)
+			}
+			out := statusJSON{
+				DB: db.path, SchemaVersion: st.SchemaVersion,
+				Pending: st.Pending, PendingBytes: st.PendingBytes,
+				Dead: st.Dead, Sent: st.Sent,
+				MaxPendingMessages: st.MaxPendingMessages, MaxPendingBytes: st.MaxPendingBytes,
+				LeaseOwner: st.LeaseOwner,
+				FileBytes:  fileSize(db.path), WALBytes: fileSize(db.path + "-wal"),
+			}
+			if !st.OldestPending.IsZero() {
+				t := st.OldestPending.UTC()
+				age := time.Since(st.OldestPending).Seconds()
+				out.OldestPendingAt, out.OldestPendingAgeS = &t, &age
+			}
+			if st.LeaseOwner != "" && !st.LeaseExpires.IsZero() {
+				t := st.LeaseExpires.UTC()
+				out.LeaseExpiresAt = &t
+			}
+			if asJSON {
+				return writeJSON(a.stdout, out)
+			}
+			w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "database\t%s\n", out.DB)
+			fmt.Fprintf(w, "schema version\t%d\n", out.SchemaVersion)
+			fmt.Fprintf(w, "pending\t%d messages, %s\n", out.Pending, bytesText(out.PendingBytes))
+			if out.OldestPendingAt != nil {
+				fmt.Fprintf(w, "oldest pending\t%s ago (%s)\n", ageText(*out.OldestPendingAgeS), out.OldestPendingAt.Format(time.RFC3339))
+			} else {
+				fmt.Fprintf(w, "oldest pending\t-\n")
+			}
+			fmt.Fprintf(w, "dead\t%d\n", out.Dead)
+			fmt.Fprintf(w, "sent (kept)\t%d\n", out.Sent)
+			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
+			if out.LeaseOwner != "" {
+				fmt.Fprintf(w, "relay lease\t%s, until %s\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
+			} else {
+				fmt.Fprintf(w, "relay lease\tfree\n")
+			}
+			fmt.Fprintf(w, "file\t%s (+ %s WAL)\n", bytesText(out.FileBytes), bytesText(out.WALBytes))
+			return w.Flush()
+		},
+	}
+	db.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}

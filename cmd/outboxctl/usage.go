@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// usageError marks a wrong command line (exit status 2). run decides the exit
+// status from this type alone, so every check of the command line returns
+// one: ours, and cobra's (see typeUsageErrors).
+type usageError struct{ error }
+
+// typeUsageErrors makes cobra's own checks of the command line under root
+// return usageErrors: flag parsing, unknown commands and help topics, and the
+// argument checks of every command, cobra's completion commands included.
+// root must have Args: unknownCommand and be runnable.
+func typeUsageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// cobra's suggestion distance, which SuggestionsFor does not default.
+	root.SuggestionsMinimumDistance = 2
+	// Created now rather than in Execute, so that their argument checks can
+	// be set.
+	root.InitDefaultHelpCmd()
+	if help, _, err := root.Find([]string{"help"}); err == nil {
+		help.Args = helpArgs
+	}
+	root.InitDefaultCompletionCmd()
+	typeArgErrors(root)
+}
+
+// noArgs refuses positional arguments with a usage error.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
+	}
+	return nil
+}
+
+// unknownCommand is the root command's argument check. Left to cobra, an
+// unknown command is a plain error raised before any hook of ours runs; the
+// root checks it itself to give it a type.
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += " Did you mean this? " + strings.Join(s, " ")
+	}
+	return usageError{errors.New(msg)}
+}
+
+// helpArgs is the help command's argument check. cobra's help says "Unknown
+// help topic" only when finding the topic fails, which it no longer does once
+// the root checks its own arguments.
+func helpArgs(cmd *cobra.Command, args []string) error {
+	if found, _, err := cmd.Root().Find(args); err == nil && found == cmd.Root() {
+		return unknownCommand(found, args)
+	}
+	return nil
+}
+
+// typeArgErrors makes every argument check under cmd return a usageError:
+// cobra's own commands (completion bash, ...) check with cobra.NoArgs, whose
+// error is plain.
+func typeArgErrors(cmd *cobra.Command) {
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(cmd *cobra.Command, args []string) error {
+			err := check(cmd, args)
+			var ue usageError
+			if err != nil && !errors.As(err, &ue) {
+				return usageError{err}
+			}
+			return err
+		}
+	}
+	for _, c := range cmd.Commands() {
+		typeArgErrors(c)
+	}
+}

@@ -19,10 +19,6 @@ const InboxSchemaVersion = 2
 // InboxOptions says otherwise.
 const DefaultDedupeWindow = 7 * 24 * time.Hour
 
-// ErrDuplicate is returned by Inbox.Apply for an event that was already
-// applied: the handler did not run.
-var ErrDuplicate = errors.New("outbox: duplicate event")
-
 // inboxMigrations[i] brings the inbox schema from version i to i+1 (see
 // schema.go).
 var inboxMigrations = schemaDir("schema/inbox")

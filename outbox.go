@@ -24,62 +24,6 @@ import (
 	"unicode/utf8"
 )
 
-// Errors that callers can test with errors.Is.
-var (
-	// ErrInvalidTopic is matched by every topic validation error below.
-	ErrInvalidTopic = errors.New("outbox: invalid topic")
-	// ErrTopicEmpty: the topic is the empty string.
-	ErrTopicEmpty = &topicError{"empty"}
-	// ErrTopicWildcard: the topic contains the MQTT wildcard '+' or '#',
-	// which may appear only in subscriptions.
-	ErrTopicWildcard = &topicError{"contains an MQTT wildcard ('+' or '#')"}
-	// ErrTopicNUL: the topic contains the NUL character.
-	ErrTopicNUL = &topicError{"contains NUL"}
-	// ErrTopicNotUTF8: the topic is not valid UTF-8.
-	ErrTopicNotUTF8 = &topicError{"not valid UTF-8"}
-	// ErrTopicTooLong: the topic is longer than MQTT's 65,535 bytes.
-	ErrTopicTooLong = &topicError{"longer than 65535 bytes"}
-	// ErrTopicOutsidePrefix: the topic does not start with the configured
-	// TopicPrefix (Options or RelayOptions).
-	ErrTopicOutsidePrefix = &topicError{"outside this device's topic prefix"}
-
-	// ErrPayloadTooLarge: the payload is over Options.MaxPayloadBytes.
-	ErrPayloadTooLarge = errors.New("outbox: payload too large")
-	// ErrInvalidMessage: a field other than topic or payload is unusable.
-	ErrInvalidMessage = errors.New("outbox: invalid message")
-	// ErrFull: the pending limit (messages or bytes) is reached. The caller's
-	// transaction must roll back; nothing committed was dropped.
-	ErrFull = errors.New("outbox: full")
-	// ErrDiskFull: SQLite reported SQLITE_FULL. The transaction must roll
-	// back; the database is intact.
-	ErrDiskFull = errors.New("outbox: disk full")
-	// ErrClosed: the Outbox was closed.
-	ErrClosed = errors.New("outbox: closed")
-	// ErrNilTx: Enqueue was called without a transaction.
-	ErrNilTx = errors.New("outbox: nil transaction")
-	// ErrSchemaTooNew: the database was migrated by a newer version of this
-	// library; it is refused rather than downgraded.
-	ErrSchemaTooNew = errors.New("outbox: database schema is newer than this code")
-	// ErrNoSchema: the database has no outbox schema (returned where
-	// creating one would be wrong, e.g. for read-only inspection).
-	ErrNoSchema = errors.New("outbox: database has no outbox schema")
-	// ErrNotFound: no message has the given id.
-	ErrNotFound = errors.New("outbox: not found")
-	// ErrUnsupportedDB: the *sql.DB lacks a setting the outbox relies on.
-	ErrUnsupportedDB = errors.New("outbox: unsupported database setup")
-	// ErrReadOnly: the Outbox was opened with Options.ReadOnly, and the call
-	// would write.
-	ErrReadOnly = errors.New("outbox: opened read-only")
-	// ErrSchemaTooOld: a read-only Outbox found a schema older than it can
-	// read; opening it for writing migrates it.
-	ErrSchemaTooOld = errors.New("outbox: database schema is older than this code reads")
-)
-
-type topicError struct{ reason string }
-
-func (e *topicError) Error() string        { return "outbox: invalid topic: " + e.reason }
-func (e *topicError) Is(target error) bool { return target == ErrInvalidTopic }
-
 const (
 	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
 	DefaultMaxPayloadBytes = 256 << 10

@@ -42,17 +42,6 @@ type Token interface {
 	Error() error
 }
 
-var (
-	// ErrRejected is wrapped by Publisher errors that blame the message
-	// itself (the broker or endpoint refused it), as opposed to the
-	// connection. Such a message is retried with backoff up to
-	// RelayOptions.MaxAttempts, then parked as dead.
-	ErrRejected = errors.New("outbox: message rejected")
-	// ErrNotConnected is wrapped by Publisher errors for a message that was
-	// never sent because there was no connection.
-	ErrNotConnected = errors.New("outbox: not connected")
-)
-
 // RelayOptions configures a Relay. The zero value is ready to use.
 type RelayOptions struct {
 	// Envelope is what goes on the wire; CloudEvents unless set.

@@ -2,11 +2,8 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,9 +36,6 @@ import (
 // dead, so order holds for everything that is delivered.
 
 const (
-	// maxBatchBytes bounds the payload bytes read per batch, so a backlog of
-	// large messages never sits in memory at once.
-	maxBatchBytes = 4 << 20
 	// maxMarkBatch bounds the acknowledgements recorded in one mark.
 	maxMarkBatch = 512
 	// minMarkSlots is the least room for acknowledged messages not yet
@@ -628,179 +622,6 @@ func (s *session) markLoop() {
 			<-s.unmarked
 		}
 	}
-}
-
-// row is an outbox row read for publishing, already encoded.
-type row struct {
-	outgoing
-	wire   []byte
-	encErr error
-}
-
-// fetch reads the next pending rows after cursor, with the data_version
-// read before them (so a commit after the read is never missed).
-func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64, []row, error) {
-	return r.fetchN(ctx, conn, cursor, r.opts.BatchSize)
-}
-
-// fetchN is fetch with at most limit rows.
-func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
-	var version int64
-	var out []row
-	err := conn.do(func(c *sql.Conn) error {
-		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
-			return err
-		}
-		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts
-			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
-			ORDER BY seq LIMIT ?`)
-		if err != nil {
-			return err
-		}
-		rows, err := st.QueryContext(ctx, cursor, limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		bytes := 0
-		for rows.Next() {
-			var m row
-			var payload sql.RawBytes
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
-				return err
-			}
-			m.payload = payload
-			m.wire, m.encErr = r.enc.encode(make([]byte, 0, len(payload)*4/3+256+len(m.id)), &m.outgoing)
-			if m.encErr == nil && len(m.wire)+len(m.topic)+2 > MaxMQTTPayloadBytes {
-				m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
-			}
-			m.payload = nil // RawBytes is only valid until Next
-			out = append(out, m)
-			bytes += len(m.wire)
-			if bytes >= maxBatchBytes {
-				break
-			}
-		}
-		return rows.Err()
-	})
-	return version, out, err
-}
-
-// waitForWork waits until a commit may have added rows: an in-process
-// notification, a change of data_version (another connection or process
-// committed), or the end of ctx (false).
-func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
-	t := time.NewTicker(r.opts.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-wake:
-			return true
-		case <-t.C:
-		}
-		var v int64
-		err := conn.do(func(c *sql.Conn) error {
-			dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
-			if err != nil {
-				return err
-			}
-			return dv.QueryRowContext(ctx).Scan(&v)
-		})
-		if err != nil || v != version {
-			return ctx.Err() == nil
-		}
-	}
-}
-
-// markSent records that every message up to and including seq is settled
-// (n of them were acknowledged now): one statement on one row, whatever the
-// batch's size; a trigger logs when. With a negative Retention the sent rows
-// are then deleted.
-func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err := conn.do(func(c *sql.Conn) error {
-		// Pending bytes are counted only while a byte limit is set, the
-		// numbers that hold no pending message only while a message limit
-		// is: those the mark passes leave the count. Both are counts over
-		// the rows just acknowledged; count(*) over a range of seq reads no
-		// column, and the dead ones are in the outbox_dead index.
-		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET
-				pending_bytes = CASE WHEN max_pending_bytes > 0
-					THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
-						WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
-				skipped = CASE WHEN max_pending_count > 0
-					THEN max(skipped - (?1 - sent_seq)
-						+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-						- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) ELSE 0 END,
-				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
-			return err
-		}
-		if r.opts.Retention < 0 {
-			// Not atomic with the mark, and need not be: rows left by a
-			// crash in between are sent, and the purge takes them.
-			return conn.execPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
-	}
-	r.sent.Add(int64(n))
-	r.mu.Lock()
-	r.lastAck = r.ob.now()
-	r.mu.Unlock()
-	return nil
-}
-
-// markDead parks a message that can never be published.
-func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
-	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
-			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark dead: %w", err)
-	}
-	r.dead.Add(1)
-	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
-	return nil
-}
-
-// charge counts one failed attempt against a message and parks it as dead
-// when it reached MaxAttempts.
-func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var id string
-	err = conn.do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
-			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
-			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
-			RETURNING attempts, dead_at IS NOT NULL, id`,
-			cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &dead, &id)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
-	}
-	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
-	if dead {
-		r.dead.Add(1)
-	}
-	return attempts, dead, nil
 }
 
 // writeFailed records a failed relay write. On a full disk it gives the

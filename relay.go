@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -270,70 +269,6 @@ func (r *Relay) stop() {
 		r.cancel(ErrClosed)
 	}
 	r.mu.Unlock()
-}
-
-// relayConn is the relay's own database connection, shared by its
-// goroutines one call at a time. Its synchronous setting is NORMAL: a mark
-// lost to power failure only means a duplicate, never a loss.
-type relayConn struct {
-	mu     sync.Mutex
-	conn   *sql.Conn
-	busyMS int // the connection's busy timeout, for execPolling
-	// stmts are the statements the relay runs again and again, prepared
-	// once on this connection: parsing SQL cost more than running a mark.
-	stmts map[string]*sql.Stmt
-}
-
-// stmt returns q prepared on c; call it inside do.
-func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt, error) {
-	if st, ok := rc.stmts[q]; ok {
-		return st, nil
-	}
-	st, err := c.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	if rc.stmts == nil {
-		rc.stmts = make(map[string]*sql.Stmt)
-	}
-	rc.stmts[q] = st
-	return st, nil
-}
-
-// close closes the prepared statements and discards the connection.
-func (rc *relayConn) close() {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	for _, st := range rc.stmts {
-		st.Close()
-	}
-	rc.stmts = nil
-	discard(rc.conn)
-}
-
-func (c *relayConn) do(fn func(*sql.Conn) error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return fn(c.conn)
-}
-
-// ExecContext runs one statement on the connection, so that the relay's
-// purges, batch by batch, let its marks in between.
-func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	var res sql.Result
-	err := c.do(func(sc *sql.Conn) error {
-		var err error
-		res, err = sc.ExecContext(ctx, query, args...)
-		return err
-	})
-	return res, err
-}
-
-// discard closes a connection that the relay configured for itself,
-// instead of handing it back to the pool.
-func discard(c *sql.Conn) {
-	c.Raw(func(any) error { return driver.ErrBadConn })
-	c.Close()
 }
 
 // Run drains the outbox until ctx is cancelled or the Outbox is closed,

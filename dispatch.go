@@ -624,47 +624,6 @@ func (s *session) markLoop() {
 	}
 }
 
-// writeFailed records a failed relay write. On a full disk it gives the
-// disk reserve up, so that the relay can go on marking and deleting rows,
-// and asks the purge loop to free space now; it reports whether it freed
-// anything.
-func (r *Relay) writeFailed(err error) bool {
-	full, freed := r.noteWriteErr(err)
-	if full {
-		r.wakePurge()
-	}
-	return freed
-}
-
-// markFailed is writeFailed for a mark, which goes first on a full disk: the
-// purge loop is woken once a mark has succeeded (see markLoop), because its
-// checkpoint and vacuum would otherwise take the space the mark needs.
-func (r *Relay) markFailed(err error) bool {
-	_, freed := r.noteWriteErr(err)
-	return freed
-}
-
-// noteWriteErr records err and, when it is a full disk, gives the reserve up.
-func (r *Relay) noteWriteErr(err error) (full, freed bool) {
-	r.setErr(err)
-	if !errors.Is(err, ErrDiskFull) {
-		return false, false
-	}
-	r.diskFull.Store(true)
-	if r.ob.reserve.release() {
-		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
-		return true, true
-	}
-	return true, false
-}
-
-func (r *Relay) wakePurge() {
-	select {
-	case r.purgeNow <- struct{}{}:
-	default:
-	}
-}
-
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -397,6 +397,77 @@ func (r *Relay) run(ctx context.Context) error {
 	return err
 }
 
+// drain connects, runs sessions and reconnects until ctx ends.
+func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
+	bo := r.opts.Reconnect.newBackOff()
+	var failures int
+	var lastWarn time.Time
+	var lastMsg string
+	for ctx.Err() == nil {
+		if err := r.pub.Connect(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.setErr(err)
+			failures++
+			wait := bo.NextBackOff()
+			// A long outage must not flood the log: warn when it starts,
+			// when the reason changes, and once a minute.
+			level := slog.LevelDebug
+			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
+				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
+			}
+			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
+			if !r.sleep(ctx, wait) {
+				break
+			}
+			continue
+		}
+		r.connected.Store(true)
+		r.log.Info("outbox relay connected", "after_attempts", failures+1)
+		failures, lastMsg = 0, ""
+		start := time.Now()
+		res := r.session(ctx, conn, l)
+		r.pub.Disconnect()
+		r.connected.Store(false)
+		if res.fatal != nil {
+			return res.fatal
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		// A connection that carried messages or lasted resets the backoff;
+		// one that dies at once keeps growing it.
+		if res.progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
+			bo.Reset()
+		}
+		if res.err != nil {
+			r.setErr(res.err)
+		}
+		wait := max(bo.NextBackOff(), res.retryAfter)
+		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
+		if !r.sleep(ctx, wait) {
+			break
+		}
+	}
+	r.log.Info("outbox relay stopped")
+	return nil
+}
+
+// sleep waits d, or less if ReconnectNow is called; false if ctx ended.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.kick:
+		return true
+	case <-t.C:
+		return true
+	}
+}
+
 // keepLease renews the lease every quarter TTL; losing it stops the relay.
 // A renewal that fails is a write that failed: on a full disk it spends the
 // reserve like any other, and it is tried again soon, because the relay

@@ -165,7 +165,7 @@ type Relay struct {
 	opts RelayOptions
 	enc  encoder
 	log  *slog.Logger
-	kick chan struct{}
+	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
 	mu      sync.Mutex
 	running bool
@@ -418,7 +418,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
 			}
 			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
-			if !r.sleep(ctx, wait) {
+			if !sleep(ctx, wait, r.kick) {
 				break
 			}
 			continue
@@ -446,26 +446,12 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 		}
 		wait := max(bo.NextBackOff(), res.retryAfter)
 		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
-		if !r.sleep(ctx, wait) {
+		if !sleep(ctx, wait, r.kick) {
 			break
 		}
 	}
 	r.log.Info("outbox relay stopped")
 	return nil
-}
-
-// sleep waits d, or less if ReconnectNow is called; false if ctx ended.
-func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-r.kick:
-		return true
-	case <-t.C:
-		return true
-	}
 }
 
 // keepLease renews the lease every quarter TTL; losing it stops the relay.

@@ -269,7 +269,7 @@ func (s *session) dispatch() error {
 		if !s.l.valid() {
 			// The lease was not renewed for half its TTL (a stalled
 			// database?): publish nothing until it is.
-			if !sleepCtx(s.sctx, s.l.ttl/16) {
+			if !sleep(s.sctx, s.l.ttl/16, nil) {
 				break
 			}
 			continue
@@ -295,7 +295,7 @@ func (s *session) dispatch() error {
 			}
 			r.setErr(err)
 			r.log.Error("outbox relay cannot read the outbox", "err", err)
-			if !sleepCtx(s.sctx, time.Second) {
+			if !sleep(s.sctx, time.Second, nil) {
 				break
 			}
 			continue
@@ -341,7 +341,7 @@ func (s *session) dispatch() error {
 			// rest of its batch before its renewal told it the lease was
 			// gone. It costs a mutex and a monotonic clock read.
 			for !s.l.valid() {
-				if !sleepCtx(s.sctx, s.l.ttl/16) {
+				if !sleep(s.sctx, s.l.ttl/16, nil) {
 					return nil
 				}
 			}
@@ -549,17 +549,6 @@ func (s *session) markLoop() {
 		for range batch {
 			<-s.unmarked
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

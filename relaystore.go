@@ -116,14 +116,9 @@ type row struct {
 	encErr error
 }
 
-// fetch reads the next pending rows after cursor, with the data_version
+// fetch reads up to limit pending rows after cursor, with the data_version
 // read before them (so a commit after the read is never missed).
-func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64, []row, error) {
-	return r.fetchN(ctx, conn, cursor, r.opts.BatchSize)
-}
-
-// fetchN is fetch with at most limit rows.
-func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
+func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
 	var version int64
 	var out []row
 	err := conn.do(func(c *sql.Conn) error {

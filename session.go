@@ -372,7 +372,7 @@ type batch struct {
 // fetch reads up to limit pending rows after cursor.
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetchN(s.sctx, s.r.reader, cursor, limit)
+	b.version, b.rows, b.err = s.r.fetch(s.sctx, s.r.reader, cursor, limit)
 	return b
 }
 

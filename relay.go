@@ -311,31 +311,10 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 func (r *Relay) run(ctx context.Context) error {
-	c, err := r.ob.db.Conn(ctx)
+	conn, err := openRelayConn(ctx, r.ob.db)
 	if err != nil {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
-	// The relay changes this connection's settings (synchronous, busy
-	// timeout): it must not go back to the pool for the application.
-	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
-		discard(c)
-		return fmt.Errorf("outbox: relay: %w", err)
-	}
-	// A caller's database may come without a busy timeout; the relay's
-	// writes must wait for the application's transactions, not fail.
-	var busy int
-	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
-		discard(c)
-		return fmt.Errorf("outbox: relay: %w", err)
-	}
-	if busy == 0 {
-		busy = 5000
-		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
-			discard(c)
-			return fmt.Errorf("outbox: relay: %w", err)
-		}
-	}
-	conn := &relayConn{conn: c, busyMS: busy}
 	defer conn.close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
@@ -346,7 +325,7 @@ func (r *Relay) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
-		reader = &relayConn{conn: rc, busyMS: busy}
+		reader = &relayConn{conn: rc, busyMS: conn.busyMS}
 		defer reader.close()
 	}
 	r.reader = reader

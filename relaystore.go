@@ -23,6 +23,36 @@ type relayConn struct {
 	stmts map[string]*sql.Stmt
 }
 
+// openRelayConn takes a connection from db and sets it up for the relay's
+// writes.
+func openRelayConn(ctx context.Context, db *sql.DB) (*relayConn, error) {
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The relay changes this connection's settings (synchronous, busy
+	// timeout): it must not go back to the pool for the application.
+	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		discard(c)
+		return nil, err
+	}
+	// A caller's database may come without a busy timeout; the relay's
+	// writes must wait for the application's transactions, not fail.
+	var busy int
+	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		discard(c)
+		return nil, err
+	}
+	if busy == 0 {
+		busy = 5000
+		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
+			discard(c)
+			return nil, err
+		}
+	}
+	return &relayConn{conn: c, busyMS: busy}, nil
+}
+
 func (c *relayConn) do(fn func(*sql.Conn) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,15 +1,3 @@
-// Package outbox is a transactional outbox on SQLite for devices that are
-// often offline: the application writes its business rows and an outbox row
-// in ONE SQLite transaction, and a Relay later publishes the outbox rows, in
-// commit order, to an MQTT broker at QoS 1, whenever the broker is reachable.
-//
-// A committed event is never lost and a rolled-back one is never published.
-// Delivery is at least once: a duplicate can only follow a crash or a lost
-// connection, and every event carries a stable unique id for consumers to
-// recognise it.
-//
-// The outbox table is a contract that any language can write to; see the
-// README for its columns.
 package outbox
 
 import (

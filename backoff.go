@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -58,4 +59,21 @@ func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
 	eb.MaxElapsedTime = 0
 	eb.Reset()
 	return eb
+}
+
+// sleep waits d, or less when wake receives (a nil wake never does), and
+// reports false if ctx ended first: every wait between attempts must end
+// with the relay or the subscriber, and the relay's reconnection wait also
+// with ReconnectNow.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+		return true
+	case <-t.C:
+		return true
+	}
 }

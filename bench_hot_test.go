@@ -143,7 +143,7 @@ func BenchmarkFetchBatch(b *testing.B) {
 	msgs := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		_, rows, err := r.fetch(ctx, rc, cursor)
+		_, rows, err := r.fetch(ctx, rc, cursor, r.opts.BatchSize)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -18,10 +17,6 @@ const InboxSchemaVersion = 2
 // DefaultDedupeWindow is how long an Inbox remembers an applied event unless
 // InboxOptions says otherwise.
 const DefaultDedupeWindow = 7 * 24 * time.Hour
-
-// ErrDuplicate is returned by Inbox.Apply for an event that was already
-// applied: the handler did not run.
-var ErrDuplicate = errors.New("outbox: duplicate event")
 
 // inboxMigrations[i] brings the inbox schema from version i to i+1 (see
 // schema.go).
@@ -239,43 +234,4 @@ func (in *Inbox) Stats(ctx context.Context) (InboxStats, error) {
 		return s, fmt.Errorf("outbox: inbox stats: %w", err)
 	}
 	return s, nil
-}
-
-// runTx runs fn in a transaction and commits it. When SQLite reports the
-// database busy, it rolls back and runs fn again, a few times, after a
-// short random pause.
-func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
-	const attempts = 8
-	var err error
-	for i := 0; i < attempts; i++ {
-		if i > 0 {
-			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
-			select {
-			case <-ctx.Done():
-				return errors.Join(err, ctx.Err())
-			case <-time.After(pause):
-			}
-		}
-		err = txOnce(ctx, db, fn)
-		if err == nil || !isBusy(err) {
-			return err
-		}
-	}
-	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
-}
-
-func txOnce(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return classifyWriteErr(err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		tx.Rollback()
-		return classifyWriteErr(err)
-	}
-	return nil
 }

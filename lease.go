@@ -13,10 +13,6 @@ import (
 	"time"
 )
 
-// ErrLeaseLost: another relay took over this relay's lease, which happens
-// only when this one failed to renew it for a whole lease period.
-var ErrLeaseLost = errors.New("outbox: relay lease lost to another relay")
-
 const leaseName = "relay"
 
 // lease makes sure that only one relay drains a database at a time, across

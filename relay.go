@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,17 +39,6 @@ type Token interface {
 	// Error is valid once Done is closed.
 	Error() error
 }
-
-var (
-	// ErrRejected is wrapped by Publisher errors that blame the message
-	// itself (the broker or endpoint refused it), as opposed to the
-	// connection. Such a message is retried with backoff up to
-	// RelayOptions.MaxAttempts, then parked as dead.
-	ErrRejected = errors.New("outbox: message rejected")
-	// ErrNotConnected is wrapped by Publisher errors for a message that was
-	// never sent because there was no connection.
-	ErrNotConnected = errors.New("outbox: not connected")
-)
 
 // RelayOptions configures a Relay. The zero value is ready to use.
 type RelayOptions struct {
@@ -178,7 +165,7 @@ type Relay struct {
 	opts RelayOptions
 	enc  encoder
 	log  *slog.Logger
-	kick chan struct{}
+	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
 	mu      sync.Mutex
 	running bool
@@ -283,70 +270,6 @@ func (r *Relay) stop() {
 	r.mu.Unlock()
 }
 
-// relayConn is the relay's own database connection, shared by its
-// goroutines one call at a time. Its synchronous setting is NORMAL: a mark
-// lost to power failure only means a duplicate, never a loss.
-type relayConn struct {
-	mu     sync.Mutex
-	conn   *sql.Conn
-	busyMS int // the connection's busy timeout, for execPolling
-	// stmts are the statements the relay runs again and again, prepared
-	// once on this connection: parsing SQL cost more than running a mark.
-	stmts map[string]*sql.Stmt
-}
-
-// stmt returns q prepared on c; call it inside do.
-func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt, error) {
-	if st, ok := rc.stmts[q]; ok {
-		return st, nil
-	}
-	st, err := c.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	if rc.stmts == nil {
-		rc.stmts = make(map[string]*sql.Stmt)
-	}
-	rc.stmts[q] = st
-	return st, nil
-}
-
-// close closes the prepared statements and discards the connection.
-func (rc *relayConn) close() {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	for _, st := range rc.stmts {
-		st.Close()
-	}
-	rc.stmts = nil
-	discard(rc.conn)
-}
-
-func (c *relayConn) do(fn func(*sql.Conn) error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return fn(c.conn)
-}
-
-// ExecContext runs one statement on the connection, so that the relay's
-// purges, batch by batch, let its marks in between.
-func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	var res sql.Result
-	err := c.do(func(sc *sql.Conn) error {
-		var err error
-		res, err = sc.ExecContext(ctx, query, args...)
-		return err
-	})
-	return res, err
-}
-
-// discard closes a connection that the relay configured for itself,
-// instead of handing it back to the pool.
-func discard(c *sql.Conn) {
-	c.Raw(func(any) error { return driver.ErrBadConn })
-	c.Close()
-}
-
 // Run drains the outbox until ctx is cancelled or the Outbox is closed,
 // then waits (at most ShutdownTimeout) for in-flight acknowledgements and
 // returns nil. It first waits for the relay lease, so a second relay on the
@@ -388,31 +311,10 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 func (r *Relay) run(ctx context.Context) error {
-	c, err := r.ob.db.Conn(ctx)
+	conn, err := openRelayConn(ctx, r.ob.db)
 	if err != nil {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
-	// The relay changes this connection's settings (synchronous, busy
-	// timeout): it must not go back to the pool for the application.
-	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
-		discard(c)
-		return fmt.Errorf("outbox: relay: %w", err)
-	}
-	// A caller's database may come without a busy timeout; the relay's
-	// writes must wait for the application's transactions, not fail.
-	var busy int
-	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
-		discard(c)
-		return fmt.Errorf("outbox: relay: %w", err)
-	}
-	if busy == 0 {
-		busy = 5000
-		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
-			discard(c)
-			return fmt.Errorf("outbox: relay: %w", err)
-		}
-	}
-	conn := &relayConn{conn: c, busyMS: busy}
 	defer conn.close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
@@ -423,7 +325,7 @@ func (r *Relay) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
-		reader = &relayConn{conn: rc, busyMS: busy}
+		reader = &relayConn{conn: rc, busyMS: conn.busyMS}
 		defer reader.close()
 	}
 	r.reader = reader
@@ -472,6 +374,63 @@ func (r *Relay) run(ctx context.Context) error {
 		return cause
 	}
 	return err
+}
+
+// drain connects, runs sessions and reconnects until ctx ends.
+func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
+	bo := r.opts.Reconnect.newBackOff()
+	var failures int
+	var lastWarn time.Time
+	var lastMsg string
+	for ctx.Err() == nil {
+		if err := r.pub.Connect(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.setErr(err)
+			failures++
+			wait := bo.NextBackOff()
+			// A long outage must not flood the log: warn when it starts,
+			// when the reason changes, and once a minute.
+			level := slog.LevelDebug
+			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
+				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
+			}
+			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
+			if !sleep(ctx, wait, r.kick) {
+				break
+			}
+			continue
+		}
+		r.connected.Store(true)
+		r.log.Info("outbox relay connected", "after_attempts", failures+1)
+		failures, lastMsg = 0, ""
+		start := time.Now()
+		res := r.session(ctx, conn, l)
+		r.pub.Disconnect()
+		r.connected.Store(false)
+		if res.fatal != nil {
+			return res.fatal
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		// A connection that carried messages or lasted resets the backoff;
+		// one that dies at once keeps growing it.
+		if res.progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
+			bo.Reset()
+		}
+		if res.err != nil {
+			r.setErr(res.err)
+		}
+		wait := max(bo.NextBackOff(), res.retryAfter)
+		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
+		if !sleep(ctx, wait, r.kick) {
+			break
+		}
+	}
+	r.log.Info("outbox relay stopped")
+	return nil
 }
 
 // keepLease renews the lease every quarter TTL; losing it stops the relay.
@@ -527,111 +486,4 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 		quick = next == 0
 		t.Reset(next)
 	}
-}
-
-// walCheckpointed copies the WAL into the database file, waiting for no one,
-// and reports whether all of it is there: then the next write transaction
-// starts the WAL from its beginning again and needs no new space.
-func walCheckpointed(ctx context.Context, conn *relayConn) bool {
-	var busy, frames, copied int
-	err := conn.do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied)
-	})
-	return err == nil && busy == 0 && copied == frames
-}
-
-// purgeLoop deletes sent rows past retention and gives free pages back.
-func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
-	t := time.NewTicker(r.opts.PurgeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-r.purgeNow:
-		}
-		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
-			r.writeFailed(err)
-			r.log.Warn("outbox purge failed", "err", err)
-		}
-		r.ob.reserve.refill()
-	}
-}
-
-func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
-	now := r.ob.now()
-	retention := max(r.opts.Retention, 0)
-	full := r.diskFull.Swap(false)
-	if full {
-		// The disk is full: sent rows go now, whatever the retention.
-		retention = -24 * time.Hour
-	}
-	before := now.Add(-retention).UnixMilli()
-	// A row sent "in the future" means the clock has since jumped back; it
-	// would otherwise be kept until the clock catches up, without bound.
-	future := now.Add(max(retention, time.Hour)).UnixMilli()
-	deleted, err := purgeSent(ctx, conn, before, future)
-	if err == nil && deleted > 0 {
-		r.log.Debug("outbox purged sent rows", "rows", deleted)
-	}
-	if err == nil && full && r.connected.Load() {
-		// Still draining? Each mark deletes or frees more rows; moving
-		// pages and checkpointing now would spend the space those marks
-		// need, for less than it will free once the backlog is gone (the
-		// last mark wakes this loop again).
-		var draining bool
-		err = conn.do(func(c *sql.Conn) error {
-			return c.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
-				WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`).Scan(&draining)
-		})
-		if err == nil && draining {
-			r.diskFull.Store(true)
-			return nil
-		}
-	}
-	var freed int64
-	if err == nil {
-		freed, err = reclaim(ctx, conn, 64)
-	}
-	if !full {
-		return classifyWriteErr(err)
-	}
-	if err != nil || (deleted == 0 && freed == 0) {
-		// Nothing freed yet (the marks have not caught up, or this failed
-		// too): a checkpoint now would only move the WAL's pages into the
-		// database file, using up the space the marks need. Next time.
-		r.diskFull.Store(true)
-		return classifyWriteErr(err)
-	}
-	// Hand the WAL's space back too.
-	return conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
-		return err
-	})
-}
-
-// reclaim returns free pages to the file system in bounded steps when the
-// database uses incremental auto-vacuum (OpenDB sets it on new files) and at
-// least minFree pages are free, so the file shrinks after a backlog drains.
-// It returns how many pages were free.
-func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error) {
-	var free int64
-	err := conn.do(func(c *sql.Conn) error {
-		var mode int64
-		if err := c.QueryRowContext(ctx, `PRAGMA auto_vacuum`).Scan(&mode); err != nil {
-			return err
-		}
-		if err := c.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
-			return err
-		}
-		if mode != 2 || free < minFree {
-			free = 0
-			return nil
-		}
-		// A pragma that returns no rows still has to be stepped; Exec does.
-		_, err := c.ExecContext(ctx, `PRAGMA incremental_vacuum(2048)`)
-		return err
-	})
-	return free, err
 }

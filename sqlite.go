@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"strconv"
@@ -282,4 +283,43 @@ func isFullTrigger(err error) bool {
 	}
 	// The driver's text is "<SQLite's name for the code>: <message> (<code>)".
 	return strings.HasSuffix(se.Error(), ": "+fullMessage+" ("+strconv.Itoa(se.Code())+")")
+}
+
+// runTx runs fn in a transaction and commits it. When SQLite reports the
+// database busy, it rolls back and runs fn again, a few times, after a
+// short random pause.
+func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	const attempts = 8
+	var err error
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(pause):
+			}
+		}
+		err = txOnce(ctx, db, fn)
+		if err == nil || !isBusy(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
+}
+
+func txOnce(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return classifyWriteErr(err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		tx.Rollback()
+		return classifyWriteErr(err)
+	}
+	return nil
 }

@@ -196,7 +196,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		wait := bo.NextBackOff()
 		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", wait.Round(time.Millisecond))
-		if !sleepCtx(ctx, wait) {
+		if !sleep(ctx, wait, nil) {
 			break
 		}
 	}
@@ -357,7 +357,7 @@ func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 			s.setErr(err)
 			wait := retry.NextBackOff()
 			s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", wait.Round(time.Millisecond))
-			if !sleepCtx(ctx, wait) {
+			if !sleep(ctx, wait, nil) {
 				return false
 			}
 			continue
@@ -381,7 +381,7 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, c
 			break
 		}
 		s.setErr(err)
-		if !sleepCtx(ctx, retry.NextBackOff()) {
+		if !sleep(ctx, retry.NextBackOff(), nil) {
 			return false
 		}
 	}

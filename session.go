@@ -2,11 +2,7 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"fmt"
-	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,9 +35,6 @@ import (
 // dead, so order holds for everything that is delivered.
 
 const (
-	// maxBatchBytes bounds the payload bytes read per batch, so a backlog of
-	// large messages never sits in memory at once.
-	maxBatchBytes = 4 << 20
 	// maxMarkBatch bounds the acknowledgements recorded in one mark.
 	maxMarkBatch = 512
 	// minMarkSlots is the least room for acknowledged messages not yet
@@ -145,77 +138,6 @@ type sessionResult struct {
 	err        error         // why the connection ended; nil on shutdown
 	retryAfter time.Duration // minimum wait before reconnecting
 	fatal      error         // the relay cannot go on
-}
-
-// drain connects, runs sessions and reconnects until ctx ends.
-func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
-	bo := r.opts.Reconnect.newBackOff()
-	var failures int
-	var lastWarn time.Time
-	var lastMsg string
-	for ctx.Err() == nil {
-		if err := r.pub.Connect(ctx); err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			r.setErr(err)
-			failures++
-			wait := bo.NextBackOff()
-			// A long outage must not flood the log: warn when it starts,
-			// when the reason changes, and once a minute.
-			level := slog.LevelDebug
-			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
-				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
-			}
-			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
-			if !r.sleep(ctx, wait) {
-				break
-			}
-			continue
-		}
-		r.connected.Store(true)
-		r.log.Info("outbox relay connected", "after_attempts", failures+1)
-		failures, lastMsg = 0, ""
-		start := time.Now()
-		res := r.session(ctx, conn, l)
-		r.pub.Disconnect()
-		r.connected.Store(false)
-		if res.fatal != nil {
-			return res.fatal
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		// A connection that carried messages or lasted resets the backoff;
-		// one that dies at once keeps growing it.
-		if res.progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
-			bo.Reset()
-		}
-		if res.err != nil {
-			r.setErr(res.err)
-		}
-		wait := max(bo.NextBackOff(), res.retryAfter)
-		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
-		if !r.sleep(ctx, wait) {
-			break
-		}
-	}
-	r.log.Info("outbox relay stopped")
-	return nil
-}
-
-// sleep waits d, or less if ReconnectNow is called; false if ctx ended.
-func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-r.kick:
-		return true
-	case <-t.C:
-		return true
-	}
 }
 
 // session publishes over one connection until it fails or ctx ends.
@@ -347,7 +269,7 @@ func (s *session) dispatch() error {
 		if !s.l.valid() {
 			// The lease was not renewed for half its TTL (a stalled
 			// database?): publish nothing until it is.
-			if !sleepCtx(s.sctx, s.l.ttl/16) {
+			if !sleep(s.sctx, s.l.ttl/16, nil) {
 				break
 			}
 			continue
@@ -373,7 +295,7 @@ func (s *session) dispatch() error {
 			}
 			r.setErr(err)
 			r.log.Error("outbox relay cannot read the outbox", "err", err)
-			if !sleepCtx(s.sctx, time.Second) {
+			if !sleep(s.sctx, time.Second, nil) {
 				break
 			}
 			continue
@@ -419,7 +341,7 @@ func (s *session) dispatch() error {
 			// rest of its batch before its renewal told it the lease was
 			// gone. It costs a mutex and a monotonic clock read.
 			for !s.l.valid() {
-				if !sleepCtx(s.sctx, s.l.ttl/16) {
+				if !sleep(s.sctx, s.l.ttl/16, nil) {
 					return nil
 				}
 			}
@@ -450,7 +372,7 @@ type batch struct {
 // fetch reads up to limit pending rows after cursor.
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetchN(s.sctx, s.r.reader, cursor, limit)
+	b.version, b.rows, b.err = s.r.fetch(s.sctx, s.r.reader, cursor, limit)
 	return b
 }
 
@@ -627,231 +549,6 @@ func (s *session) markLoop() {
 		for range batch {
 			<-s.unmarked
 		}
-	}
-}
-
-// row is an outbox row read for publishing, already encoded.
-type row struct {
-	outgoing
-	wire   []byte
-	encErr error
-}
-
-// fetch reads the next pending rows after cursor, with the data_version
-// read before them (so a commit after the read is never missed).
-func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64) (int64, []row, error) {
-	return r.fetchN(ctx, conn, cursor, r.opts.BatchSize)
-}
-
-// fetchN is fetch with at most limit rows.
-func (r *Relay) fetchN(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
-	var version int64
-	var out []row
-	err := conn.do(func(c *sql.Conn) error {
-		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
-			return err
-		}
-		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts
-			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
-			ORDER BY seq LIMIT ?`)
-		if err != nil {
-			return err
-		}
-		rows, err := st.QueryContext(ctx, cursor, limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		bytes := 0
-		for rows.Next() {
-			var m row
-			var payload sql.RawBytes
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
-				return err
-			}
-			m.payload = payload
-			m.wire, m.encErr = r.enc.encode(make([]byte, 0, len(payload)*4/3+256+len(m.id)), &m.outgoing)
-			if m.encErr == nil && len(m.wire)+len(m.topic)+2 > MaxMQTTPayloadBytes {
-				m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
-			}
-			m.payload = nil // RawBytes is only valid until Next
-			out = append(out, m)
-			bytes += len(m.wire)
-			if bytes >= maxBatchBytes {
-				break
-			}
-		}
-		return rows.Err()
-	})
-	return version, out, err
-}
-
-// waitForWork waits until a commit may have added rows: an in-process
-// notification, a change of data_version (another connection or process
-// committed), or the end of ctx (false).
-func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
-	t := time.NewTicker(r.opts.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-wake:
-			return true
-		case <-t.C:
-		}
-		var v int64
-		err := conn.do(func(c *sql.Conn) error {
-			dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
-			if err != nil {
-				return err
-			}
-			return dv.QueryRowContext(ctx).Scan(&v)
-		})
-		if err != nil || v != version {
-			return ctx.Err() == nil
-		}
-	}
-}
-
-// markSent records that every message up to and including seq is settled
-// (n of them were acknowledged now): one statement on one row, whatever the
-// batch's size; a trigger logs when. With a negative Retention the sent rows
-// are then deleted.
-func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err := conn.do(func(c *sql.Conn) error {
-		// Pending bytes are counted only while a byte limit is set, the
-		// numbers that hold no pending message only while a message limit
-		// is: those the mark passes leave the count. Both are counts over
-		// the rows just acknowledged; count(*) over a range of seq reads no
-		// column, and the dead ones are in the outbox_dead index.
-		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET
-				pending_bytes = CASE WHEN max_pending_bytes > 0
-					THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
-						WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
-				skipped = CASE WHEN max_pending_count > 0
-					THEN max(skipped - (?1 - sent_seq)
-						+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-						- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) ELSE 0 END,
-				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
-			return err
-		}
-		if r.opts.Retention < 0 {
-			// Not atomic with the mark, and need not be: rows left by a
-			// crash in between are sent, and the purge takes them.
-			return conn.execPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
-	}
-	r.sent.Add(int64(n))
-	r.mu.Lock()
-	r.lastAck = r.ob.now()
-	r.mu.Unlock()
-	return nil
-}
-
-// markDead parks a message that can never be published.
-func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
-	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
-			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark dead: %w", err)
-	}
-	r.dead.Add(1)
-	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
-	return nil
-}
-
-// charge counts one failed attempt against a message and parks it as dead
-// when it reached MaxAttempts.
-func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var id string
-	err = conn.do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
-			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
-			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
-			RETURNING attempts, dead_at IS NOT NULL, id`,
-			cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &dead, &id)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
-	}
-	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
-	if dead {
-		r.dead.Add(1)
-	}
-	return attempts, dead, nil
-}
-
-// writeFailed records a failed relay write. On a full disk it gives the
-// disk reserve up, so that the relay can go on marking and deleting rows,
-// and asks the purge loop to free space now; it reports whether it freed
-// anything.
-func (r *Relay) writeFailed(err error) bool {
-	full, freed := r.noteWriteErr(err)
-	if full {
-		r.wakePurge()
-	}
-	return freed
-}
-
-// markFailed is writeFailed for a mark, which goes first on a full disk: the
-// purge loop is woken once a mark has succeeded (see markLoop), because its
-// checkpoint and vacuum would otherwise take the space the mark needs.
-func (r *Relay) markFailed(err error) bool {
-	_, freed := r.noteWriteErr(err)
-	return freed
-}
-
-// noteWriteErr records err and, when it is a full disk, gives the reserve up.
-func (r *Relay) noteWriteErr(err error) (full, freed bool) {
-	r.setErr(err)
-	if !errors.Is(err, ErrDiskFull) {
-		return false, false
-	}
-	r.diskFull.Store(true)
-	if r.ob.reserve.release() {
-		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
-		return true, true
-	}
-	return true, false
-}
-
-func (r *Relay) wakePurge() {
-	select {
-	case r.purgeNow <- struct{}{}:
-	default:
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -1,0 +1,95 @@
+// Package outbox is a transactional outbox on SQLite for devices that are
+// often offline: the application writes its business rows and an outbox row
+// in ONE SQLite transaction, and a [Relay] later publishes the outbox rows, in
+// commit order, to an MQTT broker at QoS 1, whenever the broker is reachable.
+//
+// # The model
+//
+// A committed event is never lost and a rolled-back one is never published.
+// Delivery is at least once: a duplicate can only follow a crash or a lost
+// connection, and every event carries a stable unique id (a UUIDv7, see
+// [NewID]) for consumers to recognise it. Order is commit order, kept by a
+// sequence number, never by a timestamp: device clocks jump.
+//
+// [Open] opens (or creates) the SQLite file and returns an [Outbox]; [New]
+// takes the caller's own *sql.DB instead ([OpenDB] opens one with the
+// settings the outbox relies on). The application's own tables live in the
+// same database ([Outbox.DB]). [Outbox.Enqueue] writes [Message] values
+// inside the caller's *sql.Tx, so that they are published only if it
+// commits; [Outbox.Transact] runs a function in a write transaction, runs it
+// again while SQLite reports the database busy, commits and wakes the relay.
+// With a pending limit set ([Options]), a full outbox or a full disk fails
+// the enqueue with [ErrFull] or [ErrDiskFull] and the caller's transaction
+// rolls back: nothing committed is ever dropped to make room.
+//
+// # The table contract
+//
+// The outbox table is a contract that any language can write to: a program
+// that inserts a row with a topic and a payload into the same file, in a
+// transaction of its own, has its event relayed like one from Enqueue. Every
+// other column has a default written in SQL (the id, a UUIDv7, among them),
+// a CHECK refuses an empty topic and one with an MQTT wildcard or a NUL, and
+// a trigger holds every writer to the pending limits. The README lists the columns a writer may set.
+//
+// The whole schema, as SQL, is schema/outbox.sql in this module: what a new
+// database gets. Each step from one version to the next is a file of its own
+// under schema/outbox/, frozen once released. [SchemaVersion] is the newest
+// version; opening an older database for writing migrates it in one
+// transaction, and a newer one is refused with [ErrSchemaTooNew], never
+// downgraded.
+//
+// # The relay
+//
+// [Outbox.NewRelay] returns a [Relay] that drains the outbox to a
+// [Publisher]; [NewMQTTPublisher] is the one for MQTT 3.1.1 brokers.
+// [Relay.Run] reads pending rows in sequence order, keeps up to
+// RelayOptions.Window of them awaiting their acknowledgement, and records
+// progress as a high-water mark, in batches: a crash duplicates at most
+// Window + max(Window, 32) messages. It reconnects with a backoff that never
+// gives up; [Relay.ReconnectNow] cuts the wait short.
+//
+// Outages are not failures. A refused connection, a timeout, a lost
+// connection or a missing acknowledgement never counts against a message,
+// and neither does a slow link. After a lost connection the first message
+// that was in flight goes alone on the next connection, and only if that one
+// fails too before its acknowledgement is the message charged an attempt;
+// a Publisher error wrapping [ErrRejected] charges it at once. After
+// RelayOptions.MaxAttempts charged attempts a message is parked as dead —
+// kept, listed ([Outbox.List]) and requeueable ([Outbox.Requeue]), never
+// dropped — and the queue flows on; a row that can never be published (a
+// topic that is not UTF-8, a message too large for MQTT) is dead at once.
+//
+// A lease lets one relay, goroutine or process, drain a database at a time;
+// its expiry never compares wall clocks. Sent rows are deleted once
+// RelayOptions.Retention has passed. A reserve file beside the database
+// (Options.ReserveBytes) keeps the relay able to mark and delete rows on a
+// full disk, so that the backlog drains and the space comes back.
+//
+// # The consumer side
+//
+// An [Inbox] applies each event once, in the consumer's own SQLite
+// database: [Inbox.Apply] runs a [Handler] and records the event's source
+// and id in one transaction, and returns [ErrDuplicate], without running the
+// handler, for an event it applied within InboxOptions.DedupeWindow. The
+// window is measured on an inbox clock stored in that database, which
+// wall-clock jumps do not move. A [Subscriber] receives events from an MQTT
+// broker at QoS 1 in a persistent session, applies each through an Inbox and
+// acknowledges it only once its transaction has committed; a message that is
+// not a valid event is quarantined and never blocks the ones behind it.
+// [DecodeEvent] parses the CloudEvents envelope the relay publishes.
+//
+// # Errors
+//
+// The errors to test with errors.Is are sentinels. Enqueue validates every
+// message before it writes anything and refuses one with an error matching
+// [ErrInvalidTopic] (each reason has its own, such as [ErrTopicWildcard] and
+// [ErrTopicOutsidePrefix]), [ErrPayloadTooLarge] or [ErrInvalidMessage].
+// [ErrFull] and [ErrDiskFull] mean that the caller's transaction must roll
+// back; [ErrClosed], [ErrReadOnly] and [ErrNilTx] that the call could not
+// write at all. Opening reports a schema it will not use with
+// [ErrSchemaTooNew], [ErrSchemaTooOld] or [ErrNoSchema], and a *sql.DB set
+// up wrongly with [ErrUnsupportedDB]; [ErrNotFound] is a message that is not
+// there. [Relay.Run] fails with [ErrLeaseLost] when another relay took over;
+// a Publisher wraps [ErrRejected] or [ErrNotConnected] in its errors; and
+// [Inbox.Apply] says that it skipped an event with [ErrDuplicate].
+package outbox

@@ -1,0 +1,183 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// Message is one event to publish.
+type Message struct {
+	// Topic is the MQTT topic. Required.
+	Topic string
+	// Payload is published as the event's data. It may be empty.
+	Payload []byte
+	// Type is the CloudEvents type, e.g. "com.example.order.created".
+	// Empty means the relay's default type.
+	Type string
+	// ContentType is the CloudEvents datacontenttype. Empty means
+	// application/json when Payload is valid JSON, else
+	// application/octet-stream.
+	ContentType string
+	// ID is the event's unique id. Empty means a new id from NewID.
+	ID string
+}
+
+// Enqueue writes msgs into the outbox inside tx, the caller's transaction:
+// they are published only if tx commits. All messages are validated before
+// anything is written. On ErrFull or ErrDiskFull the caller must roll tx
+// back.
+//
+// tx must come from the *sql.DB this Outbox was created on; a transaction of
+// another database is refused.
+func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	if tx == nil {
+		return ErrNilTx
+	}
+	if err := o.validate(msgs); err != nil {
+		return err
+	}
+	o.inUse.RLock()
+	defer o.inUse.RUnlock()
+	if o.isClosed() {
+		return ErrClosed
+	}
+	if o.readOnly {
+		return ErrReadOnly
+	}
+	// The statement is prepared once per connection: preparing an INSERT
+	// that fires the capacity trigger costs more than running it.
+	stmt := tx.StmtContext(ctx, o.insert)
+	defer stmt.Close()
+	now := o.now()
+	created := now.UnixMilli()
+	for i := range msgs {
+		m := &msgs[i]
+		id := m.ID
+		if id == "" {
+			id = newIDAt(now)
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{} // NOT NULL: an empty payload is a valid event
+		}
+		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created); err != nil {
+			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
+		}
+	}
+	return nil
+}
+
+// validate checks every message before anything is written.
+func (o *Outbox) validate(msgs []Message) error {
+	for i := range msgs {
+		m := &msgs[i]
+		if err := ValidateTopic(m.Topic); err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
+		}
+		if !strings.HasPrefix(m.Topic, o.prefix) {
+			return fmt.Errorf("message %d: %w: %q is not under %q", i, ErrTopicOutsidePrefix, m.Topic, o.prefix)
+		}
+		if len(m.Payload) > o.maxPayload {
+			return fmt.Errorf("message %d: %w: %d bytes, limit %d", i, ErrPayloadTooLarge, len(m.Payload), o.maxPayload)
+		}
+		if m.ID != "" && (len(m.ID) > maxIDBytes || !utf8.ValidString(m.ID)) {
+			return fmt.Errorf("message %d: %w: id must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxIDBytes)
+		}
+		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
+			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)
+		}
+	}
+	return nil
+}
+
+// ValidateTopic reports whether topic can be published: non-empty, valid
+// UTF-8, no NUL, no wildcard, at most 65,535 bytes. The errors match
+// ErrInvalidTopic.
+func ValidateTopic(topic string) error {
+	switch {
+	case topic == "":
+		return ErrTopicEmpty
+	case len(topic) > maxTopicBytes:
+		return ErrTopicTooLong
+	case strings.ContainsAny(topic, "+#"):
+		return ErrTopicWildcard
+	case strings.IndexByte(topic, 0) >= 0:
+		return ErrTopicNUL
+	case !utf8.ValidString(topic):
+		return ErrTopicNotUTF8
+	}
+	return nil
+}
+
+// validatePrefix checks a TopicPrefix: a topic may start with it.
+func validatePrefix(prefix string) error {
+	if err := ValidateTopic(prefix); err != nil {
+		return fmt.Errorf("outbox: TopicPrefix %q: %w", prefix, err)
+	}
+	return nil
+}
+
+// Transact runs fn in a write transaction, commits it and wakes the relay.
+// When SQLite reports the database busy (another writer held the lock past
+// the busy timeout, or a read snapshot went stale), the transaction is rolled
+// back and fn runs again, a few times, with a short random pause: fn must
+// not have effects outside tx. Any other error from fn rolls back and is
+// returned as is. A Transact that Close interrupts fails with an error that
+// matches ErrClosed.
+func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if o.isClosed() {
+		return ErrClosed
+	}
+	if o.readOnly {
+		return ErrReadOnly
+	}
+	if o.beforeTx != nil {
+		o.beforeTx()
+	}
+	if err := runTx(ctx, o.db, fn); err != nil {
+		if o.isClosed() && !errors.Is(err, ErrClosed) {
+			// database/sql's own errors once Open's database is closed
+			// ("sql: database is closed") say the same, less clearly.
+			return fmt.Errorf("%w: %w", ErrClosed, err)
+		}
+		return err
+	}
+	o.wake.notify()
+	return nil
+}
+
+// Notify wakes the relays of this Outbox at once. Transact calls it after
+// every commit; call it after committing a transaction of your own that
+// called Enqueue, or rely on the relay noticing the commit within its poll
+// interval.
+func (o *Outbox) Notify() { o.wake.notify() }
+
+// notifier wakes every waiter at once: wait returns a channel that the next
+// notify closes.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
+	return n.ch
+}
+
+func (n *notifier) notify() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
+}

@@ -1,0 +1,156 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+)
+
+// purgeLoop deletes sent rows past retention and gives free pages back.
+func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
+	t := time.NewTicker(r.opts.PurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.purgeNow:
+		}
+		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
+			r.writeFailed(err)
+			r.log.Warn("outbox purge failed", "err", err)
+		}
+		r.ob.reserve.refill()
+	}
+}
+
+func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
+	now := r.ob.now()
+	retention := max(r.opts.Retention, 0)
+	full := r.diskFull.Swap(false)
+	if full {
+		// The disk is full: sent rows go now, whatever the retention.
+		retention = -24 * time.Hour
+	}
+	before := now.Add(-retention).UnixMilli()
+	// A row sent "in the future" means the clock has since jumped back; it
+	// would otherwise be kept until the clock catches up, without bound.
+	future := now.Add(max(retention, time.Hour)).UnixMilli()
+	deleted, err := purgeSent(ctx, conn, before, future)
+	if err == nil && deleted > 0 {
+		r.log.Debug("outbox purged sent rows", "rows", deleted)
+	}
+	if err == nil && full && r.connected.Load() {
+		// Still draining? Each mark deletes or frees more rows; moving
+		// pages and checkpointing now would spend the space those marks
+		// need, for less than it will free once the backlog is gone (the
+		// last mark wakes this loop again).
+		var draining bool
+		err = conn.do(func(c *sql.Conn) error {
+			return c.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
+				WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`).Scan(&draining)
+		})
+		if err == nil && draining {
+			r.diskFull.Store(true)
+			return nil
+		}
+	}
+	var freed int64
+	if err == nil {
+		freed, err = reclaim(ctx, conn, 64)
+	}
+	if !full {
+		return classifyWriteErr(err)
+	}
+	if err != nil || (deleted == 0 && freed == 0) {
+		// Nothing freed yet (the marks have not caught up, or this failed
+		// too): a checkpoint now would only move the WAL's pages into the
+		// database file, using up the space the marks need. Next time.
+		r.diskFull.Store(true)
+		return classifyWriteErr(err)
+	}
+	// Hand the WAL's space back too.
+	return conn.do(func(c *sql.Conn) error {
+		_, err := c.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
+		return err
+	})
+}
+
+// reclaim returns free pages to the file system in bounded steps when the
+// database uses incremental auto-vacuum (OpenDB sets it on new files) and at
+// least minFree pages are free, so the file shrinks after a backlog drains.
+// It returns how many pages were free.
+func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error) {
+	var free int64
+	err := conn.do(func(c *sql.Conn) error {
+		var mode int64
+		if err := c.QueryRowContext(ctx, `PRAGMA auto_vacuum`).Scan(&mode); err != nil {
+			return err
+		}
+		if err := c.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
+			return err
+		}
+		if mode != 2 || free < minFree {
+			free = 0
+			return nil
+		}
+		// A pragma that returns no rows still has to be stepped; Exec does.
+		_, err := c.ExecContext(ctx, `PRAGMA incremental_vacuum(2048)`)
+		return err
+	})
+	return free, err
+}
+
+// writeFailed records a failed relay write. On a full disk it gives the
+// disk reserve up, so that the relay can go on marking and deleting rows,
+// and asks the purge loop to free space now; it reports whether it freed
+// anything.
+func (r *Relay) writeFailed(err error) bool {
+	full, freed := r.noteWriteErr(err)
+	if full {
+		r.wakePurge()
+	}
+	return freed
+}
+
+// markFailed is writeFailed for a mark, which goes first on a full disk: the
+// purge loop is woken once a mark has succeeded (see markLoop), because its
+// checkpoint and vacuum would otherwise take the space the mark needs.
+func (r *Relay) markFailed(err error) bool {
+	_, freed := r.noteWriteErr(err)
+	return freed
+}
+
+// noteWriteErr records err and, when it is a full disk, gives the reserve up.
+func (r *Relay) noteWriteErr(err error) (full, freed bool) {
+	r.setErr(err)
+	if !errors.Is(err, ErrDiskFull) {
+		return false, false
+	}
+	r.diskFull.Store(true)
+	if r.ob.reserve.release() {
+		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
+		return true, true
+	}
+	return true, false
+}
+
+func (r *Relay) wakePurge() {
+	select {
+	case r.purgeNow <- struct{}{}:
+	default:
+	}
+}
+
+// walCheckpointed copies the WAL into the database file, waiting for no one,
+// and reports whether all of it is there: then the next write transaction
+// starts the WAL from its beginning again and needs no new space.
+func walCheckpointed(ctx context.Context, conn *relayConn) bool {
+	var busy, frames, copied int
+	err := conn.do(func(c *sql.Conn) error {
+		return c.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied)
+	})
+	return err == nil && busy == 0 && copied == frames
+}

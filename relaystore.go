@@ -1,0 +1,308 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// relayConn is the relay's own database connection, shared by its
+// goroutines one call at a time. Its synchronous setting is NORMAL: a mark
+// lost to power failure only means a duplicate, never a loss.
+type relayConn struct {
+	mu     sync.Mutex
+	conn   *sql.Conn
+	busyMS int // the connection's busy timeout, for execPolling
+	// stmts are the statements the relay runs again and again, prepared
+	// once on this connection: parsing SQL cost more than running a mark.
+	stmts map[string]*sql.Stmt
+}
+
+// openRelayConn takes a connection from db and sets it up for the relay's
+// writes.
+func openRelayConn(ctx context.Context, db *sql.DB) (*relayConn, error) {
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The relay changes this connection's settings (synchronous, busy
+	// timeout): it must not go back to the pool for the application.
+	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
+		discard(c)
+		return nil, err
+	}
+	// A caller's database may come without a busy timeout; the relay's
+	// writes must wait for the application's transactions, not fail.
+	var busy int
+	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		discard(c)
+		return nil, err
+	}
+	if busy == 0 {
+		busy = 5000
+		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
+			discard(c)
+			return nil, err
+		}
+	}
+	return &relayConn{conn: c, busyMS: busy}, nil
+}
+
+func (c *relayConn) do(fn func(*sql.Conn) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fn(c.conn)
+}
+
+// stmt returns q prepared on c; call it inside do.
+func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt, error) {
+	if st, ok := rc.stmts[q]; ok {
+		return st, nil
+	}
+	st, err := c.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if rc.stmts == nil {
+		rc.stmts = make(map[string]*sql.Stmt)
+	}
+	rc.stmts[q] = st
+	return st, nil
+}
+
+// ExecContext runs one statement on the connection, so that the relay's
+// purges, batch by batch, let its marks in between.
+func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	var res sql.Result
+	err := c.do(func(sc *sql.Conn) error {
+		var err error
+		res, err = sc.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
+}
+
+// execPolling runs one write on the relay's connection and waits for the
+// write lock by trying again every 200 µs, for as long as the connection's
+// busy timeout, instead of in SQLite's busy handler, whose sleeps grow to
+// 100 ms (1, 2, 5, 10, … 100 ms). Against an application that commits every
+// millisecond at synchronous=FULL — the lock held through each fsync — that
+// schedule loses the lock again and again, and marks that lag keep the
+// window's slots: publishing stalled for hundreds of milliseconds (outboxctl
+// bench, section 3). Polling takes the lock in the first gap between two
+// of the application's transactions.
+func (rc *relayConn) execPolling(ctx context.Context, c *sql.Conn, q string, args ...any) error {
+	st, err := rc.stmt(ctx, c, q)
+	if err != nil {
+		return err
+	}
+	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
+	// the statement, not when it runs it.
+	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
+		return err
+	}
+	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
+	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
+	for {
+		_, err := st.ExecContext(ctx, args...)
+		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// close closes the prepared statements and discards the connection.
+func (rc *relayConn) close() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, st := range rc.stmts {
+		st.Close()
+	}
+	rc.stmts = nil
+	discard(rc.conn)
+}
+
+// discard closes a connection that the relay configured for itself,
+// instead of handing it back to the pool.
+func discard(c *sql.Conn) {
+	c.Raw(func(any) error { return driver.ErrBadConn })
+	c.Close()
+}
+
+// maxBatchBytes bounds the payload bytes read per batch, so a backlog of
+// large messages never sits in memory at once.
+const maxBatchBytes = 4 << 20
+
+// row is an outbox row read for publishing, already encoded.
+type row struct {
+	outgoing
+	wire   []byte
+	encErr error
+}
+
+// fetch reads up to limit pending rows after cursor, with the data_version
+// read before them (so a commit after the read is never missed).
+func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
+	var version int64
+	var out []row
+	err := conn.do(func(c *sql.Conn) error {
+		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+		if err != nil {
+			return err
+		}
+		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
+			return err
+		}
+		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts
+			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
+			ORDER BY seq LIMIT ?`)
+		if err != nil {
+			return err
+		}
+		rows, err := st.QueryContext(ctx, cursor, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		bytes := 0
+		for rows.Next() {
+			var m row
+			var payload sql.RawBytes
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
+				return err
+			}
+			m.payload = payload
+			m.wire, m.encErr = r.enc.encode(make([]byte, 0, len(payload)*4/3+256+len(m.id)), &m.outgoing)
+			if m.encErr == nil && len(m.wire)+len(m.topic)+2 > MaxMQTTPayloadBytes {
+				m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
+			}
+			m.payload = nil // RawBytes is only valid until Next
+			out = append(out, m)
+			bytes += len(m.wire)
+			if bytes >= maxBatchBytes {
+				break
+			}
+		}
+		return rows.Err()
+	})
+	return version, out, err
+}
+
+// waitForWork waits until a commit may have added rows: an in-process
+// notification, a change of data_version (another connection or process
+// committed), or the end of ctx (false).
+func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
+	t := time.NewTicker(r.opts.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wake:
+			return true
+		case <-t.C:
+		}
+		var v int64
+		err := conn.do(func(c *sql.Conn) error {
+			dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+			if err != nil {
+				return err
+			}
+			return dv.QueryRowContext(ctx).Scan(&v)
+		})
+		if err != nil || v != version {
+			return ctx.Err() == nil
+		}
+	}
+}
+
+// markSent records that every message up to and including seq is settled
+// (n of them were acknowledged now): one statement on one row, whatever the
+// batch's size; a trigger logs when. With a negative Retention the sent rows
+// are then deleted.
+func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := conn.do(func(c *sql.Conn) error {
+		// Pending bytes are counted only while a byte limit is set, the
+		// numbers that hold no pending message only while a message limit
+		// is: those the mark passes leave the count. Both are counts over
+		// the rows just acknowledged; count(*) over a range of seq reads no
+		// column, and the dead ones are in the outbox_dead index.
+		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET
+				pending_bytes = CASE WHEN max_pending_bytes > 0
+					THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+						WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
+				skipped = CASE WHEN max_pending_count > 0
+					THEN max(skipped - (?1 - sent_seq)
+						+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
+						- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) ELSE 0 END,
+				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
+			return err
+		}
+		if r.opts.Retention < 0 {
+			// Not atomic with the mark, and need not be: rows left by a
+			// crash in between are sent, and the purge takes them.
+			return conn.execPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
+	}
+	r.sent.Add(int64(n))
+	r.mu.Lock()
+	r.lastAck = r.ob.now()
+	r.mu.Unlock()
+	return nil
+}
+
+// markDead parks a message that can never be published.
+func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
+	err := conn.do(func(c *sql.Conn) error {
+		_, err := c.ExecContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
+			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: mark dead: %w", err)
+	}
+	r.dead.Add(1)
+	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
+	return nil
+}
+
+// charge counts one failed attempt against a message and parks it as dead
+// when it reached MaxAttempts.
+func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var id string
+	err = conn.do(func(c *sql.Conn) error {
+		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
+			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
+			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
+			RETURNING attempts, dead_at IS NOT NULL, id`,
+			cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &dead, &id)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
+	}
+	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
+	if dead {
+		r.dead.Add(1)
+	}
+	return attempts, dead, nil
+}

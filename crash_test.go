@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -27,6 +26,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // The crash test: a child process (this test binary, running
@@ -304,134 +305,23 @@ func crashEnvInt(t *testing.T, name string, def uint64) uint64 {
 	return v
 }
 
-// crashLink is a TCP link to the broker with latency one way: what a
-// client sent within the last delay is still on the wire and is lost if the
-// client dies (its connection closes). Without it, every byte a killed
-// child had written would still reach the in-process broker, and a relay
-// that marked rows sent before their PUBACK would hardly ever be caught.
-type crashLink struct {
-	target string
-	delay  time.Duration
-	ln     net.Listener
-	wg     sync.WaitGroup
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-func startCrashLink(t *testing.T, target string, delay time.Duration) *crashLink {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	l := &crashLink{target: target, delay: delay, ln: ln, conns: map[net.Conn]struct{}{}}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			l.wg.Add(1)
-			go func() { defer l.wg.Done(); l.pipe(c) }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		l.mu.Lock()
-		for c := range l.conns {
-			c.Close()
-		}
-		l.conns = nil
-		l.mu.Unlock()
-		l.wg.Wait()
-	})
-	return l
-}
-
-func (l *crashLink) url() string { return "tcp://" + l.ln.Addr().String() }
-
-// track lets the cleanup close c; false once the link is closed.
-func (l *crashLink) track(c net.Conn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.conns == nil {
-		return false
-	}
-	l.conns[c] = struct{}{}
-	return true
-}
-
-func (l *crashLink) pipe(client net.Conn) {
-	defer client.Close()
-	server, err := net.Dial("tcp", l.target)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	if !l.track(client) || !l.track(server) {
-		return
-	}
-	defer func() {
-		l.mu.Lock()
-		delete(l.conns, client)
-		delete(l.conns, server)
-		l.mu.Unlock()
-	}()
-	// Broker to client: at once.
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		io.Copy(client, server)
-		client.Close()
-	}()
-	// Client to broker: each chunk after the delay, unless the client
-	// is gone by then.
-	type chunk struct {
-		b  []byte
-		at time.Time
-	}
-	wire := make(chan chunk, 4096)
-	gone := make(chan struct{})
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		for c := range wire {
-			t := time.NewTimer(time.Until(c.at))
-			select {
-			case <-gone:
-				t.Stop()
-				for range wire { // lost with the client
-				}
-				return
-			case <-t.C:
-			}
-			if _, err := server.Write(c.b); err != nil {
-				for range wire {
-				}
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := client.Read(buf)
-		if n > 0 {
-			wire <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now().Add(l.delay)}
-		}
-		if err != nil {
-			break
-		}
-	}
-	close(gone)
-	close(wire)
+// startCrashLink starts the link from the children to the broker: a proxy
+// with crashLinkDelay of latency one way, so that what a child sent within
+// the last delay is still on the wire and is lost if the child dies (its
+// connection closes). Without it, every byte a killed child had written
+// would still reach the in-process broker, and a relay that marked rows
+// sent before their PUBACK would hardly ever be caught.
+func startCrashLink(t *testing.T, broker string) *harness.FaultProxy {
+	p := harness.StartFaultProxy(t, broker)
+	p.SetLatency(harness.ToBroker, crashLinkDelay)
+	return p
 }
 
 // crashRun is the parent's side of the crash test.
 type crashRun struct {
 	t        *testing.T
 	b        *broker
-	link     *crashLink // between the children and the broker
+	link     *harness.FaultProxy // between the children and the broker, with latency
 	rng      *rand.Rand
 	path     string // the database
 	sidePath string // rolled-back event ids, one a line
@@ -454,7 +344,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.timeout=10m")
 	cmd.Env = append(os.Environ(),
 		crashEnvDB+"="+c.path,
-		crashEnvBroker+"="+c.link.url(),
+		crashEnvBroker+"="+c.link.URL(),
 		crashEnvClient+"="+client,
 		crashEnvRolledBack+"="+c.sidePath,
 		crashEnvSeed+"="+strconv.FormatUint(c.rng.Uint64(), 10),
@@ -546,7 +436,7 @@ func TestCrashKill9(t *testing.T) {
 
 	dir := t.TempDir()
 	run := &crashRun{
-		t: t, b: b, link: startCrashLink(t, b.addr, crashLinkDelay),
+		t: t, b: b, link: startCrashLink(t, b.addr),
 		rng:      rand.New(rand.NewPCG(seed, 0)),
 		lost:     map[string]int{},
 		path:     filepath.Join(dir, "till.db"),

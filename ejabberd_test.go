@@ -17,6 +17,8 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // This file runs ejabberd (the Debian package, 23.01) for its MQTT broker,
@@ -248,9 +250,9 @@ func startEjabberdSubscriber(t *testing.T, addr, clientID, filter string) *persi
 func TestEjabberdCompatibility(t *testing.T) {
 	e := startEjabberd(t)
 	sub := startEjabberdSubscriber(t, e.mqttAddr, "consumer", "pos/#")
-	p := startProxy(t, e.mqttAddr)
+	p := harness.StartFaultProxy(t, e.mqttAddr)
 	ob := openTest(t, Options{})
-	r := ejabberdRelay(t, ob, p.url(), fastRelay())
+	r := ejabberdRelay(t, ob, p.URL(), fastRelay())
 	startRelay(t, r)
 
 	dups := brokerCases(t, ob, r, p, sub)

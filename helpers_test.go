@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,125 +191,6 @@ func startBroker(t testing.TB) *broker {
 }
 
 func (b *broker) url() string { return "tcp://" + b.addr }
-
-// proxy is a TCP proxy between the relay and the broker that can refuse
-// connections (an outage), cut them, and swallow bytes flowing back to the
-// client (PUBACKs that never return).
-type proxy struct {
-	t      testing.TB
-	target string
-	addr   string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-
-	swallowDown atomic.Bool
-	accepted    atomic.Int64
-}
-
-func startProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	p := &proxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.down)
-	return p
-}
-
-func (p *proxy) url() string { return "tcp://" + p.addr }
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.accepted.Add(1)
-			go p.pipe(c)
-		}
-	}()
-}
-
-func (p *proxy) pipe(client net.Conn) {
-	server, err := net.Dial("tcp", p.target)
-	if err != nil {
-		client.Close()
-		return
-	}
-	p.mu.Lock()
-	if p.ln == nil { // went down meanwhile
-		p.mu.Unlock()
-		client.Close()
-		server.Close()
-		return
-	}
-	p.conns[client] = struct{}{}
-	p.conns[server] = struct{}{}
-	p.mu.Unlock()
-	go func() {
-		io.Copy(server, client)
-		server.Close()
-		client.Close()
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := server.Read(buf)
-		if n > 0 && !p.swallowDown.Load() {
-			if _, werr := client.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	client.Close()
-	server.Close()
-}
-
-// cut closes every proxied connection; new ones are still accepted.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// down closes the listener and every connection: connections are refused.
-func (p *proxy) down() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	p.mu.Unlock()
-	p.cut()
-}
-
-// up listens again on the same address.
-func (p *proxy) up() {
-	var ln net.Listener
-	var err error
-	// The port was just released; binding it again may take a moment.
-	for i := 0; i < 200; i++ {
-		ln, err = net.Listen("tcp", p.addr)
-		if err == nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.NoError(p.t, err)
-	p.serve(ln)
-}
 
 // fakePublisher is a Publisher under the test's control.
 type fakePublisher struct {

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // Tests against a real Mosquitto: go test -race -run Mosquitto -v .
@@ -242,7 +244,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 
 	m := startMosquitto(t)
 	sub := startPersistentSubscriber(t, m.addr, "outbox-faults-subscriber", "orders/#")
-	proxy := startFaultProxy(t, m.addr)
+	proxy := harness.StartFaultProxy(t, m.addr)
 	rl := &relayLog{counts: map[string]int{}}
 	ob := openTest(t, Options{Logger: slog.New(relayLogHandler{next: testLogger().Handler(), log: rl})})
 
@@ -252,7 +254,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		ackTimeout  = 1300 * time.Millisecond // races the keepalive: both get exercised
 	)
 	pub, err := NewMQTTPublisher(MQTTOptions{
-		Broker: proxy.url(), ClientID: "outbox-faults-relay",
+		Broker: proxy.URL(), ClientID: "outbox-faults-relay",
 		ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: keepAlive, PingTimeout: pingTimeout,
 	})
 	require.NoError(t, err)
@@ -407,19 +409,19 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		f := injected{kind: kind, start: time.Now()}
 		switch kind {
 		case faultCut:
-			proxy.cut(rng.Intn(2) == 0)
+			proxy.Cut(rng.Intn(2) == 0)
 		case faultBlackholeUp:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			proxy.blackhole(dirUp, f.planned)
+			proxy.Blackhole(harness.ToBroker, f.planned)
 		case faultBlackholeDown:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			proxy.blackhole(dirDown, f.planned)
+			proxy.Blackhole(harness.ToClient, f.planned)
 		case faultStall:
 			f.planned = time.Duration(1600+rng.Intn(800)) * time.Millisecond
-			proxy.stallFor(f.planned)
+			proxy.StallFor(f.planned)
 		case faultRefuse:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			if err := proxy.refuse(f.planned); err != nil {
+			if err := proxy.Refuse(f.planned); err != nil {
 				t.Fatalf("proxy cannot listen again: %v", err)
 			}
 		case faultRestart:
@@ -593,7 +595,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		stallByAck, stallByKeepalive, stallOther, stallUnnoticed)
 	t.Logf("relay: %d connections, %d lost, %d failed connection attempts; proxy: %d connections, bytes blackholed up %d / down %d, failed re-listens %d",
 		connects, rl.count("outbox relay connection lost"), rl.count("outbox relay cannot connect"),
-		proxy.connected.Load(), proxy.dropped[dirUp].Load(), proxy.dropped[dirDown].Load(), proxy.rebinds.Load())
+		proxy.Connected(), proxy.Dropped(harness.ToBroker), proxy.Dropped(harness.ToClient), proxy.Rebinds())
 	t.Logf("recovery after a fault (a new connection carrying a message): p50 %s, p90 %s, max %s; next fault came first %d of %d times",
 		percentile(recoveries, 0.5).Round(time.Millisecond), percentile(recoveries, 0.9).Round(time.Millisecond),
 		percentile(recoveries, 1).Round(time.Millisecond), notRecovered, len(timeline)-1)

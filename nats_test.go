@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // natsServer is a NATS server with JetStream and its MQTT listener, owned
@@ -65,9 +67,9 @@ func TestNATSCompatibility(t *testing.T) {
 	}
 	n := startNATS(t)
 	sub := startPersistentSubscriber(t, n.mqttAddr, "nats-consumer", "pos/#")
-	p := startProxy(t, n.mqttAddr)
+	p := harness.StartFaultProxy(t, n.mqttAddr)
 	ob := openTest(t, Options{})
-	r := mqttRelay(t, ob, p.url(), fastRelay())
+	r := mqttRelay(t, ob, p.URL(), fastRelay())
 	startRelay(t, r)
 
 	dups := brokerCases(t, ob, r, p, sub)

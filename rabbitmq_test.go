@@ -22,6 +22,8 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // This file runs RabbitMQ (the Debian package, 3.10) with its MQTT plugin.
@@ -306,9 +308,9 @@ func TestRabbitMQCompatibility(t *testing.T) {
 	}
 	rmq := startRabbitMQ(t)
 	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
-	p := startProxy(t, rmq.mqttAddr)
+	p := harness.StartFaultProxy(t, rmq.mqttAddr)
 	ob := openTest(t, Options{})
-	r := mqttRelay(t, ob, p.url(), fastRelay())
+	r := mqttRelay(t, ob, p.URL(), fastRelay())
 	startRelay(t, r)
 
 	dups := brokerCases(t, ob, r, p, sub)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 func TestMain(m *testing.M) {
@@ -111,11 +113,11 @@ func TestRelayCommitOrderAndAtomicity(t *testing.T) {
 
 func TestRelayOutageMidBacklog(t *testing.T) {
 	b := startBroker(t)
-	p := startProxy(t, b.addr)
+	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.Window = 16
-	r := mqttRelay(t, ob, p.url(), opts)
+	r := mqttRelay(t, ob, p.URL(), opts)
 	const backlog = 3000
 	for i := 0; i < backlog; i += 100 {
 		msgs := make([]Message, 100)
@@ -128,7 +130,7 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 	outages := 0
 	for _, at := range []int{300, 1200, 2400} {
 		eventually(t, 20*time.Second, "progress before the outage", func() bool { return b.rec.count() >= at })
-		p.down()
+		p.Down()
 		outages++
 		eventually(t, 5*time.Second, "relay notices the outage", func() bool {
 			s, _ := r.Stats(context.Background())
@@ -138,7 +140,7 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			commitOrder(t, ob, "pos/orders", backlog+outages*100+i)
 		}
-		p.up()
+		require.NoError(t, p.Up())
 	}
 	total := backlog + 3*20
 	eventually(t, 30*time.Second, "backlog drained", func() bool { return countState(t, ob, "sent") == total })
@@ -152,21 +154,20 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 
 func TestRelayWithheldPubackIsResent(t *testing.T) {
 	b := startBroker(t)
-	p := startProxy(t, b.addr)
+	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
-	startRelay(t, mqttRelay(t, ob, p.url(), fastRelay()))
+	startRelay(t, mqttRelay(t, ob, p.URL(), fastRelay()))
 	commitOrder(t, ob, "pos/orders", 0)
 	eventually(t, 10*time.Second, "first message sent", func() bool { return countState(t, ob, "sent") == 1 })
 
-	p.swallowDown.Store(true) // PUBACKs (and everything else) from the broker vanish
+	p.Drop(harness.ToClient) // PUBACKs (and everything else) from the broker vanish
 	commitOrder(t, ob, "pos/orders", 1)
 	eventually(t, 10*time.Second, "broker received the message", func() bool { return b.rec.count() == 2 })
 	// The broker has it, but no PUBACK came back: it must stay pending.
 	state, _ := rowState(t, ob, 2)
 	require.Equal(t, "pending", state)
 
-	p.cut()
-	p.swallowDown.Store(false)
+	p.EndDrop() // the connection that lost them is cut
 	eventually(t, 10*time.Second, "message resent and acknowledged", func() bool {
 		s, _ := rowState(t, ob, 2)
 		return s == "sent"

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // runServer starts a broker binary owned by the test, logging to logFile,
@@ -69,7 +71,7 @@ func runServer(t *testing.T, name, logFile, ready, addr string, argv ...string) 
 // 300 events in order; an outage in the middle with 100 more committed; a
 // PUBACK withheld until the connection drops, after which the event is sent
 // again and only then marked sent. It returns the duplicates sub saw.
-func brokerCases(t *testing.T, ob *Outbox, r *Relay, p *proxy, sub *persistentSubscriber) (dups int) {
+func brokerCases(t *testing.T, ob *Outbox, r *Relay, p *harness.FaultProxy, sub *persistentSubscriber) (dups int) {
 	t.Helper()
 	for i := 0; i < 300; i++ {
 		commitOrder(t, ob, "pos/orders", i)
@@ -77,23 +79,22 @@ func brokerCases(t *testing.T, ob *Outbox, r *Relay, p *proxy, sub *persistentSu
 	eventually(t, 20*time.Second, "delivered", func() bool { return sub.log.unique() == 300 })
 
 	// An outage: the relay cannot reach the broker while the till sells.
-	p.down()
+	p.Down()
 	eventually(t, 5*time.Second, "relay notices", func() bool { s, _ := r.Stats(context.Background()); return !s.Connected })
 	for i := 300; i < 400; i++ {
 		commitOrder(t, ob, "pos/orders", i)
 	}
-	p.up()
+	require.NoError(t, p.Up())
 	eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sub.log.unique() == 400 })
 
 	// A PUBACK that never comes back, then the connection drops: resent,
 	// never marked sent before.
-	p.swallowDown.Store(true)
+	p.Drop(harness.ToClient)
 	commitOrder(t, ob, "pos/orders", 400)
 	eventually(t, 10*time.Second, "the broker has it", func() bool { return sub.log.unique() == 401 })
 	state, _ := rowState(t, ob, 401)
 	require.Equal(t, "pending", state, "not marked sent without its PUBACK")
-	p.cut()
-	p.swallowDown.Store(false)
+	p.EndDrop()
 	eventually(t, 10*time.Second, "acknowledged after the resend", func() bool { s, _ := rowState(t, ob, 401); return s == "sent" })
 
 	sub.log.mu.Lock()

@@ -2,14 +2,7 @@ package outbox
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -20,11 +13,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// startMosquittoTLS runs a Mosquitto with one TLS listener that requires a
-// client certificate from ca and a password file, and returns its address.
-func startMosquittoTLS(t *testing.T, dir string, ca *testPKI, serverCert, serverKey []byte, user, password string) string {
+// startMosquittoTLS runs a Mosquitto with one TLS listener (its files in
+// server) that requires a client certificate from server's CA and a
+// password file, and returns its address.
+func startMosquittoTLS(t *testing.T, dir string, server harness.ServerTLS, user, password string) string {
 	t.Helper()
 	bin := mosquittoBinary()
 	if bin == "" {
@@ -39,7 +35,6 @@ func startMosquittoTLS(t *testing.T, dir string, ca *testPKI, serverCert, server
 		require.NoError(t, os.WriteFile(p, b, 0o600))
 		return p
 	}
-	caFile, certFile, keyFile := write("broker-ca.pem", ca.pem), write("broker.pem", serverCert), write("broker.key", serverKey)
 	pwFile := write("passwords", nil)
 	out, err := exec.Command(passwd, "-b", pwFile, user, password).CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -56,31 +51,13 @@ allow_anonymous false
 password_file %s
 persistence false
 log_dest stderr
-`, port, caFile, certFile, keyFile, pwFile)
+`, port, server.CAFile, server.CertFile, server.KeyFile, pwFile)
 	if os.Geteuid() == 0 {
 		conf += "user root\n"
 	}
 	confFile := write("mosquitto.conf", []byte(conf))
 	runServer(t, "mosquitto (TLS)", filepath.Join(dir, "mosquitto.log"), "running", addr, bin, "-c", confFile)
 	return addr
-}
-
-// expiredServerCert is a server certificate for 127.0.0.1 that expired a
-// day ago.
-func (p *testPKI) expiredServerCert(t *testing.T) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "expired-broker"},
-		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
 // TestMosquittoTLS runs the relay against a real Mosquitto with a TLS
@@ -93,21 +70,10 @@ func TestMosquittoTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	dir := t.TempDir()
-	ca, other := newTestPKI(t, "fleet-ca"), newTestPKI(t, "other-ca")
-	srvCert, srvKey := ca.issue(t, "broker", true)
-	addr := startMosquittoTLS(t, dir, ca, srvCert, srvKey, "till7", "right-password")
-	expiredCert, expiredKey := ca.expiredServerCert(t)
-	expiredAddr := startMosquittoTLS(t, t.TempDir(), ca, expiredCert, expiredKey, "till7", "right-password")
-
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o600))
-		return p
-	}
-	caFile, otherCAFile := write("ca.pem", ca.pem), write("other-ca.pem", other.pem)
-	c, k := ca.issue(t, "till-7", false)
-	certFile, keyFile := write("till.pem", c), write("till.key", k)
+	b := harness.NewBrokerTLS(t)
+	addr := startMosquittoTLS(t, t.TempDir(), b.Server, "till7", "right-password")
+	expiredAddr := startMosquittoTLS(t, t.TempDir(), b.Expired, "till7", "right-password")
+	caFile, otherCAFile, certFile, keyFile := b.CAFile, b.OtherCAFile, b.Client.CertFile, b.Client.KeyFile
 
 	cases := []struct {
 		name     string

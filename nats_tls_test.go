@@ -4,58 +4,20 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// brokerTLS is the PKI for a broker's MQTT TLS listener: a server
-// certificate for 127.0.0.1 from the fleet CA, which is also the only CA
-// the broker takes client certificates from, and the files a relay is
-// given in each case.
-type brokerTLS struct {
-	ca                            *testPKI
-	serverCert, serverKey         string // for the broker
-	caFile, otherCAFile           string
-	certFile, keyFile             string // a client certificate from the fleet CA
-	rogueCertFile, rogueKeyFile   string // a client certificate from another CA
-	forgedCertFile, forgedKeyFile string // one from another key under the fleet CA's name
-}
-
-func newBrokerTLS(t *testing.T) *brokerTLS {
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o600))
-		return p
-	}
-	ca, other := newTestPKI(t, "fleet-ca"), newTestPKI(t, "other-ca")
-	b := &brokerTLS{ca: ca, caFile: write("ca.pem", ca.pem), otherCAFile: write("other-ca.pem", other.pem)}
-	sc, sk := ca.issue(t, "broker", true)
-	b.serverCert, b.serverKey = write("broker.pem", sc), write("broker.key", sk)
-	c, k := ca.issue(t, "till-7", false)
-	b.certFile, b.keyFile = write("till.pem", c), write("till.key", k)
-	rc, rk := other.issue(t, "till-7", false)
-	b.rogueCertFile, b.rogueKeyFile = write("rogue.pem", rc), write("rogue.key", rk)
-	// The same name, another key (an impostor, or a CA re-keyed on one side
-	// only): the client's TLS stack offers its certificate, which names an
-	// issuer the broker asked for, so the broker itself must reject it. A
-	// certificate from a differently named CA is not even sent (crypto/tls
-	// sends none the broker did not ask for): the broker sees none.
-	fc, fk := newTestPKI(t, "fleet-ca").issue(t, "till-7", false)
-	b.forgedCertFile, b.forgedKeyFile = write("forged.pem", fc), write("forged.key", fk)
-	return b
-}
-
-// clientConfig is a TLS configuration with the fleet CA and client
+// clientTLS is a TLS configuration with the fleet CA and client
 // certificate, for a test's own subscriber.
-func (b *brokerTLS) clientConfig(t *testing.T) *tls.Config {
-	cfg, err := TLSFiles{CAFile: b.caFile, CertFile: b.certFile, KeyFile: b.keyFile}.Config()
+func clientTLS(t *testing.T, b *harness.BrokerTLS) *tls.Config {
+	cfg, err := TLSFiles{CAFile: b.CAFile, CertFile: b.Client.CertFile, KeyFile: b.Client.KeyFile}.Config()
 	require.NoError(t, err)
 	return cfg
 }
@@ -68,15 +30,15 @@ type brokerTLSCase struct {
 	want  string
 }
 
-// cases are the TLS cases every broker's listener that requires a client
-// certificate is run through.
-func (b *brokerTLS) cases() []brokerTLSCase {
+// brokerTLSCases are the TLS cases every broker's listener that requires
+// a client certificate is run through.
+func brokerTLSCases(b *harness.BrokerTLS) []brokerTLSCase {
 	return []brokerTLSCase{
-		{"right CA and client certificate", TLSFiles{CAFile: b.caFile, CertFile: b.certFile, KeyFile: b.keyFile}, ""},
-		{"wrong CA", TLSFiles{CAFile: b.otherCAFile, CertFile: b.certFile, KeyFile: b.keyFile}, "signed by an unknown authority"},
-		{"no client certificate", TLSFiles{CAFile: b.caFile}, "the broker refused the TLS handshake"},
-		{"client certificate from another CA", TLSFiles{CAFile: b.caFile, CertFile: b.rogueCertFile, KeyFile: b.rogueKeyFile}, "the broker refused the TLS handshake"},
-		{"client certificate from a CA of the same name, another key", TLSFiles{CAFile: b.caFile, CertFile: b.forgedCertFile, KeyFile: b.forgedKeyFile}, "the broker refused the TLS handshake"},
+		{"right CA and client certificate", TLSFiles{CAFile: b.CAFile, CertFile: b.Client.CertFile, KeyFile: b.Client.KeyFile}, ""},
+		{"wrong CA", TLSFiles{CAFile: b.OtherCAFile, CertFile: b.Client.CertFile, KeyFile: b.Client.KeyFile}, "signed by an unknown authority"},
+		{"no client certificate", TLSFiles{CAFile: b.CAFile}, "the broker refused the TLS handshake"},
+		{"client certificate from another CA", TLSFiles{CAFile: b.CAFile, CertFile: b.Rogue.CertFile, KeyFile: b.Rogue.KeyFile}, "the broker refused the TLS handshake"},
+		{"client certificate from a CA of the same name, another key", TLSFiles{CAFile: b.CAFile, CertFile: b.Forged.CertFile, KeyFile: b.Forged.KeyFile}, "the broker refused the TLS handshake"},
 	}
 }
 
@@ -154,10 +116,10 @@ func TestNATSTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	b := newBrokerTLS(t)
-	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.serverCert, b.serverKey, b.caFile))
-	sub := startTLSSubscriber(t, n.mqttAddr, b.clientConfig(t), "nats-consumer", "pos/#")
-	runBrokerTLSCases(t, "NATS", n.mqttAddr, "", b.cases())
+	b := harness.NewBrokerTLS(t)
+	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.Server.CertFile, b.Server.KeyFile, b.Server.CAFile))
+	sub := startTLSSubscriber(t, n.mqttAddr, clientTLS(t, b), "nats-consumer", "pos/#")
+	runBrokerTLSCases(t, "NATS", n.mqttAddr, "", brokerTLSCases(b))
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
 	sub.mu.Lock()
 	defer sub.mu.Unlock()

@@ -5,6 +5,8 @@ package outbox
 import (
 	"testing"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // TestRabbitMQTLS runs the relay against RabbitMQ's MQTT plugin with a TLS
@@ -21,10 +23,10 @@ func TestRabbitMQTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	b := newBrokerTLS(t)
-	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.caFile, certFile: b.serverCert, keyFile: b.serverKey})
+	b := harness.NewBrokerTLS(t)
+	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.Server.CAFile, certFile: b.Server.CertFile, keyFile: b.Server.KeyFile})
 	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
-	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, "", b.cases())
+	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, "", brokerTLSCases(b))
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.log.unique() == 1 })
 	sub.log.mu.Lock()
 	defer sub.log.mu.Unlock()

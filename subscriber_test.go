@@ -18,6 +18,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // A broker that accepts the connection and reads the client's first
@@ -134,14 +136,11 @@ func blockedPahoGoroutines() []string {
 // aborted): the broker's certificate must still be checked against the
 // configured roots and the URL's host.
 func TestSubscriberOverTLS(t *testing.T) {
-	ca, rogue := newTestPKI(t, "brokers-ca"), newTestPKI(t, "rogue-ca")
-	certPEM, keyPEM := ca.issue(t, "broker", true)
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	require.NoError(t, err)
+	ca, rogue := harness.NewCA(t, "brokers-ca"), harness.NewCA(t, "rogue-ca")
 	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
 	l := listeners.NewTCP(listeners.Config{ID: "tls", Address: "127.0.0.1:0", TLSConfig: &tls.Config{
-		Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, MinVersion: tls.VersionTLS12,
 	}})
 	require.NoError(t, srv.AddListener(l))
 	require.NoError(t, srv.Serve())
@@ -165,16 +164,12 @@ func TestSubscriberOverTLS(t *testing.T) {
 		return s
 	}
 
-	wrong := x509.NewCertPool()
-	wrong.AddCert(rogue.cert)
-	bad := run(wrong, "consumer-rogue")
+	bad := run(rogue.Pool(), "consumer-rogue")
 	eventually(t, 10*time.Second, "the rogue-rooted subscriber to fail", func() bool { return bad.Stats().LastError != "" })
 	require.Contains(t, bad.Stats().LastError, "certificate")
 	require.False(t, bad.Stats().Connected)
 
-	right := x509.NewCertPool()
-	right.AddCert(ca.cert)
-	good := run(right, "consumer-1")
+	good := run(ca.Pool(), "consumer-1")
 	eventually(t, 10*time.Second, "subscriber connected over TLS", func() bool { return good.Stats().Connected })
 	ev := `{"specversion":"1.0","id":"e1","source":"/till/1","type":"t","sequence":"1","data":{"n":1}}`
 	require.NoError(t, srv.Publish("pos/orders", []byte(ev), false, 1))

@@ -1,18 +1,10 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"database/sql"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,41 +18,17 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
-)
 
-// testCA makes a CA and a server certificate for 127.0.0.1.
-func testCA(t *testing.T, dir, name string) (caPath string, server tls.Certificate) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	srvTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, ca, &srvKey.PublicKey, caKey)
-	require.NoError(t, err)
-	caPath = filepath.Join(dir, name+".pem")
-	require.NoError(t, os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
-	return caPath, tls.Certificate{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}
-}
+	"github.com/edgeoutbox/outbox/internal/harness"
+)
 
 func TestRelayTLS(t *testing.T) {
 	dir := t.TempDir()
-	caPath, srvCert := testCA(t, dir, "good-ca")
-	otherCA, _ := testCA(t, dir, "other-ca")
+	good, other := harness.NewCA(t, "good-ca"), harness.NewCA(t, "other-ca")
+	caPath, otherCA := filepath.Join(dir, "good-ca.pem"), filepath.Join(dir, "other-ca.pem")
+	require.NoError(t, os.WriteFile(caPath, good.PEM, 0o600))
+	require.NoError(t, os.WriteFile(otherCA, other.PEM, 0o600))
+	srvCert := good.ServerCertificate(t)
 
 	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
@@ -153,41 +153,22 @@ func (r *recorder) firstDeliveries() (seqs []int64, dups int) {
 	return seqs, dups
 }
 
-// broker is an in-process mochi broker on a free loopback port.
+// broker is an in-process mochi broker on a free loopback port that
+// refuses publishes to topics under "denied/", as an ACL would (mochi
+// closes the connection, as an MQTT 3.1.1 broker does), with a recorder
+// subscribed to every topic.
 type broker struct {
 	srv  *mochi.Server
 	addr string
 	rec  *recorder
 }
 
-// denyHook makes the broker refuse publishes to topics under "denied/",
-// as an ACL would: an MQTT 3.1.1 broker closes the connection.
-type denyHook struct {
-	mochi.HookBase
-}
-
-func (h *denyHook) ID() string { return "deny" }
-func (h *denyHook) Provides(b byte) bool {
-	return b == mochi.OnACLCheck || b == mochi.OnConnectAuthenticate
-}
-func (h *denyHook) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
-func (h *denyHook) OnACLCheck(_ *mochi.Client, topic string, write bool) bool {
-	return !(write && len(topic) >= 7 && topic[:7] == "denied/")
-}
-
 func startBroker(t testing.TB) *broker {
 	t.Helper()
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(denyHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
+	m := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{&harness.DenyPublish{Prefix: "denied/"}}})
 	rec := &recorder{}
-	require.NoError(t, srv.Subscribe("#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		rec.add(pk.TopicName, pk.Payload)
-	}))
-	t.Cleanup(func() { srv.Close() })
-	return &broker{srv: srv, addr: l.Address(), rec: rec}
+	require.NoError(t, m.Subscribe("#", func(msg harness.Message) { rec.add(msg.Topic, msg.Payload) }))
+	return &broker{srv: m.Server(), addr: m.Addr(), rec: rec}
 }
 
 func (b *broker) url() string { return "tcp://" + b.addr }

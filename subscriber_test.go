@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -13,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -137,21 +133,16 @@ func blockedPahoGoroutines() []string {
 // configured roots and the URL's host.
 func TestSubscriberOverTLS(t *testing.T) {
 	ca, rogue := harness.NewCA(t, "brokers-ca"), harness.NewCA(t, "rogue-ca")
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tls", Address: "127.0.0.1:0", TLSConfig: &tls.Config{
+	b := harness.StartMochi(t, harness.MochiOptions{TLS: &tls.Config{
 		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, MinVersion: tls.VersionTLS12,
 	}})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 	require.NoError(t, err)
 
 	run := func(roots *x509.CertPool, clientID string) *Subscriber {
 		s, err := NewSubscriber(in, recordApplied, SubscriberOptions{
-			Broker: "ssl://" + l.Address(), ClientID: clientID, Topics: []string{"pos/#"},
+			Broker: b.URL(), ClientID: clientID, Topics: []string{"pos/#"},
 			TLSConfig:      &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 			Reconnect:      Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 			ConnectTimeout: 5 * time.Second, Logger: testLogger(),
@@ -172,7 +163,7 @@ func TestSubscriberOverTLS(t *testing.T) {
 	good := run(ca.Pool(), "consumer-1")
 	eventually(t, 10*time.Second, "subscriber connected over TLS", func() bool { return good.Stats().Connected })
 	ev := `{"specversion":"1.0","id":"e1","source":"/till/1","type":"t","sequence":"1","data":{"n":1}}`
-	require.NoError(t, srv.Publish("pos/orders", []byte(ev), false, 1))
+	require.NoError(t, b.Server().Publish("pos/orders", []byte(ev), false, 1))
 	eventually(t, 10*time.Second, "event applied", func() bool { return appliedCount(t, db) == 1 })
 }
 

@@ -2,17 +2,11 @@ package outbox
 
 import (
 	"crypto/tls"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
@@ -26,16 +20,11 @@ func TestMutualTLSAndCertificateReload(t *testing.T) {
 	dir := t.TempDir()
 	ca, rogue := harness.NewCA(t, "devices-ca"), harness.NewCA(t, "rogue-ca")
 
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "mtls", Address: "127.0.0.1:0", TLSConfig: &tls.Config{
+	b := harness.StartMochi(t, harness.MochiOptions{TLS: &tls.Config{
 		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12,
 	}})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
 	got := make(chan []byte, 10)
-	require.NoError(t, srv.Subscribe("pos/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) { got <- pk.Payload }))
+	require.NoError(t, b.Subscribe("pos/#", func(m harness.Message) { got <- m.Payload }))
 
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "till.pem"), filepath.Join(dir, "till.key")
 	require.NoError(t, os.WriteFile(caFile, ca.PEM, 0o600))
@@ -48,7 +37,7 @@ func TestMutualTLSAndCertificateReload(t *testing.T) {
 
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "pos/orders", 1)
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + l.Address(),
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(),
 		TLSFiles: &TLSFiles{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}, ConnectTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })

@@ -18,13 +18,10 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // binary is outboxctl built once for all tests: every subcommand is
@@ -333,15 +330,10 @@ type broker struct {
 }
 
 func startBroker(t *testing.T) *broker {
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
-	b := &broker{addr: l.Address()}
-	require.NoError(t, srv.Subscribe("shop/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		ev, err := outbox.DecodeEvent(pk.Payload)
+	m := harness.StartMochi(t, harness.MochiOptions{})
+	b := &broker{addr: m.Addr()}
+	require.NoError(t, m.Subscribe("shop/#", func(msg harness.Message) {
+		ev, err := outbox.DecodeEvent(msg.Payload)
 		if err == nil {
 			b.mu.Lock()
 			b.got = append(b.got, ev)

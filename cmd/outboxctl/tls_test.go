@@ -3,8 +3,6 @@ package main
 import (
 	"crypto/tls"
 	"database/sql"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +11,6 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
@@ -28,19 +22,11 @@ func TestRelayTLS(t *testing.T) {
 	caPath, otherCA := filepath.Join(dir, "good-ca.pem"), filepath.Join(dir, "other-ca.pem")
 	require.NoError(t, os.WriteFile(caPath, good.PEM, 0o600))
 	require.NoError(t, os.WriteFile(otherCA, other.PEM, 0o600))
-	srvCert := good.ServerCertificate(t)
 
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tls", Address: "127.0.0.1:0",
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{srvCert}, MinVersion: tls.VersionTLS12}})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
+	b := harness.StartMochi(t, harness.MochiOptions{
+		TLS: &tls.Config{Certificates: []tls.Certificate{good.ServerCertificate(t)}, MinVersion: tls.VersionTLS12}})
 	delivered := make(chan string, 10)
-	require.NoError(t, srv.Subscribe("shop/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		delivered <- string(pk.Payload)
-	}))
+	require.NoError(t, b.Subscribe("shop/#", func(m harness.Message) { delivered <- string(m.Payload) }))
 
 	db := filepath.Join(dir, "shop.db")
 	require.Equal(t, 0, ctl(t, "init", "--db", db).code)
@@ -51,7 +37,7 @@ func TestRelayTLS(t *testing.T) {
 	require.NoError(t, err)
 
 	run := func(ca string) (*exec.Cmd, *syncBuffer) {
-		cmd := exec.Command(binary, "relay", "--db", db, "--broker", "ssl://"+l.Address(), "--ca-file", ca, "--backoff-max", "200ms")
+		cmd := exec.Command(binary, "relay", "--db", db, "--broker", b.URL(), "--ca-file", ca, "--backoff-max", "200ms")
 		var logs syncBuffer
 		cmd.Stderr = &logs
 		require.NoError(t, cmd.Start())

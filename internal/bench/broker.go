@@ -16,7 +16,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgeoutbox/outbox/internal/embedded"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // handler receives every message published under bench/ (a subscriber).
@@ -45,14 +45,18 @@ func freePort() (int, error) {
 
 // mochiBroker is the in-process broker, with an inline subscriber.
 type mochiBroker struct {
-	b *embedded.Broker
+	b *harness.Mochi
 	h atomic.Pointer[handler]
 }
 
 func newMochi() (*mochiBroker, error) {
 	m := &mochiBroker{}
-	b, err := embedded.Start("bench/#", m.deliver)
+	b, err := harness.LaunchMochi(harness.MochiOptions{})
 	if err != nil {
+		return nil, err
+	}
+	if err := b.Subscribe("bench/#", func(msg harness.Message) { m.deliver(msg.Topic, msg.Payload) }); err != nil {
+		b.Close()
 		return nil, err
 	}
 	m.b = b
@@ -72,7 +76,7 @@ func (b *mochiBroker) deliver(topic string, payload []byte) {
 
 func (b *mochiBroker) start() error { return b.b.Resume() }
 func (b *mochiBroker) stop()        { b.b.Stop() }
-func (b *mochiBroker) close()       { b.b.Stop() }
+func (b *mochiBroker) close()       { b.b.Close() }
 
 // mosquittoBinary finds mosquitto in PATH or /usr/sbin; "" if absent.
 func mosquittoBinary(hint string) string {

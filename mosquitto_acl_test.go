@@ -3,15 +3,14 @@
 package outbox
 
 import (
-	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // TestMosquittoACLDeniedPublish shows what a fleet's broker ACL does to a
@@ -24,26 +23,15 @@ func TestMosquittoACLDeniedPublish(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	bin := mosquittoBinary()
-	if bin == "" {
-		t.Skip("mosquitto is not installed (looked in PATH and /usr/sbin): apt-get install -y mosquitto")
-	}
 	dir := t.TempDir()
-	port, err := freeLoopbackPort()
-	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	acl := filepath.Join(dir, "acl")
 	// Anonymous clients read everything under fleet/; each client writes
 	// only under fleet/<its client id>/.
 	require.NoError(t, os.WriteFile(acl, []byte("topic read fleet/#\npattern write fleet/%c/#\n"), 0o600))
-	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nacl_file %s\npersistence false\nlog_dest stderr\nlog_type all\n", port, acl)
-	if os.Geteuid() == 0 {
-		conf += "user root\n"
-	}
-	confFile := filepath.Join(dir, "mosquitto.conf")
-	require.NoError(t, os.WriteFile(confFile, []byte(conf), 0o600))
-	logFile := filepath.Join(dir, "mosquitto.log")
-	runServer(t, "mosquitto (ACL)", logFile, "running", addr, bin, "-c", confFile)
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{Dir: dir, Config: []string{
+		"allow_anonymous true", "acl_file " + acl, "persistence false", "log_type all",
+	}})
+	addr := m.Addr()
 
 	sub := startPersistentSubscriber(t, addr, "consumer", "fleet/#")
 	ob := openTest(t, Options{})
@@ -70,6 +58,5 @@ func TestMosquittoACLDeniedPublish(t *testing.T) {
 	var deniedID string
 	require.NoError(t, ob.DB().QueryRow(`SELECT id FROM outbox WHERE seq = 2`).Scan(&deniedID))
 	require.False(t, sub.log.has(deniedID), "the denied publish was dropped")
-	b, _ := os.ReadFile(logFile)
-	require.Contains(t, string(b), "Denied PUBLISH from till-1", "the broker's log is where it shows")
+	require.Contains(t, m.LogSince(0), "Denied PUBLISH from till-1", "the broker's log is where it shows")
 }

@@ -35,16 +35,16 @@ func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs a real Mosquitto and many faults")
 	}
-	m := startMosquitto(t)
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
 	log := newEventLog()
-	sub := newPersistentSubscriber(t, m.addr, "persist-check", "orders/#", log)
+	sub := newPersistentSubscriber(t, m.Addr(), "persist-check", "orders/#", log)
 	present, err := sub.connect()
 	require.NoError(t, err)
 	require.False(t, present, "a fresh broker has no session for us")
 	sub.client.Disconnect(100) // away: from now on the broker queues for us
 
 	ob := openTest(t, Options{})
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.addr, ClientID: "persist-relay", ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.Addr(), ClientID: "persist-relay", ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	r, err := ob.NewRelay(pub, fastRelay())
@@ -55,7 +55,7 @@ func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "three acknowledged by Mosquitto", func() bool { return countState(t, ob, "sent") == 3 })
 
-	require.NoError(t, m.restart(0))
+	require.NoError(t, m.Restart(0))
 	for i := 3; i < 5; i++ {
 		commitOrder(t, ob, "orders/persist", i)
 	}
@@ -242,9 +242,9 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	testStart := time.Now()
 	ctx := context.Background()
 
-	m := startMosquitto(t)
-	sub := startPersistentSubscriber(t, m.addr, "outbox-faults-subscriber", "orders/#")
-	proxy := harness.StartFaultProxy(t, m.addr)
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	sub := startPersistentSubscriber(t, m.Addr(), "outbox-faults-subscriber", "orders/#")
+	proxy := harness.StartFaultProxy(t, m.Addr())
 	rl := &relayLog{counts: map[string]int{}}
 	ob := openTest(t, Options{Logger: slog.New(relayLogHandler{next: testLogger().Handler(), log: rl})})
 
@@ -426,7 +426,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 			}
 		case faultRestart:
 			f.planned = time.Duration(rng.Intn(300)) * time.Millisecond
-			if err := m.restart(f.planned); err != nil {
+			if err := m.Restart(f.planned); err != nil {
 				restartErrors++
 				t.Errorf("Mosquitto did not come back: %v", err)
 			}
@@ -573,10 +573,10 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		t.Logf("  %-36s %d", k.String()+":", byKind[k])
 	}
 	t.Logf("Mosquitto restarts: %d (SIGKILLed, database not saved: %d); subscriber reconnects %d, sessions lost %d",
-		m.restarts, m.killed, sub.reconnects.Load(), sub.sessionLost.Load())
+		m.Restarts(), m.Killed(), sub.reconnects.Load(), sub.sessionLost.Load())
 	// Mosquitto's own view: why it dropped clients other than a plain close.
 	reasons := map[string]int{}
-	for _, line := range strings.Split(m.logSince(0), "\n") {
+	for _, line := range strings.Split(m.LogSince(0), "\n") {
 		if i := strings.Index(line, " disconnected due to "); i >= 0 {
 			reason := strings.TrimSuffix(line[i+len(" disconnected due to "):], ".")
 			if reason == "out of memory" {

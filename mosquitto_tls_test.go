@@ -2,12 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,42 +16,18 @@ import (
 // password file, and returns its address.
 func startMosquittoTLS(t *testing.T, dir string, server harness.ServerTLS, user, password string) string {
 	t.Helper()
-	bin := mosquittoBinary()
-	if bin == "" {
-		t.Skip("mosquitto is not installed (looked in PATH and /usr/sbin): apt-get install -y mosquitto")
-	}
-	passwd, err := exec.LookPath("mosquitto_passwd")
-	if err != nil {
-		t.Skip("mosquitto_passwd is not installed")
-	}
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o600))
-		return p
-	}
-	pwFile := write("passwords", nil)
-	out, err := exec.Command(passwd, "-b", pwFile, user, password).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	port, err := freeLoopbackPort()
-	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	conf := fmt.Sprintf(`listener %d 127.0.0.1
-cafile %s
-certfile %s
-keyfile %s
-require_certificate true
-tls_version tlsv1.2
-allow_anonymous false
-password_file %s
-persistence false
-log_dest stderr
-`, port, server.CAFile, server.CertFile, server.KeyFile, pwFile)
-	if os.Geteuid() == 0 {
-		conf += "user root\n"
-	}
-	confFile := write("mosquitto.conf", []byte(conf))
-	runServer(t, "mosquitto (TLS)", filepath.Join(dir, "mosquitto.log"), "running", addr, bin, "-c", confFile)
-	return addr
+	passwords := harness.MosquittoPasswordFile(t, dir, user, password)
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{Dir: dir, Config: []string{
+		"cafile " + server.CAFile,
+		"certfile " + server.CertFile,
+		"keyfile " + server.KeyFile,
+		"require_certificate true",
+		"tls_version tlsv1.2",
+		"allow_anonymous false",
+		"password_file " + passwords,
+		"persistence false",
+	}})
+	return m.Addr()
 }
 
 // TestMosquittoTLS runs the relay against a real Mosquitto with a TLS

@@ -38,9 +38,9 @@ func startNATS(t *testing.T, mqttConf ...string) *natsServer {
 		t.Skip("nats-server is not installed: apt-get install -y nats-server")
 	}
 	dir := t.TempDir()
-	clientPort, err := freeLoopbackPort()
+	clientPort, err := harness.FreePort()
 	require.NoError(t, err)
-	mqttPort, err := freeLoopbackPort()
+	mqttPort, err := harness.FreePort()
 	require.NoError(t, err)
 	conf := filepath.Join(dir, "nats.conf")
 	// MQTT in NATS needs a server name and JetStream (sessions and QoS 1

@@ -85,7 +85,7 @@ func rabbitFreePorts(t *testing.T, n int) []int {
 	seen := map[int]bool{}
 	var ports []int
 	for len(ports) < n {
-		p, err := freeLoopbackPort()
+		p, err := harness.FreePort()
 		require.NoError(t, err)
 		if !seen[p] {
 			seen[p] = true

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
@@ -201,37 +200,10 @@ func ejabberdRelay(t *testing.T, ob *Outbox, brokerURL string, opts RelayOptions
 }
 
 // startEjabberdSubscriber is startPersistentSubscriber with a user name
-// and password: the same client (a fixed client id, CleanSession false,
-// QoS 1, reconnecting by itself and checking session-present), logging in.
-func startEjabberdSubscriber(t *testing.T, addr, clientID, filter string) *persistentSubscriber {
+// and password.
+func startEjabberdSubscriber(t *testing.T, addr, clientID, filter string) *harness.Subscriber {
 	t.Helper()
-	s := newPersistentSubscriber(t, addr, clientID, filter, newEventLog())
-	o := mqtt.NewClientOptions()
-	o.AddBroker("tcp://" + addr)
-	o.SetClientID(clientID)
-	o.SetUsername(clientID)
-	o.SetPassword(ejabberdPassword)
-	o.SetProtocolVersion(4)
-	o.SetCleanSession(false)
-	o.SetAutoReconnect(false)
-	o.SetConnectRetry(false)
-	o.SetConnectTimeout(2 * time.Second)
-	o.SetKeepAlive(5 * time.Second)
-	o.SetOrderMatters(true)
-	o.SetDefaultPublishHandler(func(_ mqtt.Client, msg mqtt.Message) { s.log.add(msg.Payload()) })
-	o.SetConnectionLostHandler(func(mqtt.Client, error) {
-		select {
-		case s.lost <- struct{}{}:
-		default:
-		}
-	})
-	s.client = mqtt.NewClient(o)
-	if _, err := s.connect(); err != nil {
-		t.Fatalf("subscriber: %v", err)
-	}
-	go s.run()
-	t.Cleanup(s.close)
-	return s
+	return harness.StartSubscriber(t, addr, harness.SubscriberOptions{ClientID: clientID, Filter: filter, Username: clientID, Password: ejabberdPassword}, eventIDSeq)
 }
 
 // TestEjabberdCompatibility runs the relay's core cases against ejabberd's
@@ -256,7 +228,7 @@ func TestEjabberdCompatibility(t *testing.T) {
 	startRelay(t, r)
 
 	dups := brokerCases(t, ob, r, p, sub)
-	require.Zero(t, sub.sessionLost.Load(), "the subscriber's session survived")
+	require.Zero(t, sub.SessionsLost(), "the subscriber's session survived")
 	t.Logf("ejabberd %s: 401 events delivered in order, %d duplicates, 0 dead (broker start %s)",
 		e.version, dups, e.started.Round(100*time.Millisecond))
 }
@@ -281,7 +253,7 @@ func TestEjabberdDeniedPublishAcknowledged(t *testing.T) {
 	commitOrder(t, ob, "other/orders", 2) // outside the allowed pos/#
 	commitOrder(t, ob, "pos/orders", 3)
 	eventually(t, 10*time.Second, "all three acknowledged", func() bool { return countState(t, ob, "sent") == 3 })
-	eventually(t, 5*time.Second, "the allowed two delivered", func() bool { return sub.log.unique() == 2 })
+	eventually(t, 5*time.Second, "the allowed two delivered", func() bool { return sub.Log.Unique() == 2 })
 	s, err := r.Stats(context.Background())
 	require.NoError(t, err)
 	require.True(t, s.Connected, "the connection was not dropped")
@@ -289,10 +261,10 @@ func TestEjabberdDeniedPublishAcknowledged(t *testing.T) {
 	// A fence: mod_mqtt routes one connection's publishes in order, so once
 	// a later one has arrived the denied one is not on its way.
 	commitOrder(t, ob, "pos/orders", 4)
-	eventually(t, 5*time.Second, "the fence delivered", func() bool { return sub.log.unique() == 3 })
+	eventually(t, 5*time.Second, "the fence delivered", func() bool { return sub.Log.Unique() == 3 })
 	var deniedID string
 	require.NoError(t, ob.DB().QueryRow(`SELECT id FROM outbox WHERE seq = 2`).Scan(&deniedID))
-	require.False(t, sub.log.has(deniedID), "the denied publish was dropped")
+	require.False(t, sub.Log.Has(deniedID), "the denied publish was dropped")
 	log, err := os.ReadFile(e.logFile)
 	require.NoError(t, err)
 	require.NotContains(t, string(log), "other/orders", "not in the log")

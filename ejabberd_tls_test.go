@@ -45,7 +45,7 @@ func TestEjabberdTLS(t *testing.T) {
 	// user name.
 	subTLS, err := TLSFiles{CAFile: b.CAFile, CertFile: cert, KeyFile: key}.Config()
 	require.NoError(t, err)
-	sub := startTLSSubscriber(t, e.mqttTLSAddr, subTLS, "till-7", "pos/#")
+	sub := harness.StartSubscriber(t, e.mqttTLSAddr, harness.SubscriberOptions{ClientID: "till-7", Filter: "pos/#", TLS: subTLS}, eventIDSeq)
 
 	const notAuthorised = "the broker refused this client: not authorised (CONNACK 5)"
 	cases := []brokerTLSCase{
@@ -57,11 +57,9 @@ func TestEjabberdTLS(t *testing.T) {
 		{"client certificate from the fleet CA, CN a PrintableString", TLSFiles{CAFile: b.CAFile, CertFile: b.Client.CertFile, KeyFile: b.Client.KeyFile}, notAuthorised},
 	}
 	runBrokerTLSCases(t, "ejabberd "+e.version, e.mqttTLSAddr, "till-7", cases)
-	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
+	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
 	log, err := os.ReadFile(e.logFile)
 	require.NoError(t, err)
 	require.Contains(t, string(log), "TLS verify failed", "the forged certificate's refusal, explained in the log only")
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	require.Zero(t, sub.decodeErrs)
+	require.Zero(t, sub.Log.Snapshot().DecodeErrors)
 }

@@ -102,6 +102,20 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
+// eventIDSeq reads an event's id and sequence for a harness.EventLog.
+func eventIDSeq(payload []byte) (string, int64, error) {
+	ev, err := DecodeEvent(payload)
+	return ev.ID, ev.Sequence, err
+}
+
+// startPersistentSubscriber connects a persistent-session QoS 1 subscriber
+// to addr (the broker itself, never through a proxy) and keeps it
+// connected until the test ends.
+func startPersistentSubscriber(t testing.TB, addr, clientID, filter string) *harness.Subscriber {
+	t.Helper()
+	return harness.StartSubscriber(t, addr, harness.SubscriberOptions{ClientID: clientID, Filter: filter}, eventIDSeq)
+}
+
 // delivery is one message as a subscriber received it.
 type delivery struct {
 	topic   string

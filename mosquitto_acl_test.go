@@ -46,7 +46,7 @@ func TestMosquittoACLDeniedPublish(t *testing.T) {
 	commitOrder(t, ob, "fleet/till-2/orders", 2) // another device's prefix
 	commitOrder(t, ob, "fleet/till-1/orders", 3)
 	eventually(t, 10*time.Second, "all three acknowledged", func() bool { return countState(t, ob, "sent") == 3 })
-	eventually(t, 5*time.Second, "the allowed two delivered", func() bool { return sub.log.unique() == 2 })
+	eventually(t, 5*time.Second, "the allowed two delivered", func() bool { return sub.Log.Unique() == 2 })
 	s, err := r.Stats(t.Context())
 	require.NoError(t, err)
 	require.True(t, s.Connected, "the connection was not dropped")
@@ -54,9 +54,9 @@ func TestMosquittoACLDeniedPublish(t *testing.T) {
 	// A fence: Mosquitto forwards one connection's messages in order, so
 	// once a later one has arrived the denied one is not on its way.
 	commitOrder(t, ob, "fleet/till-1/orders", 4)
-	eventually(t, 5*time.Second, "the fence delivered", func() bool { return sub.log.unique() == 3 })
+	eventually(t, 5*time.Second, "the fence delivered", func() bool { return sub.Log.Unique() == 3 })
 	var deniedID string
 	require.NoError(t, ob.DB().QueryRow(`SELECT id FROM outbox WHERE seq = 2`).Scan(&deniedID))
-	require.False(t, sub.log.has(deniedID), "the denied publish was dropped")
+	require.False(t, sub.Log.Has(deniedID), "the denied publish was dropped")
 	require.Contains(t, m.LogSince(0), "Denied PUBLISH from till-1", "the broker's log is where it shows")
 }

@@ -36,12 +36,12 @@ func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
 		t.Skip("-short: runs a real Mosquitto and many faults")
 	}
 	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
-	log := newEventLog()
-	sub := newPersistentSubscriber(t, m.Addr(), "persist-check", "orders/#", log)
-	present, err := sub.connect()
+	log := harness.NewEventLog(eventIDSeq)
+	sub := harness.NewSubscriber(t, m.Addr(), harness.SubscriberOptions{ClientID: "persist-check", Filter: "orders/#"}, log)
+	present, err := sub.Connect()
 	require.NoError(t, err)
 	require.False(t, present, "a fresh broker has no session for us")
-	sub.client.Disconnect(100) // away: from now on the broker queues for us
+	sub.Disconnect(100) // away: from now on the broker queues for us
 
 	ob := openTest(t, Options{})
 	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.Addr(), ClientID: "persist-relay", ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
@@ -61,15 +61,14 @@ func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "relay back after the restart", func() bool { return countState(t, ob, "sent") == 5 })
 
-	present, err = sub.connect()
+	present, err = sub.Connect()
 	require.NoError(t, err)
-	defer sub.client.Disconnect(0)
+	defer sub.Disconnect(0)
 	require.True(t, present, "Mosquitto kept the persistent session across the restart")
-	eventually(t, 10*time.Second, "the queued messages", func() bool { return log.unique() == 5 })
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	require.Equal(t, []int64{1, 2, 3, 4, 5}, log.firstSeqs, "queued before and after the restart, in order")
-	require.Zero(t, log.decodeErrs)
+	eventually(t, 10*time.Second, "the queued messages", func() bool { return log.Unique() == 5 })
+	got := log.Snapshot()
+	require.Equal(t, []int64{1, 2, 3, 4, 5}, got.FirstSeqs, "queued before and after the restart, in order")
+	require.Zero(t, got.DecodeErrors)
 }
 
 // faultKind is one kind of fault injected by TestMosquittoBrokerFaults.
@@ -296,7 +295,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		return err
 	}
 	allDelivered := func() bool {
-		return sub.log.unique() >= getCommitted() && int(r.sent.Load()) >= getCommitted()
+		return sub.Log.Unique() >= getCommitted() && int(r.sent.Load()) >= getCommitted()
 	}
 
 	// A burst of n messages committed at once: how fast the relay drains it
@@ -305,7 +304,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	burst := func(name string, n int) (relayRate, endToEnd float64) {
 		t.Helper()
 		require.True(t, waitFor(60*time.Second, allDelivered), "%s: the queue is drained before the burst", name)
-		sent0, uniq0 := r.sent.Load(), sub.log.unique()
+		sent0, uniq0 := r.sent.Load(), sub.Log.Unique()
 		start := time.Now()
 		require.NoError(t, commit(-1, n))
 		var relayDone time.Duration
@@ -313,7 +312,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 			if relayDone == 0 && r.sent.Load()-sent0 >= int64(n) {
 				relayDone = time.Since(start)
 			}
-			return relayDone != 0 && sub.log.unique()-uniq0 >= n
+			return relayDone != 0 && sub.Log.Unique()-uniq0 >= n
 		})
 		require.True(t, ok, "%s: burst of %d delivered within 60 s", name, n)
 		e2e := time.Since(start)
@@ -449,7 +448,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	healTook := time.Since(healStart)
 	if !drained {
 		t.Errorf("not everything delivered within 60 s of the last fault: committed %d, delivered %d, marked sent %d",
-			getCommitted(), sub.log.unique(), r.sent.Load())
+			getCommitted(), sub.Log.Unique(), r.sent.Load())
 	}
 	var relayAfter, e2eAfter float64
 	if drained {
@@ -480,7 +479,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	ids := make(map[string]bool, len(rows))
 	for _, x := range rows {
 		ids[x.id] = true
-		if !sub.log.has(x.id) {
+		if !sub.Log.Has(x.id) {
 			missing++
 			if len(missingSample) < 10 {
 				missingSample = append(missingSample, x.seq)
@@ -496,16 +495,15 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		}
 		maxAttempts = max(maxAttempts, x.attempts)
 	}
-	sub.log.mu.Lock()
+	got := sub.Log.Snapshot()
 	phantoms := 0
-	for id := range sub.log.seen {
+	for id := range got.Seen {
 		if !ids[id] {
 			phantoms++
 		}
 	}
-	delivered, unique, dups, decodeErrs := sub.log.deliveries, len(sub.log.firstSeqs), sub.log.dups, sub.log.decodeErrs
-	disorder := slices.Clone(sub.log.disorder)
-	sub.log.mu.Unlock()
+	delivered, unique, dups, decodeErrs := got.Deliveries, len(got.FirstSeqs), got.Duplicates, got.DecodeErrors
+	disorder := got.Disorder
 
 	// Which fault was under way (or last) when each charge happened.
 	rl.mu.Lock()
@@ -573,7 +571,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		t.Logf("  %-36s %d", k.String()+":", byKind[k])
 	}
 	t.Logf("Mosquitto restarts: %d (SIGKILLed, database not saved: %d); subscriber reconnects %d, sessions lost %d",
-		m.Restarts(), m.Killed(), sub.reconnects.Load(), sub.sessionLost.Load())
+		m.Restarts(), m.Killed(), sub.Reconnects(), sub.SessionsLost())
 	// Mosquitto's own view: why it dropped clients other than a plain close.
 	reasons := map[string]int{}
 	for _, line := range strings.Split(m.LogSince(0), "\n") {
@@ -660,6 +658,6 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	if os.Getenv("OUTBOX_STRICT_ATTEMPTS") != "" {
 		require.Zero(t, maxAttempts, "charged attempts: outages never count (see the charges logged above)")
 	}
-	require.Zero(t, sub.sessionLost.Load(), "Mosquitto lost the subscriber's session")
+	require.Zero(t, sub.SessionsLost(), "Mosquitto lost the subscriber's session")
 	require.GreaterOrEqual(t, relayAfter, relayBefore/2, "relay throughput after the faults at least half of before")
 }

@@ -96,7 +96,7 @@ func TestNATSRefusesSomeTopics(t *testing.T) {
 	eventually(t, 20*time.Second, "two dead, one sent", func() bool {
 		return countState(t, ob, "dead") == 2 && countState(t, ob, "sent") == 1
 	})
-	eventually(t, 5*time.Second, "the valid one delivered", func() bool { return sub.log.unique() == 1 })
+	eventually(t, 5*time.Second, "the valid one delivered", func() bool { return sub.Log.Unique() == 1 })
 	for _, seq := range []int64{1, 2} {
 		state, attempts := rowState(t, ob, seq)
 		require.Equal(t, "dead", state)

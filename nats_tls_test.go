@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
@@ -84,26 +83,6 @@ func runBrokerTLSCases(t *testing.T, broker, addr, username string, cases []brok
 	return errs
 }
 
-// startTLSSubscriber connects a clean-session QoS 1 subscriber to the TLS
-// listener at addr and records what it receives until the test ends.
-func startTLSSubscriber(t *testing.T, addr string, cfg *tls.Config, clientID, filter string) *eventLog {
-	t.Helper()
-	log := newEventLog()
-	o := mqtt.NewClientOptions().AddBroker("ssl://" + addr).SetClientID(clientID).SetProtocolVersion(4).
-		SetTLSConfig(cfg).SetAutoReconnect(false).SetConnectRetry(false).SetConnectTimeout(5 * time.Second).
-		SetOrderMatters(true).
-		SetDefaultPublishHandler(func(_ mqtt.Client, msg mqtt.Message) { log.add(msg.Payload()) })
-	c := mqtt.NewClient(o)
-	tok := c.Connect()
-	require.True(t, tok.WaitTimeout(10*time.Second), "subscriber connect")
-	require.NoError(t, tok.Error(), "subscriber connect")
-	st := c.Subscribe(filter, 1, nil)
-	require.True(t, st.WaitTimeout(10*time.Second), "subscribe")
-	require.NoError(t, st.Error(), "subscribe")
-	t.Cleanup(func() { c.Disconnect(0) })
-	return log
-}
-
 // TestNATSTLS runs the relay against NATS Server's MQTT listener with TLS
 // that requires a client certificate from the fleet CA (verify: true). NATS
 // has one MQTT listener, so it is TLS-only here and the test's subscriber
@@ -118,10 +97,8 @@ func TestNATSTLS(t *testing.T) {
 	}
 	b := harness.NewBrokerTLS(t)
 	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.Server.CertFile, b.Server.KeyFile, b.Server.CAFile))
-	sub := startTLSSubscriber(t, n.mqttAddr, clientTLS(t, b), "nats-consumer", "pos/#")
+	sub := harness.StartSubscriber(t, n.mqttAddr, harness.SubscriberOptions{ClientID: "nats-consumer", Filter: "pos/#", TLS: clientTLS(t, b)}, eventIDSeq)
 	runBrokerTLSCases(t, "NATS", n.mqttAddr, "", brokerTLSCases(b))
-	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.unique() == 1 })
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	require.Zero(t, sub.decodeErrs)
+	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
+	require.Zero(t, sub.Log.Snapshot().DecodeErrors)
 }

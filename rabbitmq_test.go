@@ -367,7 +367,7 @@ func TestRabbitMQOversizeNeverAcknowledged(t *testing.T) {
 	eventually(t, 60*time.Second, "the oversize one dead, the others sent", func() bool {
 		return countState(t, ob, "dead") == 1 && countState(t, ob, "sent") == 2
 	})
-	eventually(t, 5*time.Second, "the others delivered", func() bool { return sub.log.unique() == 2 })
+	eventually(t, 5*time.Second, "the others delivered", func() bool { return sub.Log.Unique() == 2 })
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
 	require.Equal(t, 2, attempts)
@@ -375,10 +375,9 @@ func TestRabbitMQOversizeNeverAcknowledged(t *testing.T) {
 	require.NoError(t, ob.DB().QueryRow(`SELECT coalesce(last_error, '') FROM outbox WHERE seq = 2`).Scan(&lastErr))
 	require.Contains(t, lastErr, "acknowledgement", "charged for a missing PUBACK")
 
-	sub.log.mu.Lock()
-	defer sub.log.mu.Unlock()
-	require.Empty(t, sub.log.disorder, "first deliveries in commit order")
-	require.Zero(t, sub.log.decodeErrs)
+	got := sub.Log.Snapshot()
+	require.Empty(t, got.Disorder, "first deliveries in commit order")
+	require.Zero(t, got.DecodeErrors)
 	t.Logf("RabbitMQ %s: oversize message dead after %d attempts in %s (AckTimeout %s each), others delivered in order, %d duplicates",
-		rmq.version, attempts, time.Since(start).Round(100*time.Millisecond), opts.AckTimeout, sub.log.dups)
+		rmq.version, attempts, time.Since(start).Round(100*time.Millisecond), opts.AckTimeout, got.Duplicates)
 }

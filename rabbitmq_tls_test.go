@@ -27,10 +27,8 @@ func TestRabbitMQTLS(t *testing.T) {
 	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.Server.CAFile, certFile: b.Server.CertFile, keyFile: b.Server.KeyFile})
 	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
 	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, "", brokerTLSCases(b))
-	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.log.unique() == 1 })
-	sub.log.mu.Lock()
-	defer sub.log.mu.Unlock()
-	if sub.log.decodeErrs != 0 {
-		t.Errorf("%d undecodable deliveries", sub.log.decodeErrs)
+	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
+	if n := sub.Log.Snapshot().DecodeErrors; n != 0 {
+		t.Errorf("%d undecodable deliveries", n)
 	}
 }

@@ -33,8 +33,11 @@ import (
 // crypto/x509 and newBrokerTLS write it, is refused too, although it is
 // from the right CA, and the log says no more than "Not authorized".
 func TestEjabberdTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
 	b := harness.NewBrokerTLS(t)
-	e := startEjabberdWith(t, ejabberdOptions{tls: &rabbitTLS{caFile: b.Server.CAFile, certFile: b.Server.CertFile, keyFile: b.Server.KeyFile}})
+	e := harness.StartEjabberd(t, harness.EjabberdOptions{TLS: &b.Server})
 	// ejabberd reads the MQTT user from the CN only when it is a
 	// UTF8String (OpenSSL's default), which Go's crypto/x509 does not write.
 	cert, key := b.ClientUTF8.CertFile, b.ClientUTF8.KeyFile
@@ -45,7 +48,7 @@ func TestEjabberdTLS(t *testing.T) {
 	// user name.
 	subTLS, err := TLSFiles{CAFile: b.CAFile, CertFile: cert, KeyFile: key}.Config()
 	require.NoError(t, err)
-	sub := harness.StartSubscriber(t, e.mqttTLSAddr, harness.SubscriberOptions{ClientID: "till-7", Filter: "pos/#", TLS: subTLS}, eventIDSeq)
+	sub := harness.StartSubscriber(t, e.MQTTTLSAddr, harness.SubscriberOptions{ClientID: "till-7", Filter: "pos/#", TLS: subTLS}, eventIDSeq)
 
 	const notAuthorised = "the broker refused this client: not authorised (CONNACK 5)"
 	cases := []brokerTLSCase{
@@ -56,9 +59,9 @@ func TestEjabberdTLS(t *testing.T) {
 		{"client certificate from a CA of the same name, another key", TLSFiles{CAFile: b.CAFile, CertFile: forgedCert, KeyFile: forgedKey}, notAuthorised},
 		{"client certificate from the fleet CA, CN a PrintableString", TLSFiles{CAFile: b.CAFile, CertFile: b.Client.CertFile, KeyFile: b.Client.KeyFile}, notAuthorised},
 	}
-	runBrokerTLSCases(t, "ejabberd "+e.version, e.mqttTLSAddr, "till-7", cases)
+	runBrokerTLSCases(t, "ejabberd "+e.Version, e.MQTTTLSAddr, "till-7", cases)
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
-	log, err := os.ReadFile(e.logFile)
+	log, err := os.ReadFile(e.LogFile)
 	require.NoError(t, err)
 	require.Contains(t, string(log), "TLS verify failed", "the forged certificate's refusal, explained in the log only")
 	require.Zero(t, sub.Log.Snapshot().DecodeErrors)

@@ -1,13 +1,6 @@
 package outbox
 
 import (
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,48 +9,6 @@ import (
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// natsServer is a NATS server with JetStream and its MQTT listener, owned
-// by a test: its own config and store in t.TempDir(), loopback ports of its
-// own, stopped by PID. mqttConf lines go into the mqtt block (a tls block
-// makes the MQTT listener TLS-only: NATS has one MQTT listener).
-type natsServer struct {
-	mqttAddr string
-}
-
-func startNATS(t *testing.T, mqttConf ...string) *natsServer {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/nats-server", "/usr/bin/nats-server"} {
-			if _, err := os.Stat(p); err == nil {
-				bin = p
-			}
-		}
-	}
-	if bin == "" {
-		t.Skip("nats-server is not installed: apt-get install -y nats-server")
-	}
-	dir := t.TempDir()
-	clientPort, err := harness.FreePort()
-	require.NoError(t, err)
-	mqttPort, err := harness.FreePort()
-	require.NoError(t, err)
-	conf := filepath.Join(dir, "nats.conf")
-	// MQTT in NATS needs a server name and JetStream (sessions and QoS 1
-	// messages live in streams).
-	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(`server_name: outbox_test
-listen: 127.0.0.1:%d
-jetstream { store_dir: %q }
-mqtt {
-  listen: 127.0.0.1:%d
-  %s
-}
-`, clientPort, filepath.Join(dir, "js"), mqttPort, strings.Join(mqttConf, "\n  "))), 0o600))
-	n := &natsServer{mqttAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(mqttPort))}
-	runServer(t, "nats-server", filepath.Join(dir, "nats.log"), "Listening for MQTT clients", n.mqttAddr, bin, "-c", conf)
-	return n
-}
-
 // TestNATSCompatibility runs the relay's core cases against NATS Server's
 // MQTT listener (JetStream): publish in order, an outage in the middle of a
 // backlog, and a PUBACK withheld until the connection drops.
@@ -65,9 +16,9 @@ func TestNATSCompatibility(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	n := startNATS(t)
-	sub := startPersistentSubscriber(t, n.mqttAddr, "nats-consumer", "pos/#")
-	p := harness.StartFaultProxy(t, n.mqttAddr)
+	n := harness.StartNATS(t)
+	sub := startPersistentSubscriber(t, n.MQTTAddr, "nats-consumer", "pos/#")
+	p := harness.StartFaultProxy(t, n.MQTTAddr)
 	ob := openTest(t, Options{})
 	r := mqttRelay(t, ob, p.URL(), fastRelay())
 	startRelay(t, r)
@@ -84,12 +35,12 @@ func TestNATSRefusesSomeTopics(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	n := startNATS(t)
-	sub := startPersistentSubscriber(t, n.mqttAddr, "nats-consumer", "pos/#")
+	n := harness.StartNATS(t)
+	sub := startPersistentSubscriber(t, n.MQTTAddr, "nats-consumer", "pos/#")
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.MaxAttempts = 2
-	startRelay(t, mqttRelay(t, ob, "tcp://"+n.mqttAddr, opts))
+	startRelay(t, mqttRelay(t, ob, "tcp://"+n.MQTTAddr, opts))
 	commitOrder(t, ob, "pos/a.b", 1)
 	commitOrder(t, ob, "pos/a b", 2)
 	commitOrder(t, ob, "pos/ok", 3)

@@ -96,9 +96,9 @@ func TestNATSTLS(t *testing.T) {
 		t.Skip("-short")
 	}
 	b := harness.NewBrokerTLS(t)
-	n := startNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.Server.CertFile, b.Server.KeyFile, b.Server.CAFile))
-	sub := harness.StartSubscriber(t, n.mqttAddr, harness.SubscriberOptions{ClientID: "nats-consumer", Filter: "pos/#", TLS: clientTLS(t, b)}, eventIDSeq)
-	runBrokerTLSCases(t, "NATS", n.mqttAddr, "", brokerTLSCases(b))
+	n := harness.StartNATS(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", b.Server.CertFile, b.Server.KeyFile, b.Server.CAFile))
+	sub := harness.StartSubscriber(t, n.MQTTAddr, harness.SubscriberOptions{ClientID: "nats-consumer", Filter: "pos/#", TLS: clientTLS(t, b)}, eventIDSeq)
+	runBrokerTLSCases(t, "NATS", n.MQTTAddr, "", brokerTLSCases(b))
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
 	require.Zero(t, sub.Log.Snapshot().DecodeErrors)
 }

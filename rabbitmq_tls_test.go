@@ -24,9 +24,9 @@ func TestRabbitMQTLS(t *testing.T) {
 		t.Skip("-short")
 	}
 	b := harness.NewBrokerTLS(t)
-	rmq := startRabbitMQWith(t, &rabbitTLS{caFile: b.Server.CAFile, certFile: b.Server.CertFile, keyFile: b.Server.KeyFile})
-	sub := startPersistentSubscriber(t, rmq.mqttAddr, "rabbitmq-consumer", "pos/#")
-	runBrokerTLSCases(t, "RabbitMQ "+rmq.version, rmq.mqttTLSAddr, "", brokerTLSCases(b))
+	rmq := harness.StartRabbitMQ(t, harness.RabbitMQOptions{TLS: &b.Server})
+	sub := startPersistentSubscriber(t, rmq.MQTTAddr, "rabbitmq-consumer", "pos/#")
+	runBrokerTLSCases(t, "RabbitMQ "+rmq.Version, rmq.MQTTTLSAddr, "", brokerTLSCases(b))
 	eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Log.Unique() == 1 })
 	if n := sub.Log.Snapshot().DecodeErrors; n != 0 {
 		t.Errorf("%d undecodable deliveries", n)

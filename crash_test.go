@@ -277,23 +277,6 @@ func (l *crashLog) String() string {
 	return l.buf.String()
 }
 
-// eventuallyOrNot waits for cond until the deadline and says whether it
-// came true, for checks that want to report more than a timeout.
-func eventuallyOrNot(timeout time.Duration, cond func() bool) bool {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	poll := time.NewTicker(2 * time.Millisecond)
-	defer poll.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			return cond()
-		case <-poll.C:
-		}
-	}
-	return true
-}
-
 func crashEnvInt(t *testing.T, name string, def uint64) uint64 {
 	t.Helper()
 	s := os.Getenv(name)
@@ -509,7 +492,7 @@ func TestCrashKill9(t *testing.T) {
 
 	// mochi acknowledges a publish before routing it: give it a moment.
 	var missing []string
-	eventuallyOrNot(10*time.Second, func() bool {
+	harness.WaitFor(10*time.Second, func() bool {
 		seen := map[string]bool{}
 		for _, d := range rec.all() {
 			seen[d.ev.ID] = true

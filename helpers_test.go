@@ -69,37 +69,13 @@ func fastRelay() RelayOptions {
 // startRelay runs r until the test ends and checks that Run returned nil.
 func startRelay(t testing.TB, r *Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("relay.Run: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Errorf("relay did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return harness.RunInBackground(t, "relay", r)
 }
 
 // eventually waits for cond, polling, and fails the test at the deadline.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	harness.Eventually(t, timeout, what, cond)
 }
 
 // eventIDSeq reads an event's id and sequence for a harness.EventLog.

@@ -193,18 +193,6 @@ func (l *relayLog) lastConnect() time.Time {
 	return l.connects[len(l.connects)-1]
 }
 
-// waitFor polls cond until it holds (true) or the deadline passes (false).
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
-}
-
 func envInt(t *testing.T, name string, def int64) int64 {
 	s := os.Getenv(name)
 	if s == "" {
@@ -303,12 +291,12 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	// the subscriber.
 	burst := func(name string, n int) (relayRate, endToEnd float64) {
 		t.Helper()
-		require.True(t, waitFor(60*time.Second, allDelivered), "%s: the queue is drained before the burst", name)
+		require.True(t, harness.WaitFor(60*time.Second, allDelivered), "%s: the queue is drained before the burst", name)
 		sent0, uniq0 := r.sent.Load(), sub.Log.Unique()
 		start := time.Now()
 		require.NoError(t, commit(-1, n))
 		var relayDone time.Duration
-		ok := waitFor(60*time.Second, func() bool {
+		ok := harness.WaitFor(60*time.Second, func() bool {
 			if relayDone == 0 && r.sent.Load()-sent0 >= int64(n) {
 				relayDone = time.Since(start)
 			}
@@ -335,7 +323,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		require.NoError(t, commit(i, 1))
 	}
-	require.True(t, waitFor(30*time.Second, allDelivered), "warm-up delivered")
+	require.True(t, harness.WaitFor(30*time.Second, allDelivered), "warm-up delivered")
 	const burstSize = 2000
 	relayBefore, e2eBefore := bestBurst("before the faults", burstSize)
 
@@ -444,7 +432,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	// Everything committed through the faults must arrive, once the network
 	// is healthy again.
 	healStart := time.Now()
-	drained := waitFor(60*time.Second, allDelivered)
+	drained := harness.WaitFor(60*time.Second, allDelivered)
 	healTook := time.Since(healStart)
 	if !drained {
 		t.Errorf("not everything delivered within 60 s of the last fault: committed %d, delivered %d, marked sent %d",

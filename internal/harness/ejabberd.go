@@ -85,10 +85,7 @@ func StartEjabberd(tb TB, o EjabberdOptions) *Ejabberd {
 	if erl == "" {
 		tb.Skipf("ejabberd is not installed: apt-get install -y ejabberd")
 	}
-	epmd := epmdBinary()
-	if epmd == "" {
-		tb.Skipf("epmd (Erlang) is not installed: apt-get install -y ejabberd")
-	}
+	epmd := needEpmd(tb, "ejabberd")
 	dir := tb.TempDir()
 	ports := freePorts(tb, 3)
 	mqttPort, distPort, epmdPort := ports[0], ports[1], ports[2]

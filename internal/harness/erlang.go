@@ -31,6 +31,17 @@ func epmdBinary() string {
 	return ""
 }
 
+// needEpmd returns epmd, skipping tb if it is not installed; pkg is the
+// package that would bring it.
+func needEpmd(tb TB, pkg string) string {
+	tb.Helper()
+	epmd := epmdBinary()
+	if epmd == "" {
+		tb.Skipf("epmd (Erlang) is not installed: apt-get install -y %s", pkg)
+	}
+	return epmd
+}
+
 // erlangEnv prepares what every Erlang node a test starts needs, in dir: a
 // HOME with a cookie only its owner can read, and an epmd of its own on
 // epmdPort, started as the test's child. It returns the node's

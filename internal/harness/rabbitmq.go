@@ -66,10 +66,7 @@ func StartRabbitMQ(tb TB, o RabbitMQOptions) *RabbitMQ {
 	if bin == "" {
 		tb.Skipf("rabbitmq-server is not installed: apt-get install -y rabbitmq-server")
 	}
-	epmd := epmdBinary()
-	if epmd == "" {
-		tb.Skipf("epmd (Erlang) is not installed: apt-get install -y rabbitmq-server")
-	}
+	epmd := needEpmd(tb, "rabbitmq-server")
 	dir := tb.TempDir()
 	ports := freePorts(tb, 5)
 	amqpPort, mqttPort, distPort, epmdPort := ports[0], ports[1], ports[2], ports[3]

@@ -18,8 +18,8 @@ type process struct {
 }
 
 // spawn starts argv with its output appended to logFile, in dir (if set)
-// with env (if set). If the test binary dies without cleaning up, so does
-// the child (Pdeathsig).
+// with env (if set). On Linux, if the test binary dies without cleaning
+// up, so does the child (childAttr).
 func spawn(name, logFile, dir string, env []string, argv ...string) (*process, error) {
 	logf, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -29,7 +29,7 @@ func spawn(name, logFile, dir string, env []string, argv ...string) (*process, e
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir, cmd.Env = dir, env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}

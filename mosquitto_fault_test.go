@@ -21,55 +21,13 @@ import (
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// Tests against a real Mosquitto: go test -race -run Mosquitto -v .
+// The fault test against a real Mosquitto: go test -race -run TestMosquittoBrokerFaults -v .
+// Its premise, that Mosquitto keeps a persistent session across a restart,
+// is a case of the broker suite (TestMosquitto in tests/integration).
 //
 // OUTBOX_FAULTS=1000 raises the number of network faults of
 // TestMosquittoBrokerFaults (default 100, about a minute);
 // OUTBOX_FAULT_SEED replays a logged schedule.
-
-// TestMosquittoPersistentSessionSurvivesRestart checks the premise of the
-// fault test: Mosquitto, stopped with SIGTERM and started again with its
-// data directory, still has a persistent subscriber's session and every
-// message queued for it, including those published while it was away.
-func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: runs a real Mosquitto and many faults")
-	}
-	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
-	log := harness.NewEventLog(eventIDSeq)
-	sub := harness.NewSubscriber(t, m.Addr(), harness.SubscriberOptions{ClientID: "persist-check", Filter: "orders/#"}, log)
-	present, err := sub.Connect()
-	require.NoError(t, err)
-	require.False(t, present, "a fresh broker has no session for us")
-	sub.Disconnect(100) // away: from now on the broker queues for us
-
-	ob := openTest(t, Options{})
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.Addr(), ClientID: "persist-relay", ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { pub.Close() })
-	r, err := ob.NewRelay(pub, fastRelay())
-	require.NoError(t, err)
-	startRelay(t, r)
-	for i := 0; i < 3; i++ {
-		commitOrder(t, ob, "orders/persist", i)
-	}
-	eventually(t, 10*time.Second, "three acknowledged by Mosquitto", func() bool { return countState(t, ob, "sent") == 3 })
-
-	require.NoError(t, m.Restart(0))
-	for i := 3; i < 5; i++ {
-		commitOrder(t, ob, "orders/persist", i)
-	}
-	eventually(t, 10*time.Second, "relay back after the restart", func() bool { return countState(t, ob, "sent") == 5 })
-
-	present, err = sub.Connect()
-	require.NoError(t, err)
-	defer sub.Disconnect(0)
-	require.True(t, present, "Mosquitto kept the persistent session across the restart")
-	eventually(t, 10*time.Second, "the queued messages", func() bool { return log.Unique() == 5 })
-	got := log.Snapshot()
-	require.Equal(t, []int64{1, 2, 3, 4, 5}, got.FirstSeqs, "queued before and after the restart, in order")
-	require.Zero(t, got.DecodeErrors)
-}
 
 // faultKind is one kind of fault injected by TestMosquittoBrokerFaults.
 type faultKind int

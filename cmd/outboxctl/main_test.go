@@ -357,7 +357,7 @@ func TestRelaySidecar(t *testing.T) {
 	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
 		"--client-id", "sidecar-test", "--source", "/shops/9", "--topic-prefix", "shop/9/", "--username", "u", "--password-file", pwFile,
 		"--log-format", "json", "--log-level", "debug")
-	var stderr syncBuffer
+	var stderr harness.LogBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	defer cmd.Process.Kill()
@@ -431,24 +431,6 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, r.stdout, "-- broker down for 1s")
 	require.Contains(t, r.stdout, "-- broker back")
 	require.Contains(t, r.stdout, "OK: every committed order's event was delivered")
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // oldSchema creates a database at an older schema version from the frozen

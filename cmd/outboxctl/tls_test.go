@@ -36,9 +36,9 @@ func TestRelayTLS(t *testing.T) {
 	_, err = conn.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/1', '{"tls":true}')`)
 	require.NoError(t, err)
 
-	run := func(ca string) (*exec.Cmd, *syncBuffer) {
+	run := func(ca string) (*exec.Cmd, *harness.LogBuffer) {
 		cmd := exec.Command(binary, "relay", "--db", db, "--broker", b.URL(), "--ca-file", ca, "--backoff-max", "200ms")
-		var logs syncBuffer
+		var logs harness.LogBuffer
 		cmd.Stderr = &logs
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })

@@ -1,4 +1,4 @@
-package outbox
+package integration
 
 import (
 	"bufio"
@@ -23,10 +23,9 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -74,14 +73,14 @@ const (
 // rows sent 50 ms ago (and with them incremental vacuum), small read
 // batches, a short lease (in case a killed child's lease is not judged dead,
 // as off Linux, it blocks the next one for a TTL), fast reconnects.
-func crashRelayOptions(owner string) RelayOptions {
-	return RelayOptions{
+func crashRelayOptions(owner string) outbox.RelayOptions {
+	return outbox.RelayOptions{
 		Source:          crashSource,
 		Window:          crashWindow,
 		BatchSize:       64,
 		AckTimeout:      10 * time.Second, // nothing here withholds a PUBACK: only a stall would
-		Reconnect:       Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-		Retry:           Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Reconnect:       outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+		Retry:           outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 		Retention:       50 * time.Millisecond,
 		PurgeInterval:   20 * time.Millisecond,
 		LeaseTTL:        crashLeaseTTL,
@@ -90,8 +89,8 @@ func crashRelayOptions(owner string) RelayOptions {
 	}
 }
 
-func crashMQTTOptions(brokerURL, clientID string) MQTTOptions {
-	return MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
+func crashMQTTOptions(brokerURL, clientID string) outbox.MQTTOptions {
+	return outbox.MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, KeepAlive: 5 * time.Second, PingTimeout: 5 * time.Second}
 }
 
@@ -134,12 +133,12 @@ func TestCrashChild(t *testing.T) {
 	ctx := context.Background()
 	// Limits far above the test's needs keep the pending counters running,
 	// so that every kill checks them (see crashInspect).
-	ob, err := Open(ctx, path, Options{Logger: logger, MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
+	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: logger, MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
 	if err != nil {
 		die("open: %v", err)
 	}
 	client := os.Getenv(crashEnvClient)
-	pub, err := NewMQTTPublisher(crashMQTTOptions(os.Getenv(crashEnvBroker), client))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(os.Getenv(crashEnvBroker), client))
 	if err != nil {
 		die("publisher: %v", err)
 	}
@@ -160,7 +159,7 @@ func TestCrashChild(t *testing.T) {
 	pace := time.NewTicker(crashCommitEvery)
 	for n := 1; ; n++ {
 		<-pace.C
-		id := NewID()
+		id := outbox.NewID()
 		rollback := n%crashRollbackEvery == 0
 		pad := rng.IntN(3000)
 		if rng.IntN(20) == 0 {
@@ -171,7 +170,7 @@ func TestCrashChild(t *testing.T) {
 			if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, id, client); err != nil {
 				return err
 			}
-			if err := ob.Enqueue(ctx, tx, Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
+			if err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
 				return err
 			}
 			if !rollback {
@@ -202,7 +201,7 @@ func TestCrashChild(t *testing.T) {
 // published it (which child, or the final relay).
 type crashDelivery struct {
 	origin string
-	ev     Event
+	ev     outbox.Event
 	evErr  error
 }
 
@@ -213,7 +212,7 @@ type crashRecorder struct {
 
 func (r *crashRecorder) add(origin string, payload []byte) {
 	d := crashDelivery{origin: origin}
-	d.ev, d.evErr = DecodeEvent(payload)
+	d.ev, d.evErr = outbox.DecodeEvent(payload)
 	r.mu.Lock()
 	r.msgs = append(r.msgs, d)
 	r.mu.Unlock()
@@ -252,29 +251,11 @@ func crashInspect(t *testing.T, path string) (orders, pending int) {
 	// The pending bytes and skipped numbers kept by triggers and marks
 	// (while the limits are set) agree with the rows, as the killed child
 	// left them: the next child's Open would count them again.
-	checkCounters(t, db)
+	harness.CheckPendingCounters(t, db)
 	var wantCount int64
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&wantCount))
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM orders`).Scan(&orders))
 	return orders, int(wantCount)
-}
-
-// crashLog collects a relay's log lines.
-type crashLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *crashLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *crashLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 func crashEnvInt(t *testing.T, name string, def uint64) uint64 {
@@ -303,7 +284,7 @@ func startCrashLink(t *testing.T, broker string) *harness.FaultProxy {
 // crashRun is the parent's side of the crash test.
 type crashRun struct {
 	t        *testing.T
-	b        *broker
+	b        *harness.Mochi
 	link     *harness.FaultProxy // between the children and the broker, with latency
 	rng      *rand.Rand
 	path     string // the database
@@ -373,11 +354,11 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	} else {
 		c.relayed++
 		delay = time.Duration(30+c.rng.IntN(371)) * time.Millisecond
-		eventually(t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
+		harness.Eventually(t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
 			if hasExited() {
 				return true
 			}
-			_, ok := c.b.srv.Clients.Get(client)
+			_, ok := c.b.Server().Clients.Get(client)
 			return ok
 		})
 	}
@@ -411,22 +392,20 @@ func TestCrashKill9(t *testing.T) {
 	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays)", cycles, seed, seed)
 	began := time.Now()
 
-	b := startBroker(t)
+	b := harness.StartMochi(t, harness.MochiOptions{})
 	rec := &crashRecorder{}
-	require.NoError(t, b.srv.Subscribe("crash/#", 2, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		rec.add(pk.Origin, pk.Payload)
-	}))
+	require.NoError(t, b.Subscribe("crash/#", func(m harness.Message) { rec.add(m.Client, m.Payload) }))
 
 	dir := t.TempDir()
 	run := &crashRun{
-		t: t, b: b, link: startCrashLink(t, b.addr),
+		t: t, b: b, link: startCrashLink(t, b.Addr()),
 		rng:      rand.New(rand.NewPCG(seed, 0)),
 		lost:     map[string]int{},
 		path:     filepath.Join(dir, "till.db"),
 		sidePath: filepath.Join(dir, "rolledback.txt"),
 	}
 	{
-		ob, err := Open(context.Background(), run.path, Options{Logger: testLogger()})
+		ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: testLogger()})
 		require.NoError(t, err)
 		_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL)`)
 		require.NoError(t, err)
@@ -446,17 +425,17 @@ func TestCrashKill9(t *testing.T) {
 
 	// Let one relay finish the job, in this process, until nothing is
 	// pending and the broker has routed every committed event.
-	finalLog := &crashLog{}
-	ob, err := Open(context.Background(), run.path, Options{Logger: slog.New(slog.NewTextHandler(finalLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	finalLog := &harness.LogBuffer{}
+	ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: slog.New(slog.NewTextHandler(finalLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.NoError(t, err)
 	t.Cleanup(func() { ob.Close() })
-	pub, err := NewMQTTPublisher(crashMQTTOptions(b.url(), "crash-final"))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(b.URL(), "crash-final"))
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	relay, err := ob.NewRelay(pub, crashRelayOptions("crash-final"))
 	require.NoError(t, err)
 	stop := startRelay(t, relay)
-	eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
+	harness.Eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
 		func() bool { return countState(t, ob, "pending") == 0 })
 	drained := time.Since(began) - killing
 
@@ -559,7 +538,8 @@ func TestCrashKill9(t *testing.T) {
 
 	// A crash duplicates what was in flight and what was acknowledged but
 	// not yet recorded; a lost connection only what was in flight.
-	perKill := crashWindow + markSlots(crashWindow)
+	// The bound the README gives: Window + max(Window, 32).
+	perKill := crashWindow + max(crashWindow, 32)
 	t.Logf("crash test figures (seed %d, window %d):", seed, crashWindow)
 	t.Logf("  kill -9 cycles            %7d  (%d while relaying, 30-400 ms after it connected; %d at 0-400 ms after start)", cycles, run.relayed, run.early)
 	t.Logf("  integrity_check           %7s  after every kill", "ok")

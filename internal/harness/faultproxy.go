@@ -153,17 +153,23 @@ func (p *FaultProxy) SetRate(dir Dir, bytesPerSec int64) { p.rate[dir].Store(byt
 // made from now on.
 func (p *FaultProxy) SetLatency(dir Dir, d time.Duration) { p.latency[dir].Store(int64(d)) }
 
-// Addr is the proxy's host:port; URL is tcp://host:port.
+// Addr is the proxy's host:port.
 func (p *FaultProxy) Addr() string { return p.addr }
-func (p *FaultProxy) URL() string  { return "tcp://" + p.addr }
 
-// Connected is how many connections the proxy accepted and dialled
-// through; Moved and Dropped, how many bytes it forwarded and threw away
-// in one direction; Rebinds, how many attempts to listen again failed.
-func (p *FaultProxy) Connected() int64      { return p.connected.Load() }
-func (p *FaultProxy) Moved(dir Dir) int64   { return p.moved[dir].Load() }
+// URL is the proxy as a broker URL, tcp://host:port.
+func (p *FaultProxy) URL() string { return "tcp://" + p.addr }
+
+// Connected is how many connections the proxy accepted and dialled through.
+func (p *FaultProxy) Connected() int64 { return p.connected.Load() }
+
+// Moved is how many bytes the proxy forwarded in one direction.
+func (p *FaultProxy) Moved(dir Dir) int64 { return p.moved[dir].Load() }
+
+// Dropped is how many bytes the proxy threw away in one direction.
 func (p *FaultProxy) Dropped(dir Dir) int64 { return p.dropped[dir].Load() }
-func (p *FaultProxy) Rebinds() int64        { return p.rebinds.Load() }
+
+// Rebinds is how many attempts to listen again after refusing failed.
+func (p *FaultProxy) Rebinds() int64 { return p.rebinds.Load() }
 
 func (p *FaultProxy) serve(ln net.Listener) error {
 	p.mu.Lock()

@@ -66,9 +66,10 @@ func StartMochi(tb TB, o MochiOptions) *Mochi {
 	return m
 }
 
-// Addr is host:port; URL is tcp:// (or ssl://, with TLS) host:port.
+// Addr is the broker's host:port.
 func (m *Mochi) Addr() string { return m.addr }
 
+// URL is the broker's URL: tcp://host:port, or ssl:// with TLS.
 func (m *Mochi) URL() string {
 	if m.opts.TLS != nil {
 		return "ssl://" + m.addr

@@ -168,10 +168,12 @@ func (m *Mosquitto) writeConfig(port int) error {
 	return os.WriteFile(m.conf, []byte(b.String()), 0o600)
 }
 
-// Addr is host:port; URL is tcp://host:port (ssl:// for a TLS listener is
-// the caller's to write).
+// Addr is the broker's host:port.
 func (m *Mosquitto) Addr() string { return m.addr }
-func (m *Mosquitto) URL() string  { return "tcp://" + m.addr }
+
+// URL is tcp://host:port (ssl:// for a TLS listener is the caller's to
+// write).
+func (m *Mosquitto) URL() string { return "tcp://" + m.addr }
 
 // Start runs Mosquitto and waits, bounded, until it accepts connections.
 func (m *Mosquitto) Start() error {
@@ -254,14 +256,15 @@ func (m *Mosquitto) Restart(downFor time.Duration) error {
 	return err
 }
 
-// Restarts is how many times Restart ran; Killed, how many stops needed
-// SIGKILL (so that Mosquitto did not save its database).
+// Restarts is how many times Restart ran.
 func (m *Mosquitto) Restarts() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.restarts
 }
 
+// Killed is how many stops needed SIGKILL (so that Mosquitto did not save
+// its database).
 func (m *Mosquitto) Killed() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

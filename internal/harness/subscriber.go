@@ -152,7 +152,8 @@ func (s *Subscriber) close() {
 	s.client.Disconnect(0)
 }
 
-// Reconnects is how many times the running subscriber connected again;
-// SessionsLost, how many of those found its session gone.
-func (s *Subscriber) Reconnects() int64   { return s.reconnects.Load() }
+// Reconnects is how many times the running subscriber connected again.
+func (s *Subscriber) Reconnects() int64 { return s.reconnects.Load() }
+
+// SessionsLost is how many of those reconnections found its session gone.
 func (s *Subscriber) SessionsLost() int64 { return s.sessionLost.Load() }

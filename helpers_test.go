@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,7 +91,7 @@ func startPersistentSubscriber(t testing.TB, addr, clientID, filter string) *har
 	return harness.StartSubscriber(t, addr, harness.SubscriberOptions{ClientID: clientID, Filter: filter}, eventIDSeq)
 }
 
-// delivery is one message as a subscriber received it.
+// delivery is one message as the broker routed it, its event decoded.
 type delivery struct {
 	topic   string
 	payload []byte
@@ -100,39 +99,20 @@ type delivery struct {
 	evErr   error
 }
 
-// recorder records every message the broker routes to it.
-type recorder struct {
-	mu   sync.Mutex
-	msgs []delivery
-}
-
-func (r *recorder) add(topic string, payload []byte) {
-	if strings.HasPrefix(topic, "$") {
-		return // the broker's own $SYS messages
-	}
-	d := delivery{topic: topic, payload: append([]byte(nil), payload...)}
+func decodeDelivery(m harness.Message) delivery {
+	d := delivery{topic: m.Topic, payload: m.Payload}
 	d.ev, d.evErr = DecodeEvent(d.payload)
-	r.mu.Lock()
-	r.msgs = append(r.msgs, d)
-	r.mu.Unlock()
+	return d
 }
 
-func (r *recorder) all() []delivery {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]delivery(nil), r.msgs...)
-}
+// recorder records every message the broker routes to it.
+type recorder = harness.Recorder[delivery]
 
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
-// uniqueSeqs returns the sequence numbers in order of first delivery.
-func (r *recorder) firstDeliveries() (seqs []int64, dups int) {
+// firstDeliveries returns the sequence numbers in order of first delivery,
+// and how many deliveries were duplicates.
+func firstDeliveries(r *recorder) (seqs []int64, dups int) {
 	seen := map[string]bool{}
-	for _, d := range r.all() {
+	for _, d := range r.All() {
 		if seen[d.ev.ID] {
 			dups++
 			continue
@@ -156,8 +136,8 @@ type broker struct {
 func startBroker(t testing.TB) *broker {
 	t.Helper()
 	m := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{&harness.DenyPublish{Prefix: "denied/"}}})
-	rec := &recorder{}
-	require.NoError(t, m.Subscribe("#", func(msg harness.Message) { rec.add(msg.Topic, msg.Payload) }))
+	rec, err := harness.Record(m, "#", decodeDelivery)
+	require.NoError(t, err)
 	return &broker{srv: m.Server(), addr: m.Addr(), rec: rec}
 }
 

@@ -190,36 +190,39 @@ func (h *DenyPublish) OnACLCheck(_ *mochi.Client, topic string, write bool) bool
 	return !(write && strings.HasPrefix(topic, h.Prefix))
 }
 
-// Recorder keeps every message a broker routed to it, in order.
-type Recorder struct {
+// Recorder keeps what a broker routed to it, in order: each message as
+// keep made it on arrival (its event decoded, say), so that reading the
+// record costs nothing.
+type Recorder[T any] struct {
 	mu   sync.Mutex
-	msgs []Message
+	msgs []T
 }
 
-// Record subscribes a new Recorder to filter; the broker's own $SYS
-// messages are left out.
-func (m *Mochi) Record(filter string) (*Recorder, error) {
-	r := &Recorder{}
+// Record subscribes a new Recorder to filter on m. The broker's own $SYS
+// messages are left out; keep gets a copy of the payload.
+func Record[T any](m *Mochi, filter string, keep func(Message) T) (*Recorder[T], error) {
+	r := &Recorder[T]{}
 	return r, m.Subscribe(filter, func(msg Message) {
 		if strings.HasPrefix(msg.Topic, "$") {
 			return
 		}
 		msg.Payload = append([]byte(nil), msg.Payload...)
+		v := keep(msg)
 		r.mu.Lock()
-		r.msgs = append(r.msgs, msg)
+		r.msgs = append(r.msgs, v)
 		r.mu.Unlock()
 	})
 }
 
 // All returns what was recorded so far.
-func (r *Recorder) All() []Message {
+func (r *Recorder[T]) All() []T {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Message(nil), r.msgs...)
+	return append([]T(nil), r.msgs...)
 }
 
 // Count is how many messages were recorded so far.
-func (r *Recorder) Count() int {
+func (r *Recorder[T]) Count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.msgs)

@@ -271,16 +271,6 @@ func (m *Mosquitto) Killed() int {
 	return m.killed
 }
 
-// PID is the running broker's process id; 0 while it is stopped.
-func (m *Mosquitto) PID() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.proc == nil {
-		return 0
-	}
-	return m.proc.cmd.Process.Pid
-}
-
 // LogSince returns the broker's log from byte offset off; LogSince(0) is
 // all of it, over every restart.
 func (m *Mosquitto) LogSince(off int64) string {

@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -205,31 +204,6 @@ type crashDelivery struct {
 	evErr  error
 }
 
-type crashRecorder struct {
-	mu   sync.Mutex
-	msgs []crashDelivery
-}
-
-func (r *crashRecorder) add(origin string, payload []byte) {
-	d := crashDelivery{origin: origin}
-	d.ev, d.evErr = outbox.DecodeEvent(payload)
-	r.mu.Lock()
-	r.msgs = append(r.msgs, d)
-	r.mu.Unlock()
-}
-
-func (r *crashRecorder) all() []crashDelivery {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]crashDelivery(nil), r.msgs...)
-}
-
-func (r *crashRecorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
 // crashInspect opens the database read-only after a crash, as it was left
 // (a read-only connection neither checkpoints nor deletes the WAL, so the
 // next child still recovers from the crash state), and checks it.
@@ -393,8 +367,12 @@ func TestCrashKill9(t *testing.T) {
 	began := time.Now()
 
 	b := harness.StartMochi(t, harness.MochiOptions{})
-	rec := &crashRecorder{}
-	require.NoError(t, b.Subscribe("crash/#", func(m harness.Message) { rec.add(m.Client, m.Payload) }))
+	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashDelivery {
+		d := crashDelivery{origin: m.Client}
+		d.ev, d.evErr = outbox.DecodeEvent(m.Payload)
+		return d
+	})
+	require.NoError(t, err)
 
 	dir := t.TempDir()
 	run := &crashRun{
@@ -418,7 +396,7 @@ func TestCrashKill9(t *testing.T) {
 		orders, pending := run.cycle(n, childLog)
 		backlog = pending
 		if testing.Verbose() && (n%10 == 0 || n == cycles) {
-			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, rec.count())
+			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, rec.Count())
 		}
 	}
 	killing := time.Since(began)
@@ -473,7 +451,7 @@ func TestCrashKill9(t *testing.T) {
 	var missing []string
 	harness.WaitFor(10*time.Second, func() bool {
 		seen := map[string]bool{}
-		for _, d := range rec.all() {
+		for _, d := range rec.All() {
 			seen[d.ev.ID] = true
 		}
 		missing = missing[:0]
@@ -496,7 +474,7 @@ func TestCrashKill9(t *testing.T) {
 	// deliveries in commit order, by the envelope's sequence and by the
 	// orders' own row order. A duplicate is counted against the process
 	// that sent it again, i.e. against the crash before it.
-	deliveries := rec.all()
+	deliveries := rec.All()
 	first := map[string]int64{} // event id -> sequence
 	dupsBy := map[string]int{}  // re-sending process -> duplicates
 	var lastSeq, lastRow int64

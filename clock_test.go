@@ -60,7 +60,7 @@ func TestClockJumpsChangeNothing(t *testing.T) {
 	eventually(t, 10*time.Second, "all delivered", func() bool { return countState(t, ob, "sent") == 200 })
 	require.Zero(t, checkOrdered(t, b.rec, 200), "delivered in commit order, once")
 	// The event times follow the (wrong) clock; the order does not.
-	all := b.rec.all()
+	all := b.rec.All()
 	require.True(t, all[80].ev.Time.Before(all[79].ev.Time), "the clock went back a year between these two")
 
 	// The holder keeps the lease through jumps for several TTLs.

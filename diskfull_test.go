@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // smallFileSystem mounts a tmpfs of the given size on a temporary directory
@@ -165,7 +167,7 @@ func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) 
 		t.Skip("needs a small file system of its own (a tmpfs mount) to fill")
 	}
 	path := filepath.Join(dir, "till.db")
-	logs := &crashLog{}
+	logs := &harness.LogBuffer{}
 	ob, err := Open(ctx, path, Options{ReserveBytes: reserve, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
 	defer ob.Close()
@@ -256,7 +258,7 @@ func TestFullDiskRestart(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "a clean close removes the -shm file")
 
 	fillDisk(t, dir)
-	logs := &crashLog{}
+	logs := &harness.LogBuffer{}
 	ob, err = Open(ctx, path, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err, "Open on a full disk spends the reserve")
 	defer ob.Close()

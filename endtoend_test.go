@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // TestEndToEndKillBothSides runs two producers (outbox + relay) and one
@@ -23,8 +25,8 @@ func TestEndToEndKillBothSides(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	m := startMosquitto(t)
-	broker := "tcp://" + m.addr
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	broker := m.URL()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))

@@ -46,8 +46,8 @@ func TestRelayTextPayloadFromPlainSQL(t *testing.T) {
 		_, err := ob.DB().Exec(c.insert, c.args...)
 		require.NoError(t, err)
 	}
-	eventually(t, 5*time.Second, "all delivered", func() bool { return b.rec.count() == len(cases) })
-	for i, d := range b.rec.all() {
+	eventually(t, 5*time.Second, "all delivered", func() bool { return b.rec.Count() == len(cases) })
+	for i, d := range b.rec.All() {
 		c := cases[i]
 		require.NoError(t, d.evErr)
 		require.EqualValues(t, i+1, d.ev.Sequence, "in commit order")

@@ -7,19 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
@@ -71,40 +68,30 @@ func fastRelay() RelayOptions {
 // startRelay runs r until the test ends and checks that Run returned nil.
 func startRelay(t testing.TB, r *Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("relay.Run: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Errorf("relay did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return harness.RunInBackground(t, "relay", r)
 }
 
 // eventually waits for cond, polling, and fails the test at the deadline.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	harness.Eventually(t, timeout, what, cond)
 }
 
-// delivery is one message as a subscriber received it.
+// eventIDSeq reads an event's id and sequence for a harness.EventLog.
+func eventIDSeq(payload []byte) (string, int64, error) {
+	ev, err := DecodeEvent(payload)
+	return ev.ID, ev.Sequence, err
+}
+
+// startPersistentSubscriber connects a persistent-session QoS 1 subscriber
+// to addr (the broker itself, never through a proxy) and keeps it
+// connected until the test ends.
+func startPersistentSubscriber(t testing.TB, addr, clientID, filter string) *harness.Subscriber {
+	t.Helper()
+	return harness.StartSubscriber(t, addr, harness.SubscriberOptions{ClientID: clientID, Filter: filter}, eventIDSeq)
+}
+
+// delivery is one message as the broker routed it, its event decoded.
 type delivery struct {
 	topic   string
 	payload []byte
@@ -112,39 +99,20 @@ type delivery struct {
 	evErr   error
 }
 
-// recorder records every message the broker routes to it.
-type recorder struct {
-	mu   sync.Mutex
-	msgs []delivery
-}
-
-func (r *recorder) add(topic string, payload []byte) {
-	if strings.HasPrefix(topic, "$") {
-		return // the broker's own $SYS messages
-	}
-	d := delivery{topic: topic, payload: append([]byte(nil), payload...)}
+func decodeDelivery(m harness.Message) delivery {
+	d := delivery{topic: m.Topic, payload: m.Payload}
 	d.ev, d.evErr = DecodeEvent(d.payload)
-	r.mu.Lock()
-	r.msgs = append(r.msgs, d)
-	r.mu.Unlock()
+	return d
 }
 
-func (r *recorder) all() []delivery {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]delivery(nil), r.msgs...)
-}
+// recorder records every message the broker routes to it.
+type recorder = harness.Recorder[delivery]
 
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
-// uniqueSeqs returns the sequence numbers in order of first delivery.
-func (r *recorder) firstDeliveries() (seqs []int64, dups int) {
+// firstDeliveries returns the sequence numbers in order of first delivery,
+// and how many deliveries were duplicates.
+func firstDeliveries(r *recorder) (seqs []int64, dups int) {
 	seen := map[string]bool{}
-	for _, d := range r.all() {
+	for _, d := range r.All() {
 		if seen[d.ev.ID] {
 			dups++
 			continue
@@ -155,163 +123,25 @@ func (r *recorder) firstDeliveries() (seqs []int64, dups int) {
 	return seqs, dups
 }
 
-// broker is an in-process mochi broker on a free loopback port.
+// broker is an in-process mochi broker on a free loopback port that
+// refuses publishes to topics under "denied/", as an ACL would (mochi
+// closes the connection, as an MQTT 3.1.1 broker does), with a recorder
+// subscribed to every topic.
 type broker struct {
 	srv  *mochi.Server
 	addr string
 	rec  *recorder
 }
 
-// denyHook makes the broker refuse publishes to topics under "denied/",
-// as an ACL would: an MQTT 3.1.1 broker closes the connection.
-type denyHook struct {
-	mochi.HookBase
-}
-
-func (h *denyHook) ID() string { return "deny" }
-func (h *denyHook) Provides(b byte) bool {
-	return b == mochi.OnACLCheck || b == mochi.OnConnectAuthenticate
-}
-func (h *denyHook) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
-func (h *denyHook) OnACLCheck(_ *mochi.Client, topic string, write bool) bool {
-	return !(write && len(topic) >= 7 && topic[:7] == "denied/")
-}
-
 func startBroker(t testing.TB) *broker {
 	t.Helper()
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(denyHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	rec := &recorder{}
-	require.NoError(t, srv.Subscribe("#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		rec.add(pk.TopicName, pk.Payload)
-	}))
-	t.Cleanup(func() { srv.Close() })
-	return &broker{srv: srv, addr: l.Address(), rec: rec}
+	m := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{&harness.DenyPublish{Prefix: "denied/"}}})
+	rec, err := harness.Record(m, "#", decodeDelivery)
+	require.NoError(t, err)
+	return &broker{srv: m.Server(), addr: m.Addr(), rec: rec}
 }
 
 func (b *broker) url() string { return "tcp://" + b.addr }
-
-// proxy is a TCP proxy between the relay and the broker that can refuse
-// connections (an outage), cut them, and swallow bytes flowing back to the
-// client (PUBACKs that never return).
-type proxy struct {
-	t      testing.TB
-	target string
-	addr   string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-
-	swallowDown atomic.Bool
-	accepted    atomic.Int64
-}
-
-func startProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	p := &proxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.down)
-	return p
-}
-
-func (p *proxy) url() string { return "tcp://" + p.addr }
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.accepted.Add(1)
-			go p.pipe(c)
-		}
-	}()
-}
-
-func (p *proxy) pipe(client net.Conn) {
-	server, err := net.Dial("tcp", p.target)
-	if err != nil {
-		client.Close()
-		return
-	}
-	p.mu.Lock()
-	if p.ln == nil { // went down meanwhile
-		p.mu.Unlock()
-		client.Close()
-		server.Close()
-		return
-	}
-	p.conns[client] = struct{}{}
-	p.conns[server] = struct{}{}
-	p.mu.Unlock()
-	go func() {
-		io.Copy(server, client)
-		server.Close()
-		client.Close()
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := server.Read(buf)
-		if n > 0 && !p.swallowDown.Load() {
-			if _, werr := client.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	client.Close()
-	server.Close()
-}
-
-// cut closes every proxied connection; new ones are still accepted.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// down closes the listener and every connection: connections are refused.
-func (p *proxy) down() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	p.mu.Unlock()
-	p.cut()
-}
-
-// up listens again on the same address.
-func (p *proxy) up() {
-	var ln net.Listener
-	var err error
-	// The port was just released; binding it again may take a moment.
-	for i := 0; i < 200; i++ {
-		ln, err = net.Listen("tcp", p.addr)
-		if err == nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.NoError(p.t, err)
-	p.serve(ln)
-}
 
 // fakePublisher is a Publisher under the test's control.
 type fakePublisher struct {

@@ -411,8 +411,8 @@ func TestSubscriberAppliesEachEventOnce(t *testing.T) {
 
 	// The broker delivers one of them again, and something that is not an
 	// event at all.
-	eventually(t, 5*time.Second, "recorder saw them", func() bool { return c.b.rec.count() >= 4 })
-	all := c.b.rec.all()
+	eventually(t, 5*time.Second, "recorder saw them", func() bool { return c.b.rec.Count() >= 4 })
+	all := c.b.rec.All()
 	require.NoError(t, c.b.srv.Publish("pos/orders", all[3].payload, false, 1))
 	require.NoError(t, c.b.srv.Publish("pos/orders", []byte("not an event"), false, 1))
 	require.NoError(t, c.b.srv.Publish("pos/orders", []byte(`{"specversion":"1.0","id":"x"}`), false, 1))

@@ -8,31 +8,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // checkCounters compares what the limits are checked against with the rows
-// themselves: the pending count the insert trigger computes (from skipped)
-// and the pending bytes, each while its limit is set.
+// themselves (harness.CheckPendingCounters).
 func checkCounters(t testing.TB, db *sql.DB) {
 	t.Helper()
-	var hasSkipped bool
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pragma_table_info('outbox_state') WHERE name = 'skipped'`).Scan(&hasSkipped))
-	counted := `0`
-	if hasSkipped {
-		counted = `max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped`
-	}
-	// One statement, one snapshot: a relay may be marking meanwhile.
-	var maxCount, maxBytes, bytes, count, wantCount, wantBytes int64
-	require.NoError(t, db.QueryRow(`SELECT max_pending_count, max_pending_bytes, pending_bytes, `+counted+`,
-		(SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
-		(SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL)
-		FROM outbox_state st`).Scan(&maxCount, &maxBytes, &bytes, &count, &wantCount, &wantBytes))
-	if maxBytes > 0 {
-		require.Equal(t, wantBytes, bytes, "pending_bytes against the rows")
-	}
-	if maxCount > 0 && hasSkipped {
-		require.Equal(t, wantCount, count, "the pending count the limit sees, against the rows")
-	}
+	harness.CheckPendingCounters(t, db)
 }
 
 func enqueueTopic(ctx context.Context, ob *Outbox, topic string, payload []byte) error {

@@ -17,58 +17,17 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// Tests against a real Mosquitto: go test -race -run Mosquitto -v .
+// The fault test against a real Mosquitto: go test -race -run TestMosquittoBrokerFaults -v .
+// Its premise, that Mosquitto keeps a persistent session across a restart,
+// is a case of the broker suite (TestMosquitto in tests/integration).
 //
 // OUTBOX_FAULTS=1000 raises the number of network faults of
 // TestMosquittoBrokerFaults (default 100, about a minute);
 // OUTBOX_FAULT_SEED replays a logged schedule.
-
-// TestMosquittoPersistentSessionSurvivesRestart checks the premise of the
-// fault test: Mosquitto, stopped with SIGTERM and started again with its
-// data directory, still has a persistent subscriber's session and every
-// message queued for it, including those published while it was away.
-func TestMosquittoPersistentSessionSurvivesRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: runs a real Mosquitto and many faults")
-	}
-	m := startMosquitto(t)
-	log := newEventLog()
-	sub := newPersistentSubscriber(t, m.addr, "persist-check", "orders/#", log)
-	present, err := sub.connect()
-	require.NoError(t, err)
-	require.False(t, present, "a fresh broker has no session for us")
-	sub.client.Disconnect(100) // away: from now on the broker queues for us
-
-	ob := openTest(t, Options{})
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.addr, ClientID: "persist-relay", ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { pub.Close() })
-	r, err := ob.NewRelay(pub, fastRelay())
-	require.NoError(t, err)
-	startRelay(t, r)
-	for i := 0; i < 3; i++ {
-		commitOrder(t, ob, "orders/persist", i)
-	}
-	eventually(t, 10*time.Second, "three acknowledged by Mosquitto", func() bool { return countState(t, ob, "sent") == 3 })
-
-	require.NoError(t, m.restart(0))
-	for i := 3; i < 5; i++ {
-		commitOrder(t, ob, "orders/persist", i)
-	}
-	eventually(t, 10*time.Second, "relay back after the restart", func() bool { return countState(t, ob, "sent") == 5 })
-
-	present, err = sub.connect()
-	require.NoError(t, err)
-	defer sub.client.Disconnect(0)
-	require.True(t, present, "Mosquitto kept the persistent session across the restart")
-	eventually(t, 10*time.Second, "the queued messages", func() bool { return log.unique() == 5 })
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	require.Equal(t, []int64{1, 2, 3, 4, 5}, log.firstSeqs, "queued before and after the restart, in order")
-	require.Zero(t, log.decodeErrs)
-}
 
 // faultKind is one kind of fault injected by TestMosquittoBrokerFaults.
 type faultKind int
@@ -192,18 +151,6 @@ func (l *relayLog) lastConnect() time.Time {
 	return l.connects[len(l.connects)-1]
 }
 
-// waitFor polls cond until it holds (true) or the deadline passes (false).
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
-}
-
 func envInt(t *testing.T, name string, def int64) int64 {
 	s := os.Getenv(name)
 	if s == "" {
@@ -240,9 +187,9 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	testStart := time.Now()
 	ctx := context.Background()
 
-	m := startMosquitto(t)
-	sub := startPersistentSubscriber(t, m.addr, "outbox-faults-subscriber", "orders/#")
-	proxy := startFaultProxy(t, m.addr)
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	sub := startPersistentSubscriber(t, m.Addr(), "outbox-faults-subscriber", "orders/#")
+	proxy := harness.StartFaultProxy(t, m.Addr())
 	rl := &relayLog{counts: map[string]int{}}
 	ob := openTest(t, Options{Logger: slog.New(relayLogHandler{next: testLogger().Handler(), log: rl})})
 
@@ -252,7 +199,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		ackTimeout  = 1300 * time.Millisecond // races the keepalive: both get exercised
 	)
 	pub, err := NewMQTTPublisher(MQTTOptions{
-		Broker: proxy.url(), ClientID: "outbox-faults-relay",
+		Broker: proxy.URL(), ClientID: "outbox-faults-relay",
 		ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: keepAlive, PingTimeout: pingTimeout,
 	})
 	require.NoError(t, err)
@@ -294,7 +241,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		return err
 	}
 	allDelivered := func() bool {
-		return sub.log.unique() >= getCommitted() && int(r.sent.Load()) >= getCommitted()
+		return sub.Log.Unique() >= getCommitted() && int(r.sent.Load()) >= getCommitted()
 	}
 
 	// A burst of n messages committed at once: how fast the relay drains it
@@ -302,16 +249,16 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	// the subscriber.
 	burst := func(name string, n int) (relayRate, endToEnd float64) {
 		t.Helper()
-		require.True(t, waitFor(60*time.Second, allDelivered), "%s: the queue is drained before the burst", name)
-		sent0, uniq0 := r.sent.Load(), sub.log.unique()
+		require.True(t, harness.WaitFor(60*time.Second, allDelivered), "%s: the queue is drained before the burst", name)
+		sent0, uniq0 := r.sent.Load(), sub.Log.Unique()
 		start := time.Now()
 		require.NoError(t, commit(-1, n))
 		var relayDone time.Duration
-		ok := waitFor(60*time.Second, func() bool {
+		ok := harness.WaitFor(60*time.Second, func() bool {
 			if relayDone == 0 && r.sent.Load()-sent0 >= int64(n) {
 				relayDone = time.Since(start)
 			}
-			return relayDone != 0 && sub.log.unique()-uniq0 >= n
+			return relayDone != 0 && sub.Log.Unique()-uniq0 >= n
 		})
 		require.True(t, ok, "%s: burst of %d delivered within 60 s", name, n)
 		e2e := time.Since(start)
@@ -334,7 +281,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		require.NoError(t, commit(i, 1))
 	}
-	require.True(t, waitFor(30*time.Second, allDelivered), "warm-up delivered")
+	require.True(t, harness.WaitFor(30*time.Second, allDelivered), "warm-up delivered")
 	const burstSize = 2000
 	relayBefore, e2eBefore := bestBurst("before the faults", burstSize)
 
@@ -407,24 +354,24 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		f := injected{kind: kind, start: time.Now()}
 		switch kind {
 		case faultCut:
-			proxy.cut(rng.Intn(2) == 0)
+			proxy.Cut(rng.Intn(2) == 0)
 		case faultBlackholeUp:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			proxy.blackhole(dirUp, f.planned)
+			proxy.Blackhole(harness.ToBroker, f.planned)
 		case faultBlackholeDown:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			proxy.blackhole(dirDown, f.planned)
+			proxy.Blackhole(harness.ToClient, f.planned)
 		case faultStall:
 			f.planned = time.Duration(1600+rng.Intn(800)) * time.Millisecond
-			proxy.stallFor(f.planned)
+			proxy.StallFor(f.planned)
 		case faultRefuse:
 			f.planned = time.Duration(50+rng.Intn(550)) * time.Millisecond
-			if err := proxy.refuse(f.planned); err != nil {
+			if err := proxy.Refuse(f.planned); err != nil {
 				t.Fatalf("proxy cannot listen again: %v", err)
 			}
 		case faultRestart:
 			f.planned = time.Duration(rng.Intn(300)) * time.Millisecond
-			if err := m.restart(f.planned); err != nil {
+			if err := m.Restart(f.planned); err != nil {
 				restartErrors++
 				t.Errorf("Mosquitto did not come back: %v", err)
 			}
@@ -443,11 +390,11 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	// Everything committed through the faults must arrive, once the network
 	// is healthy again.
 	healStart := time.Now()
-	drained := waitFor(60*time.Second, allDelivered)
+	drained := harness.WaitFor(60*time.Second, allDelivered)
 	healTook := time.Since(healStart)
 	if !drained {
 		t.Errorf("not everything delivered within 60 s of the last fault: committed %d, delivered %d, marked sent %d",
-			getCommitted(), sub.log.unique(), r.sent.Load())
+			getCommitted(), sub.Log.Unique(), r.sent.Load())
 	}
 	var relayAfter, e2eAfter float64
 	if drained {
@@ -478,7 +425,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	ids := make(map[string]bool, len(rows))
 	for _, x := range rows {
 		ids[x.id] = true
-		if !sub.log.has(x.id) {
+		if !sub.Log.Has(x.id) {
 			missing++
 			if len(missingSample) < 10 {
 				missingSample = append(missingSample, x.seq)
@@ -494,16 +441,15 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		}
 		maxAttempts = max(maxAttempts, x.attempts)
 	}
-	sub.log.mu.Lock()
+	got := sub.Log.Snapshot()
 	phantoms := 0
-	for id := range sub.log.seen {
+	for id := range got.Seen {
 		if !ids[id] {
 			phantoms++
 		}
 	}
-	delivered, unique, dups, decodeErrs := sub.log.deliveries, len(sub.log.firstSeqs), sub.log.dups, sub.log.decodeErrs
-	disorder := slices.Clone(sub.log.disorder)
-	sub.log.mu.Unlock()
+	delivered, unique, dups, decodeErrs := got.Deliveries, len(got.FirstSeqs), got.Duplicates, got.DecodeErrors
+	disorder := got.Disorder
 
 	// Which fault was under way (or last) when each charge happened.
 	rl.mu.Lock()
@@ -571,10 +517,10 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		t.Logf("  %-36s %d", k.String()+":", byKind[k])
 	}
 	t.Logf("Mosquitto restarts: %d (SIGKILLed, database not saved: %d); subscriber reconnects %d, sessions lost %d",
-		m.restarts, m.killed, sub.reconnects.Load(), sub.sessionLost.Load())
+		m.Restarts(), m.Killed(), sub.Reconnects(), sub.SessionsLost())
 	// Mosquitto's own view: why it dropped clients other than a plain close.
 	reasons := map[string]int{}
-	for _, line := range strings.Split(m.logSince(0), "\n") {
+	for _, line := range strings.Split(m.LogSince(0), "\n") {
 		if i := strings.Index(line, " disconnected due to "); i >= 0 {
 			reason := strings.TrimSuffix(line[i+len(" disconnected due to "):], ".")
 			if reason == "out of memory" {
@@ -593,7 +539,7 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		stallByAck, stallByKeepalive, stallOther, stallUnnoticed)
 	t.Logf("relay: %d connections, %d lost, %d failed connection attempts; proxy: %d connections, bytes blackholed up %d / down %d, failed re-listens %d",
 		connects, rl.count("outbox relay connection lost"), rl.count("outbox relay cannot connect"),
-		proxy.connected.Load(), proxy.dropped[dirUp].Load(), proxy.dropped[dirDown].Load(), proxy.rebinds.Load())
+		proxy.Connected(), proxy.Dropped(harness.ToBroker), proxy.Dropped(harness.ToClient), proxy.Rebinds())
 	t.Logf("recovery after a fault (a new connection carrying a message): p50 %s, p90 %s, max %s; next fault came first %d of %d times",
 		percentile(recoveries, 0.5).Round(time.Millisecond), percentile(recoveries, 0.9).Round(time.Millisecond),
 		percentile(recoveries, 1).Round(time.Millisecond), notRecovered, len(timeline)-1)
@@ -658,6 +604,6 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	if os.Getenv("OUTBOX_STRICT_ATTEMPTS") != "" {
 		require.Zero(t, maxAttempts, "charged attempts: outages never count (see the charges logged above)")
 	}
-	require.Zero(t, sub.sessionLost.Load(), "Mosquitto lost the subscriber's session")
+	require.Zero(t, sub.SessionsLost(), "Mosquitto lost the subscriber's session")
 	require.GreaterOrEqual(t, relayAfter, relayBefore/2, "relay throughput after the faults at least half of before")
 }

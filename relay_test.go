@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 func TestMain(m *testing.M) {
@@ -35,17 +37,17 @@ func checkOrdered(t *testing.T, rec *recorder, want int) (dups int) {
 	// mochi sends the PUBACK before it routes the message to subscribers:
 	// a row can be marked sent a moment before the recorder has it.
 	eventually(t, 10*time.Second, "deliveries routed to the subscriber", func() bool {
-		seqs, _ := rec.firstDeliveries()
+		seqs, _ := firstDeliveries(rec)
 		return len(seqs) >= want
 	})
-	seqs, dups := rec.firstDeliveries()
+	seqs, dups := firstDeliveries(rec)
 	require.Equal(t, want, len(seqs), "distinct events delivered")
 	for i := 1; i < len(seqs); i++ {
 		if seqs[i] <= seqs[i-1] {
 			t.Fatalf("first deliveries out of commit order at %d: %d after %d", i, seqs[i], seqs[i-1])
 		}
 	}
-	for _, d := range rec.all() {
+	for _, d := range rec.All() {
 		require.NoError(t, d.evErr)
 	}
 	return dups
@@ -94,10 +96,10 @@ func TestRelayCommitOrderAndAtomicity(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	eventually(t, 20*time.Second, "all committed events delivered", func() bool { return b.rec.count() >= len(committed) })
+	eventually(t, 20*time.Second, "all committed events delivered", func() bool { return b.rec.Count() >= len(committed) })
 	dups := checkOrdered(t, b.rec, len(committed))
 	require.Zero(t, dups, "no faults, so no duplicates")
-	for _, d := range b.rec.all() {
+	for _, d := range b.rec.All() {
 		require.NoError(t, d.evErr)
 		require.True(t, committed[d.ev.ID], "delivered event %s was committed", d.ev.ID)
 		require.False(t, rolledBack[d.ev.ID], "rolled-back event %s published", d.ev.ID)
@@ -111,11 +113,11 @@ func TestRelayCommitOrderAndAtomicity(t *testing.T) {
 
 func TestRelayOutageMidBacklog(t *testing.T) {
 	b := startBroker(t)
-	p := startProxy(t, b.addr)
+	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.Window = 16
-	r := mqttRelay(t, ob, p.url(), opts)
+	r := mqttRelay(t, ob, p.URL(), opts)
 	const backlog = 3000
 	for i := 0; i < backlog; i += 100 {
 		msgs := make([]Message, 100)
@@ -127,8 +129,8 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 	startRelay(t, r)
 	outages := 0
 	for _, at := range []int{300, 1200, 2400} {
-		eventually(t, 20*time.Second, "progress before the outage", func() bool { return b.rec.count() >= at })
-		p.down()
+		eventually(t, 20*time.Second, "progress before the outage", func() bool { return b.rec.Count() >= at })
+		p.Down()
 		outages++
 		eventually(t, 5*time.Second, "relay notices the outage", func() bool {
 			s, _ := r.Stats(context.Background())
@@ -138,7 +140,7 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			commitOrder(t, ob, "pos/orders", backlog+outages*100+i)
 		}
-		p.up()
+		require.NoError(t, p.Up())
 	}
 	total := backlog + 3*20
 	eventually(t, 30*time.Second, "backlog drained", func() bool { return countState(t, ob, "sent") == total })
@@ -152,28 +154,27 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 
 func TestRelayWithheldPubackIsResent(t *testing.T) {
 	b := startBroker(t)
-	p := startProxy(t, b.addr)
+	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
-	startRelay(t, mqttRelay(t, ob, p.url(), fastRelay()))
+	startRelay(t, mqttRelay(t, ob, p.URL(), fastRelay()))
 	commitOrder(t, ob, "pos/orders", 0)
 	eventually(t, 10*time.Second, "first message sent", func() bool { return countState(t, ob, "sent") == 1 })
 
-	p.swallowDown.Store(true) // PUBACKs (and everything else) from the broker vanish
+	p.Drop(harness.ToClient) // PUBACKs (and everything else) from the broker vanish
 	commitOrder(t, ob, "pos/orders", 1)
-	eventually(t, 10*time.Second, "broker received the message", func() bool { return b.rec.count() == 2 })
+	eventually(t, 10*time.Second, "broker received the message", func() bool { return b.rec.Count() == 2 })
 	// The broker has it, but no PUBACK came back: it must stay pending.
 	state, _ := rowState(t, ob, 2)
 	require.Equal(t, "pending", state)
 
-	p.cut()
-	p.swallowDown.Store(false)
+	p.EndDrop() // the connection that lost them is cut
 	eventually(t, 10*time.Second, "message resent and acknowledged", func() bool {
 		s, _ := rowState(t, ob, 2)
 		return s == "sent"
 	})
 	// mochi acknowledges before it routes: wait for the subscriber's copy.
-	eventually(t, 5*time.Second, "resend routed to the subscriber", func() bool { return b.rec.count() >= 3 })
-	all := b.rec.all()
+	eventually(t, 5*time.Second, "resend routed to the subscriber", func() bool { return b.rec.Count() >= 3 })
+	all := b.rec.All()
 	require.Equal(t, all[1].ev.ID, all[2].ev.ID, "the same event was sent again")
 	require.Zero(t, countState(t, ob, "dead"))
 }
@@ -198,8 +199,8 @@ func TestRelayPoisonMessageRefusedByBroker(t *testing.T) {
 	require.Len(t, dead, 1)
 	require.NotEmpty(t, dead[0].LastError)
 	require.False(t, dead[0].DeadAt.IsZero())
-	eventually(t, 5*time.Second, "routed to the subscriber", func() bool { seqs, _ := b.rec.firstDeliveries(); return len(seqs) == 3 })
-	seqs, _ := b.rec.firstDeliveries()
+	eventually(t, 5*time.Second, "routed to the subscriber", func() bool { seqs, _ := firstDeliveries(b.rec); return len(seqs) == 3 })
+	seqs, _ := firstDeliveries(b.rec)
 	require.Equal(t, []int64{1, 3, 4}, seqs)
 	s, err := r.Stats(context.Background())
 	require.NoError(t, err)
@@ -294,8 +295,8 @@ func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) {
 	_, err = other.Exec(`INSERT INTO outbox (topic, payload, type) VALUES ('shop/1', X'DEADBEEF', 'blob.event')`)
 	require.NoError(t, err)
 	commitOrder(t, ob, "shop/1", 3)
-	eventually(t, 5*time.Second, "three delivered", func() bool { return b.rec.count() == 3 })
-	all := b.rec.all()
+	eventually(t, 5*time.Second, "three delivered", func() bool { return b.rec.Count() == 3 })
+	all := b.rec.All()
 	require.Equal(t, DefaultEventType, all[0].ev.Type)
 	require.Equal(t, "application/json", all[0].ev.DataContentType)
 	require.JSONEq(t, `{"total": 12.5}`, string(all[0].ev.Data))
@@ -599,8 +600,8 @@ func TestRelayRawEnvelope(t *testing.T) {
 	require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
 		return ob.Enqueue(context.Background(), tx, Message{Topic: "raw/1", Payload: payload})
 	}))
-	eventually(t, 5*time.Second, "delivered", func() bool { return b.rec.count() == 1 })
-	d := b.rec.all()[0]
+	eventually(t, 5*time.Second, "delivered", func() bool { return b.rec.Count() == 1 })
+	d := b.rec.All()[0]
 	require.Equal(t, "raw/1", d.topic)
 	require.Equal(t, payload, d.payload, "payload bytes untouched")
 }

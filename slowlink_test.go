@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // The slow-link tests are the case scaled down for CI: a 256 KiB
@@ -74,7 +76,7 @@ func commitBlob(t *testing.T, ob *Outbox, topic string, n int) {
 
 // reportOnFailure logs, if the test failed, what became of the messages and
 // how many connections the proxy carried.
-func reportOnFailure(t *testing.T, ob *Outbox, p *faultProxy) {
+func reportOnFailure(t *testing.T, ob *Outbox, p *harness.FaultProxy) {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -93,7 +95,7 @@ func reportOnFailure(t *testing.T, ob *Outbox, p *faultProxy) {
 				t.Logf("seq %d: %s, %d attempts charged, last error %q", seq, state, attempts, lastErr)
 			}
 		}
-		t.Logf("proxy: %d connections, %d bytes up, %d down", p.connected.Load(), p.moved[dirUp].Load(), p.moved[dirDown].Load())
+		t.Logf("proxy: %d connections, %d bytes up, %d down", p.Connected(), p.Moved(harness.ToBroker), p.Moved(harness.ToClient))
 	})
 }
 
@@ -110,10 +112,10 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 			t.Parallel()
 			b := startBroker(t)
 			const rate = 2500 // bytes per second each way: 20 kbit/s
-			p := startShapedProxy(t, b.addr, rate, rate)
+			p := harness.StartShapedProxy(t, b.addr, rate, rate)
 			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.url(), tc.sndbuf), opts)
+			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
 			require.NoError(t, err)
 			reportOnFailure(t, ob, p)
 			commitBlob(t, ob, "pos/blobs", 32<<10)
@@ -131,11 +133,11 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 				require.Equal(t, "sent", state, "seq %d", seq)
 				require.Zero(t, attempts, "seq %d: a slow link counted against the message", seq)
 			}
-			require.EqualValues(t, 1, p.connected.Load(), "a connection that was moving the bytes was deemed broken")
+			require.EqualValues(t, 1, p.Connected(), "a connection that was moving the bytes was deemed broken")
 			require.Greater(t, took, 4*opts.AckTimeout, "the link was not slow: the test proves nothing")
 			checkOrdered(t, b.rec, 3)
 			t.Logf("%d bytes up in %s at %d B/s (AckTimeout %s): one connection, 0 attempts charged",
-				p.moved[dirUp].Load(), took.Round(100*time.Millisecond), rate, opts.AckTimeout)
+				p.Moved(harness.ToBroker), took.Round(100*time.Millisecond), rate, opts.AckTimeout)
 		})
 	}
 }
@@ -153,10 +155,10 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 			t.Parallel()
 			b := startBroker(t)
 			const rate = 5000 // bytes per second each way: 40 kbit/s
-			p := startShapedProxy(t, b.addr, rate, rate)
+			p := harness.StartShapedProxy(t, b.addr, rate, rate)
 			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.url(), tc.sndbuf), opts)
+			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
 			require.NoError(t, err)
 			reportOnFailure(t, ob, p)
 			commitBlob(t, ob, "pos/blobs", 32<<10)
@@ -164,17 +166,17 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 
 			// Cut mid-message: on the next connection it is the suspect,
 			// sent alone, and a lost connection would charge it.
-			eventually(t, 10*time.Second, "8 KiB of the message forwarded", func() bool { return p.moved[dirUp].Load() >= 8<<10 })
-			p.cut(false)
-			base := p.moved[dirUp].Load()
+			eventually(t, 10*time.Second, "8 KiB of the message forwarded", func() bool { return p.Moved(harness.ToBroker) >= 8<<10 })
+			p.Cut(false)
+			base := p.Moved(harness.ToBroker)
 			eventually(t, 10*time.Second, "8 KiB more on the next connection", func() bool {
-				return p.connected.Load() == 2 && p.moved[dirUp].Load() >= base+8<<10
+				return p.Connected() == 2 && p.Moved(harness.ToBroker) >= base+8<<10
 			})
 
 			stall := 3 * opts.AckTimeout
 			ended := make(chan struct{})
 			stallStart := time.Now()
-			go func() { defer close(ended); p.stallFor(stall) }()
+			go func() { defer close(ended); p.StallFor(stall) }()
 			eventually(t, opts.AckTimeout+2*time.Second, "the relay deems the stalled connection broken", func() bool {
 				s, err := r.Stats(context.Background())
 				require.NoError(t, err)
@@ -192,9 +194,9 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 			state, attempts := rowState(t, ob, 1)
 			require.Equal(t, "sent", state)
 			require.Zero(t, attempts, "a stall counted against a message whose bytes never got out")
-			require.GreaterOrEqual(t, p.connected.Load(), int64(3))
+			require.GreaterOrEqual(t, p.Connected(), int64(3))
 			t.Logf("stall of %s noticed after %s (AckTimeout %s); %d connections, 0 attempts charged",
-				stall, noticed.Round(10*time.Millisecond), opts.AckTimeout, p.connected.Load())
+				stall, noticed.Round(10*time.Millisecond), opts.AckTimeout, p.Connected())
 		})
 	}
 }

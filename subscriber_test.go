@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -13,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // A broker that accepts the connection and reads the client's first
@@ -134,25 +132,17 @@ func blockedPahoGoroutines() []string {
 // aborted): the broker's certificate must still be checked against the
 // configured roots and the URL's host.
 func TestSubscriberOverTLS(t *testing.T) {
-	ca, rogue := newTestPKI(t, "brokers-ca"), newTestPKI(t, "rogue-ca")
-	certPEM, keyPEM := ca.issue(t, "broker", true)
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	require.NoError(t, err)
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tls", Address: "127.0.0.1:0", TLSConfig: &tls.Config{
-		Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+	ca, rogue := harness.NewCA(t, "brokers-ca"), harness.NewCA(t, "rogue-ca")
+	b := harness.StartMochi(t, harness.MochiOptions{TLS: &tls.Config{
+		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, MinVersion: tls.VersionTLS12,
 	}})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 	require.NoError(t, err)
 
 	run := func(roots *x509.CertPool, clientID string) *Subscriber {
 		s, err := NewSubscriber(in, recordApplied, SubscriberOptions{
-			Broker: "ssl://" + l.Address(), ClientID: clientID, Topics: []string{"pos/#"},
+			Broker: b.URL(), ClientID: clientID, Topics: []string{"pos/#"},
 			TLSConfig:      &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 			Reconnect:      Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 			ConnectTimeout: 5 * time.Second, Logger: testLogger(),
@@ -165,19 +155,15 @@ func TestSubscriberOverTLS(t *testing.T) {
 		return s
 	}
 
-	wrong := x509.NewCertPool()
-	wrong.AddCert(rogue.cert)
-	bad := run(wrong, "consumer-rogue")
+	bad := run(rogue.Pool(), "consumer-rogue")
 	eventually(t, 10*time.Second, "the rogue-rooted subscriber to fail", func() bool { return bad.Stats().LastError != "" })
 	require.Contains(t, bad.Stats().LastError, "certificate")
 	require.False(t, bad.Stats().Connected)
 
-	right := x509.NewCertPool()
-	right.AddCert(ca.cert)
-	good := run(right, "consumer-1")
+	good := run(ca.Pool(), "consumer-1")
 	eventually(t, 10*time.Second, "subscriber connected over TLS", func() bool { return good.Stats().Connected })
 	ev := `{"specversion":"1.0","id":"e1","source":"/till/1","type":"t","sequence":"1","data":{"n":1}}`
-	require.NoError(t, srv.Publish("pos/orders", []byte(ev), false, 1))
+	require.NoError(t, b.Server().Publish("pos/orders", []byte(ev), false, 1))
 	eventually(t, 10*time.Second, "event applied", func() bool { return appliedCount(t, db) == 1 })
 }
 

@@ -1,73 +1,16 @@
 package outbox
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"io"
-	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
-
-// testPKI is a CA that issues certificates for tests.
-type testPKI struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestPKI(t *testing.T, name string) *testPKI {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &testPKI{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a certificate and key in PEM for a server (with an IP SAN)
-// or a client.
-func (p *testPKI) issue(t *testing.T, cn string, server bool) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	if server {
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
 
 // TestMutualTLSAndCertificateReload: a broker that requires a client
 // certificate refuses one from the wrong CA, clearly and without counting
@@ -75,28 +18,18 @@ func (p *testPKI) issue(t *testing.T, cn string, server bool) (certPEM, keyPEM [
 // connection uses it.
 func TestMutualTLSAndCertificateReload(t *testing.T) {
 	dir := t.TempDir()
-	ca, rogue := newTestPKI(t, "devices-ca"), newTestPKI(t, "rogue-ca")
-	srvCertPEM, srvKeyPEM := ca.issue(t, "broker", true)
-	srvCert, err := tls.X509KeyPair(srvCertPEM, srvKeyPEM)
-	require.NoError(t, err)
-	clientCAs := x509.NewCertPool()
-	clientCAs.AddCert(ca.cert)
+	ca, rogue := harness.NewCA(t, "devices-ca"), harness.NewCA(t, "rogue-ca")
 
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "mtls", Address: "127.0.0.1:0", TLSConfig: &tls.Config{
-		Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: clientCAs, MinVersion: tls.VersionTLS12,
+	b := harness.StartMochi(t, harness.MochiOptions{TLS: &tls.Config{
+		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12,
 	}})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
 	got := make(chan []byte, 10)
-	require.NoError(t, srv.Subscribe("pos/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) { got <- pk.Payload }))
+	require.NoError(t, b.Subscribe("pos/#", func(m harness.Message) { got <- m.Payload }))
 
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "till.pem"), filepath.Join(dir, "till.key")
-	require.NoError(t, os.WriteFile(caFile, ca.pem, 0o600))
-	write := func(p *testPKI) {
-		c, k := p.issue(t, "till-7", false)
+	require.NoError(t, os.WriteFile(caFile, ca.PEM, 0o600))
+	write := func(p *harness.CA) {
+		c, k := p.Issue(t, "till-7", false)
 		require.NoError(t, os.WriteFile(certFile, c, 0o600))
 		require.NoError(t, os.WriteFile(keyFile, k, 0o600))
 	}
@@ -104,7 +37,7 @@ func TestMutualTLSAndCertificateReload(t *testing.T) {
 
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "pos/orders", 1)
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "ssl://" + l.Address(),
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(),
 		TLSFiles: &TLSFiles{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}, ConnectTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })

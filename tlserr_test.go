@@ -5,15 +5,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 func TestExplainConnectError(t *testing.T) {
@@ -36,16 +35,11 @@ func (h *refuseAll) Provides(b byte) bool                                     { 
 func (h *refuseAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return false }
 
 func TestRefusedCredentialsAreNotAnOutageOfMessages(t *testing.T) {
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(refuseAll), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
+	b := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{new(refuseAll)}})
 
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "t", 1)
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + l.Address(), Username: "till", Password: "hunter2-secret"})
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(), Username: "till", Password: "hunter2-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	opts := fastRelay()

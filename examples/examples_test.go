@@ -7,8 +7,6 @@ package examples_test
 import (
 	"bufio"
 	"context"
-	"io"
-	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -18,12 +16,10 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 const (
@@ -153,13 +149,7 @@ func TestPOSToConsumer(t *testing.T) {
 	t.Parallel()
 	pos, consumer := build(t, "pos"), build(t, "consumer")
 
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(tcp))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
-	broker := "tcp://" + tcp.Address()
+	broker := harness.StartMochi(t, harness.MochiOptions{}).URL()
 	clientID := "consumer-" + t.Name()
 	// The consumer's database goes with its client id: both runs use it.
 	db := filepath.Join(t.TempDir(), "consumer.db")

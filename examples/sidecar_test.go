@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -14,14 +12,11 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 var writerSummary = regexp.MustCompile(`(?m)^committed (\d+), rolled back (\d+)$`)
@@ -42,16 +37,11 @@ func TestSidecar(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 
 	// A broker with a subscriber inside it.
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(tcp))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
+	b := harness.StartMochi(t, harness.MochiOptions{})
 	var mu sync.Mutex
 	var got []outbox.Event
-	require.NoError(t, srv.Subscribe("shop/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		ev, err := outbox.DecodeEvent(pk.Payload)
+	require.NoError(t, b.Subscribe("shop/#", func(m harness.Message) {
+		ev, err := outbox.DecodeEvent(m.Payload)
 		if err != nil {
 			ev = outbox.Event{Type: "undecodable: " + err.Error()} // fails the checks below
 		}
@@ -63,7 +53,7 @@ func TestSidecar(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "shop.db")
 	out, err = exec.Command(ctl, "init", "--db", db).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	relay := exec.Command(ctl, "relay", "--db", db, "--broker", "tcp://"+tcp.Address(), "--source", "/shops/1", "--log-level", "warn")
+	relay := exec.Command(ctl, "relay", "--db", db, "--broker", b.URL(), "--source", "/shops/1", "--log-level", "warn")
 	require.NoError(t, relay.Start())
 	defer relay.Process.Kill()
 

@@ -18,13 +18,10 @@ import (
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // binary is outboxctl built once for all tests: every subcommand is
@@ -333,15 +330,10 @@ type broker struct {
 }
 
 func startBroker(t *testing.T) *broker {
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, srv.AddHook(new(auth.AllowHook), nil))
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	require.NoError(t, srv.AddListener(l))
-	require.NoError(t, srv.Serve())
-	t.Cleanup(func() { srv.Close() })
-	b := &broker{addr: l.Address()}
-	require.NoError(t, srv.Subscribe("shop/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		ev, err := outbox.DecodeEvent(pk.Payload)
+	m := harness.StartMochi(t, harness.MochiOptions{})
+	b := &broker{addr: m.Addr()}
+	require.NoError(t, m.Subscribe("shop/#", func(msg harness.Message) {
+		ev, err := outbox.DecodeEvent(msg.Payload)
 		if err == nil {
 			b.mu.Lock()
 			b.got = append(b.got, ev)
@@ -365,7 +357,7 @@ func TestRelaySidecar(t *testing.T) {
 	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
 		"--client-id", "sidecar-test", "--source", "/shops/9", "--topic-prefix", "shop/9/", "--username", "u", "--password-file", pwFile,
 		"--log-format", "json", "--log-level", "debug")
-	var stderr syncBuffer
+	var stderr harness.LogBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	defer cmd.Process.Kill()
@@ -439,24 +431,6 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, r.stdout, "-- broker down for 1s")
 	require.Contains(t, r.stdout, "-- broker back")
 	require.Contains(t, r.stdout, "OK: every committed order's event was delivered")
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // oldSchema creates a database at an older schema version from the frozen

@@ -1,22 +1,16 @@
 package bench
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgeoutbox/outbox/internal/embedded"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // handler receives every message published under bench/ (a subscriber).
@@ -34,25 +28,20 @@ type broker interface {
 	close()
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // mochiBroker is the in-process broker, with an inline subscriber.
 type mochiBroker struct {
-	b *embedded.Broker
+	b *harness.Mochi
 	h atomic.Pointer[handler]
 }
 
 func newMochi() (*mochiBroker, error) {
 	m := &mochiBroker{}
-	b, err := embedded.Start("bench/#", m.deliver)
+	b, err := harness.LaunchMochi(harness.MochiOptions{})
 	if err != nil {
+		return nil, err
+	}
+	if err := b.Subscribe("bench/#", func(msg harness.Message) { m.deliver(msg.Topic, msg.Payload) }); err != nil {
+		b.Close()
 		return nil, err
 	}
 	m.b = b
@@ -72,9 +61,10 @@ func (b *mochiBroker) deliver(topic string, payload []byte) {
 
 func (b *mochiBroker) start() error { return b.b.Resume() }
 func (b *mochiBroker) stop()        { b.b.Stop() }
-func (b *mochiBroker) close()       { b.b.Stop() }
+func (b *mochiBroker) close()       { b.b.Close() }
 
-// mosquittoBinary finds mosquitto in PATH or /usr/sbin; "" if absent.
+// mosquittoBinary is hint if it is a file, or else the mosquitto found in
+// PATH or /usr/sbin; "" if absent.
 func mosquittoBinary(hint string) string {
 	if hint != "" {
 		if fi, err := os.Stat(hint); err == nil && fi.Mode().IsRegular() {
@@ -82,155 +72,92 @@ func mosquittoBinary(hint string) string {
 		}
 		return ""
 	}
-	if p, err := exec.LookPath("mosquitto"); err == nil {
-		return p
-	}
-	for _, p := range []string{"/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"} {
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p
-		}
-	}
-	return ""
+	return harness.MosquittoBinary()
 }
 
-// mosquittoBroker is a Mosquitto of our own: its own config and port in a
-// temporary directory, started and stopped by PID, with a paho subscriber.
-type mosquittoBroker struct {
-	bin, dir, conf, log string
-	port                int
-	addr                string
+func mosquittoVersion(bin string) string { return harness.MosquittoVersion(bin) }
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	sub    mqtt.Client
-	h      atomic.Pointer[handler]
+// mosquittoBroker is a Mosquitto of our own (the harness's: its own config
+// and port in a temporary directory, started and stopped by PID), with a
+// paho subscriber.
+type mosquittoBroker struct {
+	m *harness.Mosquitto
+
+	mu  sync.Mutex
+	sub mqtt.Client
+	h   atomic.Pointer[handler]
 }
 
 func newMosquitto(bin, dir string) (*mosquittoBroker, error) {
-	m := &mosquittoBroker{bin: bin, dir: dir, conf: filepath.Join(dir, "mosquitto.conf"), log: filepath.Join(dir, "mosquitto.log")}
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		if m.port, err = freePort(); err != nil {
-			return nil, err
-		}
-		m.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(m.port))
-		var b strings.Builder
-		fmt.Fprintf(&b, "listener %d 127.0.0.1\nallow_anonymous true\npersistence false\n", m.port)
+	m, err := harness.LaunchMosquitto(harness.MosquittoOptions{Bin: bin, Dir: dir, Config: []string{
+		"allow_anonymous true", "persistence false",
 		// No limits that would drop or throttle a QoS 1 subscriber.
-		b.WriteString("max_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n")
-		if os.Geteuid() == 0 {
-			b.WriteString("user root\n")
-		}
-		if err = os.WriteFile(m.conf, []byte(b.String()), 0o600); err != nil {
-			return nil, err
-		}
-		if err = m.start(); err == nil {
-			return m, nil
-		}
+		"max_queued_messages 0", "max_inflight_messages 0", "set_tcp_nodelay true",
+		// information: the harness waits for the line that says it is
+		// running.
+		"log_type error", "log_type warning", "log_type notice", "log_type information",
+	}})
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("mosquitto did not start: %w", err)
+	b := &mosquittoBroker{m: m}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.subscribeLocked(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return b, nil
 }
 
-func (m *mosquittoBroker) name() string { return "mosquitto " + mosquittoVersion(m.bin) }
-func (m *mosquittoBroker) url() string  { return "tcp://" + m.addr }
+func (b *mosquittoBroker) name() string { return "mosquitto " + b.m.Version() }
+func (b *mosquittoBroker) url() string  { return b.m.URL() }
 
-func (m *mosquittoBroker) setHandler(h handler) { m.h.Store(&h) }
+func (b *mosquittoBroker) setHandler(h handler) { b.h.Store(&h) }
 
-func (m *mosquittoBroker) start() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		return errors.New("mosquitto already running")
-	}
-	logf, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
+func (b *mosquittoBroker) start() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.m.Start(); err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(m.bin, "-c", m.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := b.subscribeLocked(); err != nil {
+		b.m.Stop()
 		return err
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	m.cmd, m.exited = cmd, exited
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-exited:
-			m.cmd = nil
-			b, _ := os.ReadFile(m.log)
-			return fmt.Errorf("mosquitto exited at start-up: %s", strings.TrimSpace(string(b)))
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", m.addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			m.stopLocked()
-			return fmt.Errorf("mosquitto did not accept connections on %s", m.addr)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	// The subscriber: QoS 1, a clean session, handler calls in order.
-	o := mqtt.NewClientOptions().AddBroker(m.url()).SetClientID("bench-sub-" + strconv.Itoa(os.Getpid())).
+	return nil
+}
+
+// subscribeLocked connects the subscriber: QoS 1, a clean session, handler
+// calls in order.
+func (b *mosquittoBroker) subscribeLocked() error {
+	o := mqtt.NewClientOptions().AddBroker(b.url()).SetClientID("bench-sub-" + strconv.Itoa(os.Getpid())).
 		SetProtocolVersion(4).SetCleanSession(true).SetAutoReconnect(false).SetOrderMatters(true)
 	sub := mqtt.NewClient(o)
 	if tok := sub.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-		m.stopLocked()
 		return fmt.Errorf("subscriber connect: %v", tok.Error())
 	}
 	tok := sub.Subscribe("bench/#", 1, func(_ mqtt.Client, msg mqtt.Message) {
-		if h := m.h.Load(); h != nil && *h != nil {
+		if h := b.h.Load(); h != nil && *h != nil {
 			(*h)(msg.Topic(), msg.Payload())
 		}
 	})
 	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		sub.Disconnect(0)
-		m.stopLocked()
 		return fmt.Errorf("subscribe: %v", tok.Error())
 	}
-	m.sub = sub
+	b.sub = sub
 	return nil
 }
 
-func (m *mosquittoBroker) stop() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.stopLocked()
+func (b *mosquittoBroker) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sub != nil {
+		b.sub.Disconnect(0)
+		b.sub = nil
+	}
+	b.m.Stop()
 }
 
-func (m *mosquittoBroker) stopLocked() {
-	if m.sub != nil {
-		m.sub.Disconnect(0)
-		m.sub = nil
-	}
-	if m.cmd == nil {
-		return
-	}
-	cmd, exited := m.cmd, m.exited
-	m.cmd = nil
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-exited
-	}
-}
-
-func (m *mosquittoBroker) close() { m.stop() }
-
-func mosquittoVersion(bin string) string {
-	out, _ := exec.Command(bin, "-h").CombinedOutput()
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) >= 3 && f[0] == "mosquitto" && f[1] == "version" {
-			return f[2]
-		}
-	}
-	return ""
-}
+func (b *mosquittoBroker) close() { b.stop() }

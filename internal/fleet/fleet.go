@@ -27,7 +27,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgeoutbox/outbox"
-	"github.com/edgeoutbox/outbox/internal/embedded"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // Config describes one scenario. Zero fields take the defaults given.
@@ -275,11 +275,14 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	led := &ledger{committed: map[string]int{}, seen: map[string]int{}}
 	brokerURL := cfg.Broker
 	if brokerURL == "" {
-		b, err := embedded.Start(prefix+"/#", func(_ string, payload []byte) { led.deliver(payload) })
+		b, err := harness.LaunchMochi(harness.MochiOptions{})
 		if err != nil {
 			return rep, fmt.Errorf("embedded broker: %w", err)
 		}
-		defer b.Stop()
+		defer b.Close()
+		if err := b.Subscribe(prefix+"/#", func(m harness.Message) { led.deliver(m.Payload) }); err != nil {
+			return rep, fmt.Errorf("embedded broker: %w", err)
+		}
 		brokerURL = b.URL()
 	} else {
 		stop, err := subscribe(ctx, brokerURL, "fleet-consumer-"+run, prefix+"/#", led.deliver)

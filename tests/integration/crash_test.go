@@ -1,4 +1,4 @@
-package outbox
+package integration
 
 import (
 	"bufio"
@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,13 +19,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // The crash test: a child process (this test binary, running
@@ -73,14 +72,14 @@ const (
 // rows sent 50 ms ago (and with them incremental vacuum), small read
 // batches, a short lease (in case a killed child's lease is not judged dead,
 // as off Linux, it blocks the next one for a TTL), fast reconnects.
-func crashRelayOptions(owner string) RelayOptions {
-	return RelayOptions{
+func crashRelayOptions(owner string) outbox.RelayOptions {
+	return outbox.RelayOptions{
 		Source:          crashSource,
 		Window:          crashWindow,
 		BatchSize:       64,
 		AckTimeout:      10 * time.Second, // nothing here withholds a PUBACK: only a stall would
-		Reconnect:       Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-		Retry:           Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Reconnect:       outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+		Retry:           outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 		Retention:       50 * time.Millisecond,
 		PurgeInterval:   20 * time.Millisecond,
 		LeaseTTL:        crashLeaseTTL,
@@ -89,8 +88,8 @@ func crashRelayOptions(owner string) RelayOptions {
 	}
 }
 
-func crashMQTTOptions(brokerURL, clientID string) MQTTOptions {
-	return MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
+func crashMQTTOptions(brokerURL, clientID string) outbox.MQTTOptions {
+	return outbox.MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, KeepAlive: 5 * time.Second, PingTimeout: 5 * time.Second}
 }
 
@@ -133,12 +132,12 @@ func TestCrashChild(t *testing.T) {
 	ctx := context.Background()
 	// Limits far above the test's needs keep the pending counters running,
 	// so that every kill checks them (see crashInspect).
-	ob, err := Open(ctx, path, Options{Logger: logger, MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
+	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: logger, MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
 	if err != nil {
 		die("open: %v", err)
 	}
 	client := os.Getenv(crashEnvClient)
-	pub, err := NewMQTTPublisher(crashMQTTOptions(os.Getenv(crashEnvBroker), client))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(os.Getenv(crashEnvBroker), client))
 	if err != nil {
 		die("publisher: %v", err)
 	}
@@ -159,7 +158,7 @@ func TestCrashChild(t *testing.T) {
 	pace := time.NewTicker(crashCommitEvery)
 	for n := 1; ; n++ {
 		<-pace.C
-		id := NewID()
+		id := outbox.NewID()
 		rollback := n%crashRollbackEvery == 0
 		pad := rng.IntN(3000)
 		if rng.IntN(20) == 0 {
@@ -170,7 +169,7 @@ func TestCrashChild(t *testing.T) {
 			if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, id, client); err != nil {
 				return err
 			}
-			if err := ob.Enqueue(ctx, tx, Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
+			if err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
 				return err
 			}
 			if !rollback {
@@ -201,33 +200,8 @@ func TestCrashChild(t *testing.T) {
 // published it (which child, or the final relay).
 type crashDelivery struct {
 	origin string
-	ev     Event
+	ev     outbox.Event
 	evErr  error
-}
-
-type crashRecorder struct {
-	mu   sync.Mutex
-	msgs []crashDelivery
-}
-
-func (r *crashRecorder) add(origin string, payload []byte) {
-	d := crashDelivery{origin: origin}
-	d.ev, d.evErr = DecodeEvent(payload)
-	r.mu.Lock()
-	r.msgs = append(r.msgs, d)
-	r.mu.Unlock()
-}
-
-func (r *crashRecorder) all() []crashDelivery {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]crashDelivery(nil), r.msgs...)
-}
-
-func (r *crashRecorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
 }
 
 // crashInspect opens the database read-only after a crash, as it was left
@@ -251,46 +225,11 @@ func crashInspect(t *testing.T, path string) (orders, pending int) {
 	// The pending bytes and skipped numbers kept by triggers and marks
 	// (while the limits are set) agree with the rows, as the killed child
 	// left them: the next child's Open would count them again.
-	checkCounters(t, db)
+	harness.CheckPendingCounters(t, db)
 	var wantCount int64
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&wantCount))
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM orders`).Scan(&orders))
 	return orders, int(wantCount)
-}
-
-// crashLog collects a relay's log lines.
-type crashLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *crashLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *crashLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// eventuallyOrNot waits for cond until the deadline and says whether it
-// came true, for checks that want to report more than a timeout.
-func eventuallyOrNot(timeout time.Duration, cond func() bool) bool {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	poll := time.NewTicker(2 * time.Millisecond)
-	defer poll.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			return cond()
-		case <-poll.C:
-		}
-	}
-	return true
 }
 
 func crashEnvInt(t *testing.T, name string, def uint64) uint64 {
@@ -304,134 +243,23 @@ func crashEnvInt(t *testing.T, name string, def uint64) uint64 {
 	return v
 }
 
-// crashLink is a TCP link to the broker with latency one way: what a
-// client sent within the last delay is still on the wire and is lost if the
-// client dies (its connection closes). Without it, every byte a killed
-// child had written would still reach the in-process broker, and a relay
-// that marked rows sent before their PUBACK would hardly ever be caught.
-type crashLink struct {
-	target string
-	delay  time.Duration
-	ln     net.Listener
-	wg     sync.WaitGroup
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-func startCrashLink(t *testing.T, target string, delay time.Duration) *crashLink {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	l := &crashLink{target: target, delay: delay, ln: ln, conns: map[net.Conn]struct{}{}}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			l.wg.Add(1)
-			go func() { defer l.wg.Done(); l.pipe(c) }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		l.mu.Lock()
-		for c := range l.conns {
-			c.Close()
-		}
-		l.conns = nil
-		l.mu.Unlock()
-		l.wg.Wait()
-	})
-	return l
-}
-
-func (l *crashLink) url() string { return "tcp://" + l.ln.Addr().String() }
-
-// track lets the cleanup close c; false once the link is closed.
-func (l *crashLink) track(c net.Conn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.conns == nil {
-		return false
-	}
-	l.conns[c] = struct{}{}
-	return true
-}
-
-func (l *crashLink) pipe(client net.Conn) {
-	defer client.Close()
-	server, err := net.Dial("tcp", l.target)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	if !l.track(client) || !l.track(server) {
-		return
-	}
-	defer func() {
-		l.mu.Lock()
-		delete(l.conns, client)
-		delete(l.conns, server)
-		l.mu.Unlock()
-	}()
-	// Broker to client: at once.
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		io.Copy(client, server)
-		client.Close()
-	}()
-	// Client to broker: each chunk after the delay, unless the client
-	// is gone by then.
-	type chunk struct {
-		b  []byte
-		at time.Time
-	}
-	wire := make(chan chunk, 4096)
-	gone := make(chan struct{})
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		for c := range wire {
-			t := time.NewTimer(time.Until(c.at))
-			select {
-			case <-gone:
-				t.Stop()
-				for range wire { // lost with the client
-				}
-				return
-			case <-t.C:
-			}
-			if _, err := server.Write(c.b); err != nil {
-				for range wire {
-				}
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := client.Read(buf)
-		if n > 0 {
-			wire <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now().Add(l.delay)}
-		}
-		if err != nil {
-			break
-		}
-	}
-	close(gone)
-	close(wire)
+// startCrashLink starts the link from the children to the broker: a proxy
+// with crashLinkDelay of latency one way, so that what a child sent within
+// the last delay is still on the wire and is lost if the child dies (its
+// connection closes). Without it, every byte a killed child had written
+// would still reach the in-process broker, and a relay that marked rows
+// sent before their PUBACK would hardly ever be caught.
+func startCrashLink(t *testing.T, broker string) *harness.FaultProxy {
+	p := harness.StartFaultProxy(t, broker)
+	p.SetLatency(harness.ToBroker, crashLinkDelay)
+	return p
 }
 
 // crashRun is the parent's side of the crash test.
 type crashRun struct {
 	t        *testing.T
-	b        *broker
-	link     *crashLink // between the children and the broker
+	b        *harness.Mochi
+	link     *harness.FaultProxy // between the children and the broker, with latency
 	rng      *rand.Rand
 	path     string // the database
 	sidePath string // rolled-back event ids, one a line
@@ -454,7 +282,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.timeout=10m")
 	cmd.Env = append(os.Environ(),
 		crashEnvDB+"="+c.path,
-		crashEnvBroker+"="+c.link.url(),
+		crashEnvBroker+"="+c.link.URL(),
 		crashEnvClient+"="+client,
 		crashEnvRolledBack+"="+c.sidePath,
 		crashEnvSeed+"="+strconv.FormatUint(c.rng.Uint64(), 10),
@@ -500,11 +328,11 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	} else {
 		c.relayed++
 		delay = time.Duration(30+c.rng.IntN(371)) * time.Millisecond
-		eventually(t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
+		harness.Eventually(t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
 			if hasExited() {
 				return true
 			}
-			_, ok := c.b.srv.Clients.Get(client)
+			_, ok := c.b.Server().Clients.Get(client)
 			return ok
 		})
 	}
@@ -538,22 +366,24 @@ func TestCrashKill9(t *testing.T) {
 	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays)", cycles, seed, seed)
 	began := time.Now()
 
-	b := startBroker(t)
-	rec := &crashRecorder{}
-	require.NoError(t, b.srv.Subscribe("crash/#", 2, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		rec.add(pk.Origin, pk.Payload)
-	}))
+	b := harness.StartMochi(t, harness.MochiOptions{})
+	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashDelivery {
+		d := crashDelivery{origin: m.Client}
+		d.ev, d.evErr = outbox.DecodeEvent(m.Payload)
+		return d
+	})
+	require.NoError(t, err)
 
 	dir := t.TempDir()
 	run := &crashRun{
-		t: t, b: b, link: startCrashLink(t, b.addr, crashLinkDelay),
+		t: t, b: b, link: startCrashLink(t, b.Addr()),
 		rng:      rand.New(rand.NewPCG(seed, 0)),
 		lost:     map[string]int{},
 		path:     filepath.Join(dir, "till.db"),
 		sidePath: filepath.Join(dir, "rolledback.txt"),
 	}
 	{
-		ob, err := Open(context.Background(), run.path, Options{Logger: testLogger()})
+		ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: testLogger()})
 		require.NoError(t, err)
 		_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL)`)
 		require.NoError(t, err)
@@ -566,24 +396,24 @@ func TestCrashKill9(t *testing.T) {
 		orders, pending := run.cycle(n, childLog)
 		backlog = pending
 		if testing.Verbose() && (n%10 == 0 || n == cycles) {
-			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, rec.count())
+			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, rec.Count())
 		}
 	}
 	killing := time.Since(began)
 
 	// Let one relay finish the job, in this process, until nothing is
 	// pending and the broker has routed every committed event.
-	finalLog := &crashLog{}
-	ob, err := Open(context.Background(), run.path, Options{Logger: slog.New(slog.NewTextHandler(finalLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	finalLog := &harness.LogBuffer{}
+	ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: slog.New(slog.NewTextHandler(finalLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.NoError(t, err)
 	t.Cleanup(func() { ob.Close() })
-	pub, err := NewMQTTPublisher(crashMQTTOptions(b.url(), "crash-final"))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(b.URL(), "crash-final"))
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	relay, err := ob.NewRelay(pub, crashRelayOptions("crash-final"))
 	require.NoError(t, err)
 	stop := startRelay(t, relay)
-	eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
+	harness.Eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
 		func() bool { return countState(t, ob, "pending") == 0 })
 	drained := time.Since(began) - killing
 
@@ -619,9 +449,9 @@ func TestCrashKill9(t *testing.T) {
 
 	// mochi acknowledges a publish before routing it: give it a moment.
 	var missing []string
-	eventuallyOrNot(10*time.Second, func() bool {
+	harness.WaitFor(10*time.Second, func() bool {
 		seen := map[string]bool{}
-		for _, d := range rec.all() {
+		for _, d := range rec.All() {
 			seen[d.ev.ID] = true
 		}
 		missing = missing[:0]
@@ -644,7 +474,7 @@ func TestCrashKill9(t *testing.T) {
 	// deliveries in commit order, by the envelope's sequence and by the
 	// orders' own row order. A duplicate is counted against the process
 	// that sent it again, i.e. against the crash before it.
-	deliveries := rec.all()
+	deliveries := rec.All()
 	first := map[string]int64{} // event id -> sequence
 	dupsBy := map[string]int{}  // re-sending process -> duplicates
 	var lastSeq, lastRow int64
@@ -686,7 +516,8 @@ func TestCrashKill9(t *testing.T) {
 
 	// A crash duplicates what was in flight and what was acknowledged but
 	// not yet recorded; a lost connection only what was in flight.
-	perKill := crashWindow + markSlots(crashWindow)
+	// The bound the README gives: Window + max(Window, 32).
+	perKill := crashWindow + max(crashWindow, 32)
 	t.Logf("crash test figures (seed %d, window %d):", seed, crashWindow)
 	t.Logf("  kill -9 cycles            %7d  (%d while relaying, 30-400 ms after it connected; %d at 0-400 ms after start)", cycles, run.relayed, run.early)
 	t.Logf("  integrity_check           %7s  after every kill", "ok")

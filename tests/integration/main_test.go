@@ -1,0 +1,15 @@
+// Package integration holds the tests that run the outbox against real
+// brokers and real processes: one broker suite over mochi, Mosquitto, NATS,
+// RabbitMQ and ejabberd, and the crash test. README.md says what runs and
+// how to make a long run.
+package integration
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
-	"github.com/edgeoutbox/outbox/internal/embedded"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 type demoFlags struct {
@@ -112,11 +112,14 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	sub := &demoSubscriber{committed: map[string]time.Time{}, declined: map[string]bool{}, seen: map[string]time.Time{}}
 	// The subscriber lives inside the broker, so that it is there before
 	// the relay can publish again after an outage.
-	broker, err := embedded.Start("stores/#", func(_ string, payload []byte) { sub.receive(payload) })
+	broker, err := harness.LaunchMochi(harness.MochiOptions{})
 	if err != nil {
 		return err
 	}
 	defer broker.Stop()
+	if err := broker.Subscribe("stores/#", func(m harness.Message) { sub.receive(m.Payload) }); err != nil {
+		return err
+	}
 	addr := broker.Addr()
 
 	// Library logs only when something is wrong; the demo tells the story.

@@ -182,6 +182,12 @@ func TestUsageErrors(t *testing.T) {
 		{"status", "--db", path, "extra"},
 		{"bogus"},
 		{"--log-level", "loud", "status", "--db", path},
+		// Told apart by type, not by cobra's message text.
+		{"status", "--db"},
+		{"stauts", "--db", path},
+		{"completion", "bash", "extra"},
+		{"help", "bogus"},
+		{"init", "--db", path, "--max-pending-messages", "many"},
 	} {
 		r := ctl(t, args...)
 		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)

@@ -71,6 +71,7 @@ type Outbox struct {
 	db         *sql.DB
 	insert     *sql.Stmt
 	reserve    *reserve // nil without a file or when disabled
+	path       string   // the database file, as SQLite names it
 	ownsDB     bool
 	readOnly   bool // Options.ReadOnly: insert is nil
 	maxPayload int
@@ -209,6 +210,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		db:         db,
 		insert:     insert,
 		reserve:    newReserve(file, reserveSize),
+		path:       file,
 		maxPayload: opts.MaxPayloadBytes,
 		prefix:     opts.TopicPrefix,
 		log:        opts.Logger,

@@ -189,6 +189,11 @@ type Relay struct {
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
 	reader *relayConn
+
+	// wal makes what a batch read durable before it is published (see
+	// durable.go); syncWAL is wal.sync unless a test replaces it.
+	wal     *walSyncer
+	syncWAL func() error
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -203,7 +208,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
+	r := &Relay{
 		ob:       o,
 		pub:      pub,
 		opts:     opts,
@@ -211,7 +216,10 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		log:      o.log.With("relay", opts.Owner),
 		kick:     make(chan struct{}, 1),
 		purgeNow: make(chan struct{}, 1),
-	}, nil
+		wal:      &walSyncer{path: o.path + "-wal"},
+	}
+	r.syncWAL = r.wal.sync
+	return r, nil
 }
 
 // ReconnectNow skips the rest of the current reconnection wait: call it
@@ -316,6 +324,7 @@ func (r *Relay) run(ctx context.Context) error {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	defer conn.close()
+	defer r.wal.close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
 	// (in WAL, reads never wait for writers).

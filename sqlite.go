@@ -26,9 +26,11 @@ const (
 	SyncFull Synchronous = iota
 	// SyncNormal fsyncs only at checkpoints. Commits stay atomic and the
 	// file cannot be corrupted, but the last transactions before a power
-	// loss may roll back — business rows and their events together, so
-	// nothing phantom is published. Choose it only when losing the last
-	// moments of work on power loss is acceptable.
+	// loss may roll back — business rows and their events together. The
+	// relay makes the WAL durable (one fsync per batch it reads) before it
+	// publishes, so only commits whose events have not gone out can roll
+	// back: nothing phantom is published. Choose it only when losing the
+	// last moments of work on power loss is acceptable.
 	SyncNormal
 )
 

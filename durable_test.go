@@ -1,0 +1,126 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// eventLog orders what the relay did across goroutines.
+type eventLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (l *eventLog) add(format string, args ...any) {
+	l.mu.Lock()
+	l.events = append(l.events, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+}
+
+func (l *eventLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.events...)
+}
+
+// loggingPublisher notes each publish in an eventLog.
+type loggingPublisher struct {
+	*fakePublisher
+	log *eventLog
+}
+
+func (p loggingPublisher) Publish(topic string, payload []byte) Token {
+	ev, _ := DecodeEvent(payload)
+	p.log.add("publish %d", ev.Sequence)
+	return p.fakePublisher.Publish(topic, payload)
+}
+
+// TestDurableBeforePublish: at synchronous=NORMAL a commit returns before
+// the WAL is on the disk, and the relay used to read it and publish it at
+// once — a power cut could then undo a transaction whose event the broker
+// had. The relay now makes the WAL durable after reading a batch and before
+// publishing it: every publish follows a sync that came after its commit,
+// and there is at most one sync per batch read.
+func TestDurableBeforePublish(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{Synchronous: SyncNormal})
+	log := &eventLog{}
+	pub := loggingPublisher{&fakePublisher{}, log}
+	opts := fastRelay()
+	opts.BatchSize = 100
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	var syncs atomic.Int64
+	r.syncWAL = func() error {
+		syncs.Add(1)
+		log.add("sync")
+		return r.wal.sync()
+	}
+	// A backlog first, then a trickle.
+	for i := 1; i <= 450; i++ {
+		commitOrder(t, ob, "t", i)
+		log.add("commit %d", i)
+	}
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the backlog", func() bool { return pub.publishedCount() == 450 })
+	require.LessOrEqual(t, syncs.Load(), int64(5), "one sync per batch read: 450 rows in batches of 100")
+	for i := 451; i <= 470; i++ {
+		// Noted before the commit: the relay, idle, cannot publish it
+		// before, and a note after could come after the relay's sync.
+		log.add("commit %d", i)
+		commitOrder(t, ob, "t", i)
+		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
+	}
+	require.Greater(t, r.wal.syncs.Load(), int64(0), "the real fsync ran")
+
+	// Every publish follows a sync made after its commit.
+	committed := map[int64]int{} // seq -> index of its commit in the log
+	lastSync := -1
+	events := log.all()
+	for i, e := range events {
+		var n int64
+		if e == "sync" {
+			lastSync = i
+		}
+		if _, err := fmt.Sscanf(e, "commit %d", &n); err == nil {
+			committed[n] = i
+		}
+		if _, err := fmt.Sscanf(e, "publish %d", &n); err == nil {
+			require.Greater(t, lastSync, committed[n], "message %d published without a sync after its commit", n)
+		}
+	}
+
+	// A sync that fails publishes nothing and says why; the relay goes on
+	// once it can.
+	fail := atomic.Bool{}
+	fail.Store(true)
+	r2pub := &fakePublisher{}
+	ob2 := openTest(t, Options{Synchronous: SyncNormal})
+	r2, err := ob2.NewRelay(r2pub, fastRelay())
+	require.NoError(t, err)
+	r2.syncWAL = func() error {
+		if fail.Load() {
+			return errors.New("input/output error")
+		}
+		return r2.wal.sync()
+	}
+	commitOrder(t, ob2, "t", 1)
+	startRelay(t, r2)
+	eventually(t, 5*time.Second, "the error told", func() bool {
+		st, err := r2.Stats(ctx)
+		require.NoError(t, err)
+		return st.LastError != ""
+	})
+	st, _ := r2.Stats(ctx)
+	require.Contains(t, st.LastError, "durable before publishing")
+	require.Zero(t, r2pub.publishedCount())
+	fail.Store(false)
+	eventually(t, 5*time.Second, "published once it can", func() bool { return r2pub.publishedCount() == 1 })
+}

@@ -142,7 +142,7 @@ func TestNamesNeedASync(t *testing.T) {
 	mnt := fs.Mountpoint()
 	in := func(name string) string { return filepath.Join(mnt, name) }
 	require.NoError(t, os.Mkdir(in("sub"), 0o755))
-	for _, name := range []string{"unlinked", "renamed", "over-from", "over-to", "sub/renamed-for-good"} {
+	for _, name := range []string{"unlinked", "renamed", "over-from", "over-to", "sub/renamed-for-good", "sub/replaced"} {
 		writeFile(t, in(name), 0, []byte(name), true)
 	}
 	syncDir(t, mnt)
@@ -153,12 +153,19 @@ func TestNamesNeedASync(t *testing.T) {
 	require.NoError(t, os.Remove(in("unlinked")))
 	require.NoError(t, os.Rename(in("renamed"), in("renamed-to")))
 	require.NoError(t, os.Rename(in("over-from"), in("over-to")))
+	writeFile(t, in("synced-then-unlinked"), 0, []byte("back"), true)
+	require.NoError(t, os.Remove(in("synced-then-unlinked")))
+	writeFile(t, in("tmp-unlinked"), 0, []byte("never durable"), false)
+	require.NoError(t, os.Remove(in("tmp-unlinked")))
 	require.NoError(t, os.Mkdir(in("newdir"), 0o755))
 	writeFile(t, in("newdir/all-synced"), 0, []byte("but not newdir's name"), true)
 	syncDir(t, in("newdir"))
 	// In sub, whose fsync comes last:
 	writeFile(t, in("sub/dir-synced"), 0, []byte("data not synced"), false)
 	require.NoError(t, os.Rename(in("sub/renamed-for-good"), in("sub/renamed")))
+	// The safe way to replace a file: write, fsync, rename, fsync the directory.
+	writeFile(t, in("sub/tmp"), 0, []byte("replaced safely"), true)
+	require.NoError(t, os.Rename(in("sub/tmp"), in("sub/replaced")))
 	syncDir(t, in("sub"))
 	writeFile(t, in("sub/after-the-sync"), 0, []byte("y"), false)
 
@@ -172,13 +179,15 @@ func TestNamesNeedASync(t *testing.T) {
 		}
 		return ns
 	}
-	require.Equal(t, []string{"file-synced", "over-from", "over-to", "renamed", "sub", "unlinked"}, names(mnt))
-	require.Equal(t, []string{"dir-synced", "renamed"}, names(in("sub")))
+	require.Equal(t, []string{"file-synced", "over-from", "over-to", "renamed", "sub", "synced-then-unlinked", "unlinked"}, names(mnt))
+	require.Equal(t, []string{"dir-synced", "renamed", "replaced"}, names(in("sub")))
 	for name, want := range map[string]string{
 		"file-synced": "file", "unlinked": "unlinked", "renamed": "renamed",
 		"over-from": "over-from", "over-to": "over-to",
-		"sub/renamed": "sub/renamed-for-good",
-		"sub/dir-synced": "", // its name was synced, its data not
+		"sub/renamed":          "sub/renamed-for-good",
+		"sub/replaced":         "replaced safely",
+		"synced-then-unlinked": "back",
+		"sub/dir-synced":       "", // its name was synced, its data not
 	} {
 		require.Equal(t, want, string(readFile(t, in(name))), name)
 	}

@@ -5,6 +5,7 @@ package fusefs
 import (
 	"errors"
 	"fmt"
+	"log"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -156,6 +157,7 @@ func (m *Mount) unmount() error {
 	if err := syscall.Unmount(m.mountpoint, syscall.MNT_DETACH); err != nil {
 		return fmt.Errorf("unmount %s (detach): %w", m.mountpoint, err)
 	}
+	log.Printf("powerfs: %s was busy (a file still open on it): aborted and detached", m.mountpoint)
 	return nil
 }
 
@@ -307,9 +309,11 @@ func listDir(path string) (map[string]entry, error) {
 	return l, nil
 }
 
-// keep hard-links the file at path into the stash before its name goes, so
-// that a cut can give a durable name its inode back.
-func (m *Mount) keep(path string) error {
+// removing is called before the name path in directory dirIno goes (an
+// unlink, or a rename over it). If a durable name may need the file's
+// inode again, it is hard-linked into the stash first, so that a cut can
+// give it back.
+func (m *Mount) removing(dirIno uint64, name, path string) error {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil {
 		return err
@@ -317,9 +321,29 @@ func (m *Mount) keep(path string) error {
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		return nil // empty (rmdir) or refused (rename): a cut makes it anew
 	}
+	if w, ok := m.created[st.Ino]; ok && w == (where{dirIno, name}) {
+		delete(m.created, st.Ino) // the name it was created under is gone
+	}
+	if !m.durableSomewhere(st.Ino) {
+		return nil
+	}
 	if err := os.MkdirAll(m.stash, 0o700); err != nil {
 		return err
 	}
 	m.stashSeq++
 	return os.Link(path, filepath.Join(m.stash, "v"+strconv.Itoa(m.stashSeq)))
+}
+
+// durableSomewhere says whether a directory's listing at its last sync
+// names inode ino. (A directory whose listing is not saved has not changed
+// since its sync, and a name in it is not going away.)
+func (m *Mount) durableSomewhere(ino uint64) bool {
+	for _, l := range m.dirs {
+		for _, e := range l {
+			if e.ino == ino && !e.dir {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -4,6 +4,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -197,7 +198,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	return n.nameChange([]string{n.bpath()}, func() syscall.Errno {
-		if err := n.m.keep(filepath.Join(n.bpath(), name)); err != nil {
+		dirIno, _ := n.m.changingDir(n.bpath()) // saved just now
+		if err := n.m.removing(dirIno, name, filepath.Join(n.bpath(), name)); err != nil {
 			return fs.ToErrno(err)
 		}
 		return n.LoopbackNode.Unlink(ctx, name)
@@ -228,7 +230,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		}
 		const exchange = 1 << 1 // RENAME_EXCHANGE: nothing is replaced
 		if flags&exchange == 0 {
-			if err := n.m.keep(to); err != nil && !os.IsNotExist(err) {
+			toIno, _ := n.m.changingDir(np.bpath()) // saved just now
+			if err := n.m.removing(toIno, newName, to); err != nil && !errors.Is(err, syscall.ENOENT) {
 				return fs.ToErrno(err)
 			}
 		}

@@ -238,3 +238,24 @@ func TestTornKeepsSomePages(t *testing.T) {
 	}
 	require.NotEqual(t, keptBy[1], keptBy[2], "two seeds, two tears")
 }
+
+// TestCutWithAFileOpen: a process that was not killed and still holds a
+// file on the mount does not stop the cut; what it writes after the cut
+// reaches nothing.
+func TestCutWithAFileOpen(t *testing.T) {
+	fs, _ := start(t)
+	p := filepath.Join(fs.Mountpoint(), "open")
+	writeFile(t, p, 0, []byte("synced"), true)
+	syncDir(t, fs.Mountpoint())
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.WriteAt([]byte("SYNCED, not"), 0)
+	require.NoError(t, err)
+
+	require.EqualValues(t, len("SYNCED, not"), fs.Cut())
+	_, err = f.WriteAt([]byte("after the cut"), 0)
+	require.Error(t, err, "a write through the old mount after the cut")
+	t.Logf("a write through the old mount after the cut: %v", err)
+	require.Equal(t, "synced", string(readFile(t, p)))
+}

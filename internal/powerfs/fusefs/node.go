@@ -49,6 +49,11 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 // bpath is the node's path in the backing directory.
 func (n *node) bpath() string { return filepath.Join(n.m.backing, n.Path(nil)) }
 
+// Open opens the backing file without O_DIRECT, whatever the caller asked:
+// the kernel sends an O_DIRECT write here as any other (and it is as
+// volatile until an fsync: a drive's cache loses it just the same), and
+// this process's own reads and writes of the backing file need no
+// alignment.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	m := n.m
 	m.mu.Lock()
@@ -63,7 +68,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			return nil, 0, errno
 		}
 	}
-	fh, fl, errno := n.LoopbackNode.Open(ctx, flags)
+	fh, fl, errno := n.LoopbackNode.Open(ctx, flags&^syscall.O_DIRECT)
 	if errno != 0 {
 		return nil, 0, errno
 	}
@@ -91,7 +96,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 			return nil, nil, 0, errno
 		}
 	}
-	ch, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	ch, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}

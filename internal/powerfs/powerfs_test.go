@@ -155,6 +155,9 @@ func TestNamesNeedASync(t *testing.T) {
 	require.NoError(t, os.Rename(in("over-from"), in("over-to")))
 	writeFile(t, in("synced-then-unlinked"), 0, []byte("back"), true)
 	require.NoError(t, os.Remove(in("synced-then-unlinked")))
+	writeFile(t, in("created"), 0, []byte("named when synced"), false)
+	require.NoError(t, os.Rename(in("created"), in("created-renamed")))
+	writeFile(t, in("created-renamed"), 0, nil, true)
 	writeFile(t, in("tmp-unlinked"), 0, []byte("never durable"), false)
 	require.NoError(t, os.Remove(in("tmp-unlinked")))
 	require.NoError(t, os.Mkdir(in("newdir"), 0o755))
@@ -179,7 +182,7 @@ func TestNamesNeedASync(t *testing.T) {
 		}
 		return ns
 	}
-	require.Equal(t, []string{"file-synced", "over-from", "over-to", "renamed", "sub", "synced-then-unlinked", "unlinked"}, names(mnt))
+	require.Equal(t, []string{"created-renamed", "file-synced", "over-from", "over-to", "renamed", "sub", "synced-then-unlinked", "unlinked"}, names(mnt))
 	require.Equal(t, []string{"dir-synced", "renamed", "replaced"}, names(in("sub")))
 	for name, want := range map[string]string{
 		"file-synced": "file", "unlinked": "unlinked", "renamed": "renamed",
@@ -187,6 +190,7 @@ func TestNamesNeedASync(t *testing.T) {
 		"sub/renamed":          "sub/renamed-for-good",
 		"sub/replaced":         "replaced safely",
 		"synced-then-unlinked": "back",
+		"created-renamed":      "named when synced",
 		"sub/dir-synced":       "", // its name was synced, its data not
 	} {
 		require.Equal(t, want, string(readFile(t, in(name))), name)

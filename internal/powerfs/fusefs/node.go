@@ -244,11 +244,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if errno != 0 {
 			return errno
 		}
-		if w, ok := n.m.created[st.Ino]; ok && w.name == name {
-			toIno, err := n.m.changingDir(np.bpath())
-			if err == nil {
-				n.m.created[st.Ino] = where{toIno, newName}
-			}
+		// A file created since its directory's sync is durable, once
+		// fsynced, under the name it has then.
+		fromIno, err1 := n.m.changingDir(n.bpath())
+		toIno, err2 := n.m.changingDir(np.bpath())
+		if w, ok := n.m.created[st.Ino]; ok && err1 == nil && err2 == nil && w == (where{fromIno, name}) {
+			n.m.created[st.Ino] = where{toIno, newName}
 		}
 		return 0
 	})

@@ -1,22 +1,11 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
-	"cmp"
-	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,11 +31,9 @@ import (
 //	OUTBOX_TEST_LOG=1 ...                                            # the children's logs too
 
 const (
-	crashEnvDB         = "OUTBOX_CRASH_CHILD_DB" // set: TestCrashChild acts on this database
-	crashEnvBroker     = "OUTBOX_CRASH_CHILD_BROKER"
-	crashEnvClient     = "OUTBOX_CRASH_CHILD_CLIENT"
-	crashEnvRolledBack = "OUTBOX_CRASH_CHILD_ROLLEDBACK"
-	crashEnvSeed       = "OUTBOX_CRASH_CHILD_SEED"
+	// crashEnvChild carries a child's orders (ordersChild): set, TestCrashChild
+	// runs them.
+	crashEnvChild = "OUTBOX_CRASH_CHILD"
 
 	crashTopic    = "crash/orders"
 	crashSource   = "/crash/till"
@@ -107,93 +94,7 @@ var errCrashRollback = errors.New("rolled back on purpose")
 // TestCrashChild is the process that gets killed. It does nothing unless
 // TestCrashKill9 started it.
 func TestCrashChild(t *testing.T) {
-	path := os.Getenv(crashEnvDB)
-	if path == "" {
-		t.Skip("the child of TestCrashKill9; runs only when started by it")
-	}
-	die := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "CRASH CHILD FAILED: "+format+"\n", args...)
-		os.Exit(2)
-	}
-	// The parent holds our stdin open: EOF means it is gone, and an
-	// orphan must not run on.
-	go func() {
-		io.Copy(io.Discard, os.Stdin)
-		os.Exit(3)
-	}()
-	seed, _ := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	level := slog.LevelWarn
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	ctx := context.Background()
-	// Limits far above the test's needs keep the pending counters running,
-	// so that every kill checks them (see crashInspect).
-	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: logger, MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
-	if err != nil {
-		die("open: %v", err)
-	}
-	client := os.Getenv(crashEnvClient)
-	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(os.Getenv(crashEnvBroker), client))
-	if err != nil {
-		die("publisher: %v", err)
-	}
-	relay, err := ob.NewRelay(pub, crashRelayOptions(client))
-	if err != nil {
-		die("relay: %v", err)
-	}
-	go func() {
-		// Run returns only on a failure here: nothing cancels it.
-		err := relay.Run(ctx)
-		die("relay.Run returned: %v", err)
-	}()
-
-	side, err := os.OpenFile(os.Getenv(crashEnvRolledBack), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		die("side file: %v", err)
-	}
-	pace := time.NewTicker(crashCommitEvery)
-	for n := 1; ; n++ {
-		<-pace.C
-		id := outbox.NewID()
-		rollback := n%crashRollbackEvery == 0
-		pad := rng.IntN(3000)
-		if rng.IntN(20) == 0 {
-			pad = 4000 + rng.IntN(4000) // overflow pages
-		}
-		payload, _ := json.Marshal(crashPayload{ID: id, Pad: strings.Repeat("x", pad)})
-		err := ob.Transact(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, id, client); err != nil {
-				return err
-			}
-			if err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
-				return err
-			}
-			if !rollback {
-				return nil
-			}
-			// Recorded before the rollback: a crash in between leaves an
-			// id on file that was never committed, which is what the
-			// file claims. Recorded after it, a crash could leave a
-			// rolled-back id unlisted.
-			if _, err := side.WriteString(id + "\n"); err != nil {
-				return err
-			}
-			if err := side.Sync(); err != nil {
-				return err
-			}
-			return errCrashRollback
-		})
-		switch {
-		case rollback && !errors.Is(err, errCrashRollback):
-			die("order %d: want the rollback, got %v", n, err)
-		case !rollback && err != nil:
-			die("order %d: %v", n, err)
-		}
-	}
+	runOrdersChild(t, crashEnvChild, "the child of TestCrashKill9; runs only when started by it")
 }
 
 // crashDelivery is one message the broker routed, with the client that
@@ -205,12 +106,10 @@ type crashDelivery struct {
 }
 
 // crashInspect opens the database read-only after a crash, as it was left
-// (a read-only connection neither checkpoints nor deletes the WAL, so the
-// next child still recovers from the crash state), and checks it.
+// (see openReadOnly), and checks it.
 func crashInspect(t *testing.T, path string) (orders, pending int) {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
-	require.NoError(t, err)
+	db := openReadOnly(t, path)
 	defer db.Close()
 	rows, err := db.Query(`PRAGMA integrity_check`)
 	require.NoError(t, err)
@@ -279,43 +178,9 @@ const crashLostConn = "outbox relay connection lost"
 func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	t := c.t
 	client := fmt.Sprintf("crash-child-%d", n)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.timeout=10m")
-	cmd.Env = append(os.Environ(),
-		crashEnvDB+"="+c.path,
-		crashEnvBroker+"="+c.link.URL(),
-		crashEnvClient+"="+client,
-		crashEnvRolledBack+"="+c.sidePath,
-		crashEnvSeed+"="+strconv.FormatUint(c.rng.Uint64(), 10),
-	)
-	// The child exits when this pipe closes, should this process die
-	// without killing it.
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	killed := false
-	defer func() {
-		if !killed { // a failed check below: leave no child behind
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() || verbose {
-			t.Logf("child %d output:\n%s", n, out.String())
-		}
-	}()
-	hasExited := func() bool {
-		select {
-		case err := <-exited:
-			exited <- err
-			return true
-		default:
-			return false
-		}
-	}
+	child := startKilledChild(t, fmt.Sprintf("child %d", n), "TestCrashChild", crashEnvChild, ordersChild{
+		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64()})
+	defer child.done(verbose)
 
 	// Most kills land while the child relays: the random delay starts once
 	// its relay holds the lease and has connected. The others land at any
@@ -328,29 +193,10 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	} else {
 		c.relayed++
 		delay = time.Duration(30+c.rng.IntN(371)) * time.Millisecond
-		harness.Eventually(t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
-			if hasExited() {
-				return true
-			}
-			_, ok := c.b.Server().Clients.Get(client)
-			return ok
-		})
+		child.waitConnected(c.b, client)
 	}
-	select {
-	case <-time.After(delay): // the experiment: when to pull the plug
-	case err := <-exited:
-		exited <- err
-	}
-	require.False(t, hasExited(), "child %d exited by itself", n)
-	require.NoError(t, cmd.Process.Kill())
-	err = <-exited
-	killed = true
-	var ee *exec.ExitError
-	require.True(t, errors.As(err, &ee) && ee.ExitCode() == -1, "child %d: want killed by a signal, got %v", n, err)
-	for _, bad := range []string{"DATA RACE", "CRASH CHILD FAILED", "panic:"} {
-		require.NotContains(t, out.String(), bad, "child %d output", n)
-	}
-	c.lost[client] += strings.Count(out.String(), crashLostConn)
+	child.runFor(delay)
+	c.lost[client] += child.kill()
 	return crashInspect(t, c.path)
 }
 
@@ -367,12 +213,7 @@ func TestCrashKill9(t *testing.T) {
 	began := time.Now()
 
 	b := harness.StartMochi(t, harness.MochiOptions{})
-	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashDelivery {
-		d := crashDelivery{origin: m.Client}
-		d.ev, d.evErr = outbox.DecodeEvent(m.Payload)
-		return d
-	})
-	require.NoError(t, err)
+	rec := recordEvents(t, b)
 
 	dir := t.TempDir()
 	run := &crashRun{
@@ -382,13 +223,7 @@ func TestCrashKill9(t *testing.T) {
 		path:     filepath.Join(dir, "till.db"),
 		sidePath: filepath.Join(dir, "rolledback.txt"),
 	}
-	{
-		ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: testLogger()})
-		require.NoError(t, err)
-		_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL)`)
-		require.NoError(t, err)
-		require.NoError(t, ob.Close())
-	}
+	createOrders(t, run.path)
 
 	childLog := os.Getenv("OUTBOX_TEST_LOG") != ""
 	var backlog int // pending after the last kill
@@ -403,110 +238,31 @@ func TestCrashKill9(t *testing.T) {
 
 	// Let one relay finish the job, in this process, until nothing is
 	// pending and the broker has routed every committed event.
-	finalLog := &harness.LogBuffer{}
-	ob, err := outbox.Open(context.Background(), run.path, outbox.Options{Logger: slog.New(slog.NewTextHandler(finalLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	require.NoError(t, err)
-	t.Cleanup(func() { ob.Close() })
-	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(b.URL(), "crash-final"))
-	require.NoError(t, err)
-	t.Cleanup(func() { pub.Close() })
-	relay, err := ob.NewRelay(pub, crashRelayOptions("crash-final"))
-	require.NoError(t, err)
-	stop := startRelay(t, relay)
-	harness.Eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
-		func() bool { return countState(t, ob, "pending") == 0 })
+	ob, stop, finalLog := drainRest(t, run.path, outbox.SyncFull, b.URL(), "crash-final", backlog)
 	drained := time.Since(began) - killing
 
 	// What was committed, in commit order, and what was rolled back.
-	type order struct {
-		rowid  int64
-		client string
-	}
-	committed := map[string]order{}
-	rows, err := ob.DB().Query(`SELECT id, event_id, client FROM orders ORDER BY id`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		var o order
-		require.NoError(t, rows.Scan(&o.rowid, &id, &o.client))
-		committed[id] = o
-	}
-	require.NoError(t, rows.Err())
-	rolledBack := map[string]bool{}
-	side, err := os.ReadFile(run.sidePath)
-	require.NoError(t, err)
-	sc := bufio.NewScanner(bytes.NewReader(side))
-	for sc.Scan() {
-		if id := sc.Text(); len(id) == 36 { // a line cut short by a kill is no id
-			rolledBack[id] = true
-		}
-	}
-	require.NoError(t, sc.Err())
-	for id := range rolledBack {
-		_, ok := committed[id]
-		require.False(t, ok, "event %s is listed as rolled back but its order was committed", id)
-	}
-
-	// mochi acknowledges a publish before routing it: give it a moment.
-	var missing []string
-	harness.WaitFor(10*time.Second, func() bool {
-		seen := map[string]bool{}
-		for _, d := range rec.All() {
-			seen[d.ev.ID] = true
-		}
-		missing = missing[:0]
-		for id := range committed {
-			if !seen[id] {
-				missing = append(missing, id)
-			}
-		}
-		return len(missing) == 0
-	})
-	if len(missing) > 0 {
-		slices.SortFunc(missing, func(a, b string) int { return cmp.Compare(committed[a].rowid, committed[b].rowid) })
+	committed := readOrders(t, ob.DB())
+	rolledBack := readRolledBack(t, run.sidePath, committed)
+	if missing := undelivered(rec, committed); len(missing) > 0 {
 		t.Fatalf("LOST: %d of %d committed events never delivered, e.g. %s (order %d, committed by %s)",
 			len(missing), len(committed), missing[0], committed[missing[0]].rowid, committed[missing[0]].client)
 	}
 	stop()
 	run.lost["crash-final"] += strings.Count(finalLog.String(), crashLostConn)
 
-	// Every delivery: well formed, committed, never rolled back. First
-	// deliveries in commit order, by the envelope's sequence and by the
-	// orders' own row order. A duplicate is counted against the process
-	// that sent it again, i.e. against the crash before it.
+	// Every delivery: well formed, committed, never rolled back; first
+	// deliveries in commit order.
 	deliveries := rec.All()
-	first := map[string]int64{} // event id -> sequence
-	dupsBy := map[string]int{}  // re-sending process -> duplicates
-	var lastSeq, lastRow int64
-	dups := 0
-	for i, d := range deliveries {
-		require.NoError(t, d.evErr, "delivery %d", i)
-		require.Equal(t, crashSource, d.ev.Source)
-		var p crashPayload
-		require.NoError(t, json.Unmarshal(d.ev.Data, &p), "delivery %d data", i)
-		require.Equal(t, d.ev.ID, p.ID, "delivery %d: payload and envelope belong together", i)
-		require.False(t, rolledBack[d.ev.ID], "rolled-back event %s was published (delivery %d, by %s)", d.ev.ID, i, d.origin)
-		o, ok := committed[d.ev.ID]
-		require.True(t, ok, "phantom: delivered event %s (by %s) has no committed order", d.ev.ID, d.origin)
-		if seq, ok := first[d.ev.ID]; ok {
-			require.Equal(t, seq, d.ev.Sequence, "a duplicate of %s carries the same sequence", d.ev.ID)
-			dups++
-			dupsBy[d.origin]++
-			continue
-		}
-		first[d.ev.ID] = d.ev.Sequence
-		if d.ev.Sequence <= lastSeq || o.rowid <= lastRow {
-			t.Fatalf("first deliveries out of commit order at delivery %d (by %s): sequence %d after %d, order row %d after %d",
-				i, d.origin, d.ev.Sequence, lastSeq, o.rowid, lastRow)
-		}
-		lastSeq, lastRow = d.ev.Sequence, o.rowid
-	}
-	maxDups, maxBy, lostConns := 0, "", 0
-	for origin, n := range dupsBy {
-		if n > maxDups {
-			maxDups, maxBy = n, origin
-		}
-	}
+	chk := checkDeliveries(deliveries, committed, rolledBack)
+	require.NoError(t, chk.bad)
+	require.Empty(t, chk.rolledBackSent, "rolled-back events were published")
+	require.Empty(t, chk.phantoms(), "phantom")
+	require.Zero(t, chk.seqChanged, "duplicates must carry their event's sequence")
+	require.Empty(t, chk.disorder, "first deliveries out of commit order")
+	first, dups, dupsBy := chk.first, chk.dups, chk.dupsBy
+	maxDups, maxBy := chk.mostDups()
+	lostConns := 0
 	for _, n := range run.lost {
 		lostConns += n
 	}

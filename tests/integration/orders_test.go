@@ -1,0 +1,513 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
+)
+
+// What the crash test (crash_test.go) and the power-loss test
+// (power_test.go) share: the child process that commits orders and relays
+// their events, the parent's handle on a child it will kill, the drain by a
+// last relay, and the checks of what the broker received.
+
+// ordersChild is what a child process is to do. It reaches the child as
+// JSON in an environment variable of the child's test function, which runs
+// it.
+type ordersChild struct {
+	DB         string // the database
+	Broker     string // the broker's URL
+	Client     string // the MQTT client id, and the relay's lease owner
+	RolledBack string // the file listing the ids rolled back on purpose
+	Seed       uint64
+	Sync       outbox.Synchronous
+	// Report has the child print "committed <id>" on stdout as each commit
+	// returns. The write reaches the pipe before the next commit starts,
+	// and what is in a pipe when a process is killed is still read at the
+	// other end: the parent learns every commit that returned, whatever
+	// becomes of the files.
+	Report bool
+	// Checkpoint has the child checkpoint the WAL every 20-400 ms, as
+	// SQLite's autocheckpoint does after every 1,000 pages, only more
+	// often: so that kills land in checkpoints too, and WAL restarts.
+	Checkpoint bool
+}
+
+const (
+	// childFailed starts the line a child prints before it exits on a
+	// failure.
+	childFailed = "ORDERS CHILD FAILED"
+	// committedPrefix starts the lines of a child's Report.
+	committedPrefix = "committed "
+)
+
+// runOrdersChild is the whole of a child test function: it does nothing
+// (skipping with skipMsg) unless env carries its orders, and otherwise
+// never returns.
+func runOrdersChild(t *testing.T, env, skipMsg string) {
+	s := os.Getenv(env)
+	if s == "" {
+		t.Skip(skipMsg)
+	}
+	var c ordersChild
+	if err := json.Unmarshal([]byte(s), &c); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %s: %v\n", childFailed, env, err)
+		os.Exit(2)
+	}
+	c.run()
+}
+
+// run commits an order every crashCommitEvery, every crashRollbackEvery-th
+// one rolled back on purpose, while a relay publishes the events; it
+// returns never, and exits on a failure or when the parent is gone.
+func (c ordersChild) run() {
+	die := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, childFailed+": "+format+"\n", args...)
+		os.Exit(2)
+	}
+	// The parent holds our stdin open: EOF means it is gone, and an
+	// orphan must not run on.
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(3)
+	}()
+	rng := rand.New(rand.NewPCG(c.Seed, 0x5eed))
+	level := slog.LevelWarn
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx := context.Background()
+	// Limits far above the test's needs keep the pending counters running,
+	// so that every kill checks them (see crashInspect).
+	ob, err := outbox.Open(ctx, c.DB, outbox.Options{Logger: logger, Synchronous: c.Sync,
+		MaxPendingBytes: 1 << 40, MaxPendingMessages: 1 << 40})
+	if err != nil {
+		die("open: %v", err)
+	}
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(c.Broker, c.Client))
+	if err != nil {
+		die("publisher: %v", err)
+	}
+	relay, err := ob.NewRelay(pub, crashRelayOptions(c.Client))
+	if err != nil {
+		die("relay: %v", err)
+	}
+	go func() {
+		// Run returns only on a failure here: nothing cancels it.
+		err := relay.Run(ctx)
+		die("relay.Run returned: %v", err)
+	}()
+	if c.Checkpoint {
+		// A generator of its own: rng is the commit loop's.
+		crng := rand.New(rand.NewPCG(c.Seed, 0xc4ec))
+		go func() {
+			for {
+				// The schedule of the experiment, not a wait for anything.
+				time.Sleep(time.Duration(20+crng.IntN(381)) * time.Millisecond)
+				// PASSIVE waits for no one, so it never fails busy.
+				var busy, frames, copied int
+				if err := ob.DB().QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied); err != nil {
+					die("checkpoint: %v", err)
+				}
+			}
+		}()
+	}
+
+	side, err := os.OpenFile(c.RolledBack, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		die("side file: %v", err)
+	}
+	pace := time.NewTicker(crashCommitEvery)
+	for n := 1; ; n++ {
+		<-pace.C
+		id := outbox.NewID()
+		rollback := n%crashRollbackEvery == 0
+		pad := rng.IntN(3000)
+		if rng.IntN(20) == 0 {
+			pad = 4000 + rng.IntN(4000) // overflow pages
+		}
+		payload, _ := json.Marshal(crashPayload{ID: id, Pad: strings.Repeat("x", pad)})
+		err := ob.Transact(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, id, c.Client); err != nil {
+				return err
+			}
+			if err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
+				return err
+			}
+			if !rollback {
+				return nil
+			}
+			// Recorded before the rollback: a crash in between leaves an
+			// id on file that was never committed, which is what the
+			// file claims. Recorded after it, a crash could leave a
+			// rolled-back id unlisted.
+			if _, err := side.WriteString(id + "\n"); err != nil {
+				return err
+			}
+			if err := side.Sync(); err != nil {
+				return err
+			}
+			return errCrashRollback
+		})
+		switch {
+		case rollback && !errors.Is(err, errCrashRollback):
+			die("order %d: want the rollback, got %v", n, err)
+		case !rollback && err != nil:
+			die("order %d: %v", n, err)
+		case !rollback && c.Report:
+			if _, err := fmt.Fprintln(os.Stdout, committedPrefix+id); err != nil {
+				die("report: %v", err)
+			}
+		}
+	}
+}
+
+// killedChild is one child process, run by a parent that kills it.
+type killedChild struct {
+	t              *testing.T
+	name           string
+	cmd            *exec.Cmd
+	stdin          io.WriteCloser
+	stdout, stderr bytes.Buffer // read only once it has exited
+	exited         chan error
+	killed         bool
+}
+
+// startKilledChild runs the test function test of this binary as a child
+// named name, with o in its environment variable env. The caller defers
+// done.
+func startKilledChild(t *testing.T, name, test, env string, o ordersChild) *killedChild {
+	t.Helper()
+	spec, err := json.Marshal(o)
+	require.NoError(t, err)
+	c := &killedChild{t: t, name: name, exited: make(chan error, 1)}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.timeout=10m")
+	c.cmd.Env = append(os.Environ(), env+"="+string(spec))
+	// The child exits when this pipe closes, should this process die
+	// without killing it.
+	c.stdin, err = c.cmd.StdinPipe()
+	require.NoError(t, err)
+	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
+	require.NoError(t, c.cmd.Start())
+	go func() { c.exited <- c.cmd.Wait() }()
+	return c
+}
+
+// gone says whether the child has exited.
+func (c *killedChild) gone() bool {
+	select {
+	case err := <-c.exited:
+		c.exited <- err
+		return true
+	default:
+		return false
+	}
+}
+
+// waitConnected waits until the child's client is connected to b (or the
+// child has exited, which kill reports).
+func (c *killedChild) waitConnected(b *harness.Mochi, client string) {
+	c.t.Helper()
+	harness.Eventually(c.t, 20*time.Second, client+" connected to the broker (or exited)", func() bool {
+		if c.gone() {
+			return true
+		}
+		_, ok := b.Server().Clients.Get(client)
+		return ok
+	})
+}
+
+// runFor lets the child run for d, or until it exits.
+func (c *killedChild) runFor(d time.Duration) {
+	select {
+	case <-time.After(d): // the experiment: when to pull the plug
+	case err := <-c.exited:
+		c.exited <- err
+	}
+}
+
+// kill kills the child with SIGKILL, checks that it had not exited by
+// itself and wrote no failure, and returns how many connections its relay
+// lost.
+func (c *killedChild) kill() (lostConns int) {
+	t := c.t
+	t.Helper()
+	require.False(t, c.gone(), "%s exited by itself", c.name)
+	require.NoError(t, c.cmd.Process.Kill())
+	err := <-c.exited
+	c.killed = true
+	var ee *exec.ExitError
+	require.True(t, errors.As(err, &ee) && ee.ExitCode() == -1, "%s: want killed by a signal, got %v", c.name, err)
+	for _, bad := range []string{"DATA RACE", childFailed, "panic:"} {
+		require.NotContains(t, c.stderr.String(), bad, "%s output", c.name)
+	}
+	return strings.Count(c.stderr.String(), crashLostConn)
+}
+
+// committed lists the ids the child reported committed (ordersChild.Report),
+// once it is dead.
+func (c *killedChild) committed() []string {
+	var ids []string
+	sc := bufio.NewScanner(bytes.NewReader(c.stdout.Bytes()))
+	for sc.Scan() {
+		if id, ok := strings.CutPrefix(sc.Text(), committedPrefix); ok && len(id) == 36 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// done leaves no child behind (after a failed check, it is still running),
+// and logs its output when the test failed or verbose is set.
+func (c *killedChild) done(verbose bool) {
+	if !c.killed {
+		c.cmd.Process.Kill()
+		<-c.exited
+	}
+	c.stdin.Close()
+	if c.t.Failed() || verbose {
+		c.t.Logf("%s output:\n%s%s", c.name, c.stderr.String(), c.stdout.String())
+	}
+}
+
+// recordEvents records, decoded, every event b routes.
+func recordEvents(t *testing.T, b *harness.Mochi) *harness.Recorder[crashDelivery] {
+	t.Helper()
+	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashDelivery {
+		d := crashDelivery{origin: m.Client}
+		d.ev, d.evErr = outbox.DecodeEvent(m.Payload)
+		return d
+	})
+	require.NoError(t, err)
+	return rec
+}
+
+// createOrders creates the database with its orders table.
+func createOrders(t *testing.T, path string) {
+	t.Helper()
+	ob, err := outbox.Open(context.Background(), path, outbox.Options{Logger: testLogger()})
+	require.NoError(t, err)
+	_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL)`)
+	require.NoError(t, err)
+	require.NoError(t, ob.Close())
+}
+
+// openReadOnly opens the database as a killed process left it: a read-only
+// connection neither checkpoints nor deletes the WAL, so the next child
+// still recovers from that state.
+func openReadOnly(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?mode=ro")
+	require.NoError(t, err)
+	return db
+}
+
+// drainRest lets one relay, in this process, finish the job: it relays
+// what the children left straight to the broker (not through their link)
+// until nothing is pending. The test's end closes ob and stops the relay,
+// if the caller has not; log has what the relay logged.
+func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, client string, backlog int) (ob *outbox.Outbox, stop func(), log *harness.LogBuffer) {
+	t.Helper()
+	log = &harness.LogBuffer{}
+	ob, err := outbox.Open(context.Background(), path, outbox.Options{Synchronous: sync,
+		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.NoError(t, err)
+	t.Cleanup(func() { ob.Close() })
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(brokerURL, client))
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	relay, err := ob.NewRelay(pub, crashRelayOptions(client))
+	require.NoError(t, err)
+	stop = startRelay(t, relay)
+	harness.Eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
+		func() bool { return countState(t, ob, "pending") == 0 })
+	return ob, stop, log
+}
+
+// crashOrder is a committed order: its row, and the child that committed it.
+type crashOrder struct {
+	rowid  int64
+	client string
+}
+
+// readOrders returns the orders in db, by event id.
+func readOrders(t *testing.T, db *sql.DB) map[string]crashOrder {
+	t.Helper()
+	committed := map[string]crashOrder{}
+	rows, err := db.Query(`SELECT id, event_id, client FROM orders ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var o crashOrder
+		require.NoError(t, rows.Scan(&o.rowid, &id, &o.client))
+		committed[id] = o
+	}
+	require.NoError(t, rows.Err())
+	return committed
+}
+
+// readRolledBack returns the ids the children rolled back on purpose, and
+// checks that none of them is among the committed orders.
+func readRolledBack(t *testing.T, path string, committed map[string]crashOrder) map[string]bool {
+	t.Helper()
+	rolledBack := map[string]bool{}
+	side, err := os.ReadFile(path)
+	require.NoError(t, err)
+	sc := bufio.NewScanner(bytes.NewReader(side))
+	for sc.Scan() {
+		if id := sc.Text(); len(id) == 36 { // a line cut short by a kill is no id
+			rolledBack[id] = true
+		}
+	}
+	require.NoError(t, sc.Err())
+	for id := range rolledBack {
+		_, ok := committed[id]
+		require.False(t, ok, "event %s is listed as rolled back but its order was committed", id)
+	}
+	return rolledBack
+}
+
+// undelivered waits a little for every committed order's event to be
+// delivered (mochi acknowledges a publish before it routes it) and returns
+// those that were not, in commit order.
+func undelivered(rec *harness.Recorder[crashDelivery], committed map[string]crashOrder) []string {
+	var missing []string
+	harness.WaitFor(10*time.Second, func() bool {
+		seen := map[string]bool{}
+		for _, d := range rec.All() {
+			seen[d.ev.ID] = true
+		}
+		missing = missing[:0]
+		for id := range committed {
+			if !seen[id] {
+				missing = append(missing, id)
+			}
+		}
+		return len(missing) == 0
+	})
+	slices.SortFunc(missing, func(a, b string) int { return cmp.Compare(committed[a].rowid, committed[b].rowid) })
+	return missing
+}
+
+// deliveryCheck is what checkDeliveries found.
+type deliveryCheck struct {
+	first  map[string]int64 // event id -> the sequence of its first delivery
+	dups   int
+	dupsBy map[string]int // re-sending process -> duplicates it sent
+	// phantom lists, once each, the events delivered whose order is not
+	// in the database; rolledBackSent those of them rolled back on purpose.
+	phantom, rolledBackSent []string
+	seqReused               int    // first deliveries of a sequence number an earlier event was delivered with
+	seqChanged              int    // duplicates with another sequence than their first delivery's
+	disorder                string // the first delivery out of commit order, described
+	bad                     error  // the first malformed delivery
+}
+
+// checkDeliveries goes through every delivery, in the order the broker
+// routed them. A duplicate is counted against the process that sent it
+// again, i.e. against the crash (or cut) before it. First deliveries of
+// committed events must come in commit order, by the envelope's sequence
+// and by the orders' own row order.
+func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolledBack map[string]bool) deliveryCheck {
+	c := deliveryCheck{first: map[string]int64{}, dupsBy: map[string]int{}}
+	bySeq := map[int64]string{} // sequence -> the first event delivered with it
+	var lastSeq, lastRow int64
+	for i, d := range ds {
+		if err := wellFormed(d); err != nil {
+			if c.bad == nil {
+				c.bad = fmt.Errorf("delivery %d (by %s): %w", i, d.origin, err)
+			}
+			continue
+		}
+		id, seq := d.ev.ID, d.ev.Sequence
+		if s, ok := c.first[id]; ok {
+			c.dups++
+			c.dupsBy[d.origin]++
+			if s != seq {
+				c.seqChanged++
+			}
+			continue
+		}
+		c.first[id] = seq
+		if other, ok := bySeq[seq]; ok && other != id {
+			c.seqReused++
+		} else {
+			bySeq[seq] = id
+		}
+		o, ok := committed[id]
+		if !ok {
+			c.phantom = append(c.phantom, id)
+			if rolledBack[id] {
+				c.rolledBackSent = append(c.rolledBackSent, id)
+			}
+			continue
+		}
+		if c.disorder == "" && (seq <= lastSeq || o.rowid <= lastRow) {
+			c.disorder = fmt.Sprintf("delivery %d (by %s): sequence %d after %d, order row %d after %d",
+				i, d.origin, seq, lastSeq, o.rowid, lastRow)
+		}
+		lastSeq, lastRow = seq, o.rowid
+	}
+	return c
+}
+
+// wellFormed checks a delivery's envelope and that its payload belongs to it.
+func wellFormed(d crashDelivery) error {
+	if d.evErr != nil {
+		return d.evErr
+	}
+	if d.ev.Source != crashSource {
+		return fmt.Errorf("source %q, want %q", d.ev.Source, crashSource)
+	}
+	var p crashPayload
+	if err := json.Unmarshal(d.ev.Data, &p); err != nil {
+		return fmt.Errorf("data: %w", err)
+	}
+	if p.ID != d.ev.ID {
+		return fmt.Errorf("payload of %s in the envelope of %s", p.ID, d.ev.ID)
+	}
+	return nil
+}
+
+// phantoms describes the phantom deliveries briefly: how many, and the
+// first few ids.
+func (c deliveryCheck) phantoms() string {
+	if len(c.phantom) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d events delivered whose order is not in the database (%d of them rolled back on purpose), e.g. %s",
+		len(c.phantom), len(c.rolledBackSent), strings.Join(c.phantom[:min(3, len(c.phantom))], ", "))
+}
+
+// mostDups is the most duplicates one process sent, and which.
+func (c deliveryCheck) mostDups() (n int, by string) {
+	for origin, d := range c.dupsBy {
+		if d > n {
+			n, by = d, origin
+		}
+	}
+	return n, by
+}

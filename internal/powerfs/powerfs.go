@@ -133,6 +133,20 @@ func Start(tb TB, backingDir string) *FS {
 	return f
 }
 
+// SyncDir fsyncs the directory dir, so that the names in it survive a
+// cut: a file created and synced is not durable until its directory is.
+func SyncDir(tb TB, dir string) {
+	tb.Helper()
+	d, err := os.Open(dir)
+	if err != nil {
+		tb.Fatalf("powerfs: %v", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		tb.Fatalf("powerfs: syncing %s: %v", dir, err)
+	}
+}
+
 // Mountpoint is the directory the file system is mounted on. It stays the
 // same across cuts.
 func (f *FS) Mountpoint() string { return f.mountpoint }

@@ -43,14 +43,6 @@ func writeFile(t *testing.T, path string, off int64, data []byte, sync bool) {
 	}
 }
 
-func syncDir(t *testing.T, dir string) {
-	t.Helper()
-	d, err := os.Open(dir)
-	require.NoError(t, err)
-	defer d.Close()
-	require.NoError(t, d.Sync())
-}
-
 func truncate(t *testing.T, path string, size int64, sync bool) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -80,7 +72,7 @@ func TestSyncedSurvivesUnsyncedDoesNot(t *testing.T) {
 	p := filepath.Join(mnt, "data")
 	synced := append(fill('a', 10000), fill('b', 3)...)
 	writeFile(t, p, 0, synced, true)
-	syncDir(t, mnt)
+	powerfs.SyncDir(t, mnt)
 	writeFile(t, p, int64(len(synced)), fill('c', 5000), false) // appended
 	writeFile(t, p, 100, fill('d', 50), false)                  // over synced bytes
 	writeFile(t, p, 120, fill('e', 50), false)                  // over the same page again
@@ -119,7 +111,7 @@ func TestSizeChanges(t *testing.T) {
 	for _, p := range []string{shrunk, grown, kept} {
 		writeFile(t, p, 0, content, true)
 	}
-	syncDir(t, mnt)
+	powerfs.SyncDir(t, mnt)
 	truncate(t, shrunk, 10, false)
 	writeFile(t, shrunk, 4096*5, []byte("past the old end"), false) // and grown again, with a hole
 	truncate(t, grown, 1<<20, false)
@@ -145,8 +137,8 @@ func TestNamesNeedASync(t *testing.T) {
 	for _, name := range []string{"unlinked", "renamed", "over-from", "over-to", "sub/renamed-for-good", "sub/replaced"} {
 		writeFile(t, in(name), 0, []byte(name), true)
 	}
-	syncDir(t, mnt)
-	syncDir(t, in("sub"))
+	powerfs.SyncDir(t, mnt)
+	powerfs.SyncDir(t, in("sub"))
 
 	writeFile(t, in("never-synced"), 0, []byte("x"), false)
 	writeFile(t, in("file-synced"), 0, []byte("file"), true)
@@ -162,14 +154,14 @@ func TestNamesNeedASync(t *testing.T) {
 	require.NoError(t, os.Remove(in("tmp-unlinked")))
 	require.NoError(t, os.Mkdir(in("newdir"), 0o755))
 	writeFile(t, in("newdir/all-synced"), 0, []byte("but not newdir's name"), true)
-	syncDir(t, in("newdir"))
+	powerfs.SyncDir(t, in("newdir"))
 	// In sub, whose fsync comes last:
 	writeFile(t, in("sub/dir-synced"), 0, []byte("data not synced"), false)
 	require.NoError(t, os.Rename(in("sub/renamed-for-good"), in("sub/renamed")))
 	// The safe way to replace a file: write, fsync, rename, fsync the directory.
 	writeFile(t, in("sub/tmp"), 0, []byte("replaced safely"), true)
 	require.NoError(t, os.Rename(in("sub/tmp"), in("sub/replaced")))
-	syncDir(t, in("sub"))
+	powerfs.SyncDir(t, in("sub"))
 	writeFile(t, in("sub/after-the-sync"), 0, []byte("y"), false)
 
 	fs.Cut()
@@ -207,7 +199,7 @@ func TestTornKeepsSomePages(t *testing.T) {
 	p := filepath.Join(mnt, "torn")
 	const pages = 64
 	writeFile(t, p, 0, fill('o', pages*4096), true)
-	syncDir(t, mnt)
+	powerfs.SyncDir(t, mnt)
 	keptBy := map[uint64][]bool{}
 	for _, seed := range []uint64{1, 2, 3, 4, 5, 1} {
 		writeFile(t, p, 0, fill('n', pages*4096), false)
@@ -250,7 +242,7 @@ func TestCutWithAFileOpen(t *testing.T) {
 	fs, _ := start(t)
 	p := filepath.Join(fs.Mountpoint(), "open")
 	writeFile(t, p, 0, []byte("synced"), true)
-	syncDir(t, fs.Mountpoint())
+	powerfs.SyncDir(t, fs.Mountpoint())
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
 	require.NoError(t, err)
 	defer f.Close()

@@ -18,6 +18,10 @@ import (
 type walSyncer struct {
 	path  string
 	syncs atomic.Int64 // fsyncs made, for benchmarks
+	// begun numbers the syncs as they start; durable is the number of the
+	// last one that succeeded. A commit made before sync number n began is
+	// durable once durable >= n: see ticket.
+	begun, durable atomic.Int64
 
 	mu sync.Mutex
 	f  *os.File
@@ -28,9 +32,11 @@ type walSyncer struct {
 func (w *walSyncer) sync() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := w.begun.Add(1)
 	if w.f == nil {
 		f, err := os.OpenFile(w.path, os.O_RDWR, 0)
 		if errors.Is(err, os.ErrNotExist) {
+			w.durable.Store(n)
 			return nil
 		}
 		if err != nil {
@@ -40,6 +46,9 @@ func (w *walSyncer) sync() error {
 	}
 	err := w.f.Sync()
 	w.syncs.Add(1)
+	if err == nil {
+		w.durable.Store(n)
+	}
 	if err != nil {
 		// Opened again next time: an error may leave the descriptor in a
 		// state that later syncs would not report.
@@ -48,6 +57,13 @@ func (w *walSyncer) sync() error {
 	}
 	return err
 }
+
+// ticket is taken right after a commit: the commit is durable once
+// covered(ticket) (a sync that began after the ticket has succeeded).
+func (w *walSyncer) ticket() int64 { return w.begun.Load() + 1 }
+
+// covered reports whether the commit that took ticket t is durable.
+func (w *walSyncer) covered(t int64) bool { return w.durable.Load() >= t }
 
 // close releases the descriptor.
 func (w *walSyncer) close() {

@@ -194,6 +194,9 @@ type Relay struct {
 	// durable.go); syncWAL is wal.sync unless a test replaces it.
 	wal     *walSyncer
 	syncWAL func() error
+	// syncMarks makes the relay's marks durable when too many wait for a
+	// sync (session.markLoop); wal.sync unless a test replaces it.
+	syncMarks func() error
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -219,6 +222,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
 	r.syncWAL = r.wal.sync
+	r.syncMarks = r.wal.sync
 	return r, nil
 }
 

@@ -67,6 +67,7 @@ type powerRun struct {
 
 	reported   map[string]string // every id a child reported committed -> that child
 	undone     int               // of those, the ones a cut took away
+	maxUndone  [2]int            // the most one cut took away, with the broker there and away
 	kinds      [cutKinds]int
 	awayUndid  int // cuts with the broker away that undid commits
 	torn       int
@@ -141,6 +142,11 @@ func (p *powerRun) cycle(n int, verbose bool) (pending int) {
 	if away && undone > 0 {
 		p.awayUndid++
 	}
+	i := 0
+	if away {
+		i = 1
+	}
+	p.maxUndone[i] = max(p.maxUndone[i], undone)
 	if verbose {
 		t.Logf("  cut %d (%s): %d commits reported, %d undone, %d pending", n, cutNames[kind], len(child.committed()), undone, pending)
 	}
@@ -229,6 +235,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	t.Logf("  cuts: %d at start, %d draining, %d with the broker away (%d from the start, %d gone later; %d of them undid commits), %d torn",
 		run.kinds[cutAtStart], run.kinds[cutDraining], run.kinds[cutAwayFirst]+run.kinds[cutAwayLater],
 		run.kinds[cutAwayFirst], run.kinds[cutAwayLater], run.awayUndid, run.torn)
+	t.Logf("  most commits one cut undid: %d with the broker there, %d with it away", run.maxUndone[0], run.maxUndone[1])
 	t.Logf("  %d orders in the database at the end, %d rolled back on purpose; most duplicates sent by %s; %d connections lost; most pending after a cut %d; %s cutting, %s in all",
 		len(committed), len(rolledBack), maxBy, lostConns, run.maxBacklog, cutting.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
 

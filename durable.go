@@ -17,7 +17,7 @@ import (
 // crash-duplicate bound on power loss too.
 type walSyncer struct {
 	path  string
-	syncs atomic.Int64 // fsyncs made, for benchmarks
+	syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs
 
 	mu sync.Mutex
 	f  *os.File

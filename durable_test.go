@@ -124,3 +124,37 @@ func TestDurableBeforePublish(t *testing.T) {
 	fail.Store(false)
 	eventually(t, 5*time.Second, "published once it can", func() bool { return r2pub.publishedCount() == 1 })
 }
+
+// TestRelayStatsWALSyncs: the fsyncs durable before publish costs are
+// counted where they are made and shown in the relay's Stats, so that an
+// operator and outboxctl bench can see what the guarantee costs: one per
+// batch read for a backlog, one per event for a trickle.
+func TestRelayStatsWALSyncs(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{Synchronous: SyncNormal})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.BatchSize = 100
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	syncs := func() int64 {
+		st, err := r.Stats(ctx)
+		require.NoError(t, err)
+		return st.WALSyncs
+	}
+	require.Zero(t, syncs())
+	for i := 1; i <= 450; i++ {
+		commitOrder(t, ob, "t", i)
+	}
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the backlog", func() bool { return pub.publishedCount() == 450 })
+	// 450 rows committed before the relay started: four batches of 100
+	// and one of 50; the read-ahead's reads are batch reads too.
+	require.Equal(t, int64(5), syncs(), "one fsync per batch read")
+	for i := 451; i <= 470; i++ {
+		commitOrder(t, ob, "t", i)
+		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
+		require.Equal(t, int64(5+i-450), syncs(), "one fsync per event of a trickle")
+	}
+	require.Equal(t, r.wal.syncs.Load(), syncs())
+}

@@ -190,7 +190,15 @@ func benchMarkSent(b *testing.B, batch int) {
 // BenchmarkRelayDrain is the whole relay — fetch, encode, publish, mark —
 // against a publisher that acknowledges at once: the relay's own ceiling,
 // without a network or a broker. One operation drains 10,000 messages.
+// durable is the relay as it is; nosync is the same without the fsync of
+// the WAL before publishing (durable.go), which the public API cannot turn
+// off: the cost of durable before publish is the difference.
 func BenchmarkRelayDrain(b *testing.B) {
+	b.Run("durable", func(b *testing.B) { benchRelayDrain(b, true) })
+	b.Run("nosync", func(b *testing.B) { benchRelayDrain(b, false) })
+}
+
+func benchRelayDrain(b *testing.B, durable bool) {
 	const n = 10_000
 	total := time.Duration(0)
 	var syncs int64
@@ -201,6 +209,9 @@ func BenchmarkRelayDrain(b *testing.B) {
 		r, err := ob.NewRelay(pub, fastRelay())
 		if err != nil {
 			b.Fatal(err)
+		}
+		if !durable {
+			r.syncWAL = func() error { return nil }
 		}
 		b.StartTimer()
 		start := time.Now()

@@ -242,11 +242,11 @@ type RelayStats struct {
 	LastErrorAt time.Time
 	LastAck     time.Time // last acknowledged publish
 	// WALSyncs is how many fsyncs of the WAL the relay made before
-	// publishing since Run started (durable before publish: a commit made at
-	// synchronous=NORMAL must be on the disk before the broker has its
-	// event). It is there to show what that guarantee costs: at most one per
-	// batch read, so one per event under a trickle and about 4 per 1,000
-	// events in a backlog (BatchSize 256).
+	// publishing since Run started, failed ones included (durable before
+	// publish: a commit made at synchronous=NORMAL must be on the disk before
+	// the broker has its event). It is there to show what that guarantee
+	// costs: at most one per batch read, so one per event under a trickle and
+	// about 4 per 1,000 events in a backlog (BatchSize 256).
 	WALSyncs int64
 }
 

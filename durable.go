@@ -17,7 +17,8 @@ import (
 // crash-duplicate bound on power loss too.
 type walSyncer struct {
 	path  string
-	syncs atomic.Int64 // fsyncs made, for benchmarks
+	syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs
+	marks atomic.Int64 // of them, those made for the marks: RelayStats.MarkSyncs
 	// begun numbers the syncs as they start; durable is the number of the
 	// last one that succeeded. A commit made before sync number n began is
 	// durable once durable >= n: see ticket.

@@ -193,3 +193,41 @@ func TestMarksDurableWithinTheCrashBound(t *testing.T) {
 	t.Logf("most published ahead of the durable mark: %d (bound %d); %d syncs for the marks, %d in all, for %d messages",
 		pub.maxGap.Load(), bound, markSyncs.Load(), r.wal.syncs.Load(), rows)
 }
+
+// TestRelayStatsWALSyncs: the fsyncs durable before publish costs are
+// counted where they are made and shown in the relay's Stats, so that an
+// operator and outboxctl bench can see what the guarantee costs: one per
+// batch read for a backlog, one per event for a trickle.
+func TestRelayStatsWALSyncs(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{Synchronous: SyncNormal})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.BatchSize = 100
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	// The syncs that make marks durable (markLoop) count too.
+	var markSyncs atomic.Int64
+	r.syncMarks = func() error { markSyncs.Add(1); return r.wal.sync() }
+	syncs := func() int64 {
+		st, err := r.Stats(ctx)
+		require.NoError(t, err)
+		require.Equal(t, markSyncs.Load(), st.MarkSyncs)
+		return st.WALSyncs
+	}
+	require.Zero(t, syncs())
+	for i := 1; i <= 450; i++ {
+		commitOrder(t, ob, "t", i)
+	}
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the backlog", func() bool { return pub.publishedCount() == 450 })
+	// 450 rows committed before the relay started: four batches of 100
+	// and one of 50; the read-ahead's reads are batch reads too.
+	require.Equal(t, 5+markSyncs.Load(), syncs(), "one fsync per batch read, and the marks' own")
+	for i := 451; i <= 470; i++ {
+		commitOrder(t, ob, "t", i)
+		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
+		require.Equal(t, int64(5+i-450)+markSyncs.Load(), syncs(), "one fsync per event of a trickle")
+	}
+	require.Equal(t, r.wal.syncs.Load(), syncs())
+}

@@ -594,6 +594,7 @@ func (s *session) markLoop() {
 		heldN += len(batch)
 		release(false)
 		if heldN >= enough {
+			r.wal.marks.Add(1)
 			if err := r.syncMarks(); err != nil {
 				// The next batch read syncs too, and publishes nothing
 				// while that fails; holding the tokens would only stall

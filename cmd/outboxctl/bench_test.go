@@ -35,6 +35,7 @@ func TestBenchSmoke(t *testing.T) {
 		"catchup_seconds", "catchup_enqueue_p99_ms",
 		"memory_peak_heap_mib", "memory_peak_rss_mib",
 		"baseline_ours_steady_p50_ms", "baseline_articles_outage_attempts_charged",
+		"durable_full_backlog_msgs_per_s", "durable_normal_backlog_msgs_per_s", "durable_normal_trickle_puback_p99_ms",
 	} {
 		v, ok := rep[k].(float64)
 		require.True(t, ok, "%s = %v", k, rep[k])
@@ -43,6 +44,16 @@ func TestBenchSmoke(t *testing.T) {
 	require.Equal(t, true, rep["drain_mochi_order_held"])
 	require.Equal(t, rep["baseline_ours_outage_committed"], rep["baseline_ours_outage_delivered"], "ours loses nothing in an outage")
 	require.Nil(t, rep["drain_mosquitto_w64_ratio"], "--mosquitto none")
+	// Durable before publish: at most one fsync per batch read, and some;
+	// the marks' at most one per 32 acknowledgements (Window 64).
+	for _, m := range []string{"full", "normal"} {
+		perK, _ := rep["durable_"+m+"_backlog_fsyncs_per_1000"].(float64)
+		marksPerK, _ := rep["durable_"+m+"_backlog_mark_fsyncs_per_1000"].(float64)
+		require.True(t, perK-marksPerK > 0 && perK-marksPerK <= 4, "%s backlog: %v fsyncs per 1,000 events, %v of them for the marks", m, perK, marksPerK)
+		require.LessOrEqual(t, marksPerK, 1000.0/32, "%s backlog: fsyncs for the marks per 1,000 events", m)
+		perEvent, _ := rep["durable_"+m+"_trickle_fsyncs_per_event"].(float64)
+		require.True(t, perEvent > 0 && perEvent <= 1, "%s trickle: %v fsyncs per event", m, perEvent)
+	}
 
 	// The Markdown form has a table per section.
 	r = ctl(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
@@ -51,6 +62,6 @@ func TestBenchSmoke(t *testing.T) {
 	require.Contains(t, r.stdout, "| FULL: library / business alone |")
 	require.True(t, strings.Contains(r.stdout, "**met**") || strings.Contains(r.stdout, "**MISSED**"))
 
-	r = ctl(t, "bench", "--sections", "8")
+	r = ctl(t, "bench", "--sections", "9")
 	require.Equal(t, 2, r.code, r.stderr)
 }

@@ -194,6 +194,6 @@ func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration)
 			continue
 		}
 		a.logger.Info("outbox relay stats", "connected", s.Connected, "pending", s.Pending, "pending_bytes", s.PendingBytes,
-			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "last_error", s.LastError)
+			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
 }

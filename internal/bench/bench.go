@@ -1,8 +1,9 @@
 // Package bench measures the outbox against the physical limits of the
 // machine it runs on, in one process and one run: what an enqueue costs the
 // business transaction, how fast a backlog drains compared with raw MQTT
-// publishing, latency, catch-up after an outage, memory, binary size, and a
-// baseline (the polling dispatcher of the articles). outboxctl bench runs it.
+// publishing, latency, catch-up after an outage, memory, binary size, a
+// baseline (the polling dispatcher of the articles), and what durable
+// before publish costs. outboxctl bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -36,7 +37,7 @@ const (
 // Config says what to run.
 type Config struct {
 	Mode Mode
-	// Sections to run, 1..7; empty means all.
+	// Sections to run, 1..8; empty means all.
 	Sections []int
 	// Self is the command line that runs this program's child entry point
 	// (Child): the sidecar writer and the relay whose memory is measured
@@ -66,6 +67,7 @@ type sizes struct {
 	baseSteady                        time.Duration
 	baseRate                          int
 	basePre, baseOutage, basePost     time.Duration
+	durBacklog, durTrickle            int
 }
 
 func sizesFor(m Mode) sizes {
@@ -80,6 +82,7 @@ func sizesFor(m Mode) sizes {
 			sizeBuild:  true,
 			baseSteady: 10 * time.Second, baseRate: 10,
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
+			durBacklog: 50_000, durTrickle: 1000,
 		}
 	case Smoke:
 		return sizes{
@@ -90,6 +93,7 @@ func sizesFor(m Mode) sizes {
 			memBacklog: 2000,
 			baseSteady: 500 * time.Millisecond, baseRate: 10,
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
+			durBacklog: 500, durTrickle: 30,
 		}
 	}
 	return sizes{
@@ -101,6 +105,7 @@ func sizesFor(m Mode) sizes {
 		sizeBuild:  true,
 		baseSteady: 3 * time.Second, baseRate: 10,
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
+		durBacklog: 10_000, durTrickle: 300,
 	}
 }
 
@@ -142,6 +147,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		run func(context.Context) error
 	}{
 		{1, r.enqueue}, {2, r.drain}, {3, r.latency}, {4, r.catchup}, {5, r.memory}, {6, r.size}, {7, r.baseline},
+		{8, r.durable},
 	}
 	for _, s := range sections {
 		if !r.selected(s.n) {

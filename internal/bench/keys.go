@@ -122,5 +122,18 @@ var keys = func() []keyDoc {
 		add(7, p+"recovery_seconds", x.name+": broker back → all deliverable delivered", "s", "")
 		add(7, p+"p99_ms", x.name+": commit → subscriber p99, whole run (delivered messages)", "ms", "")
 	}
+
+	// 8. Durable before publish.
+	add(8, "durable_backlog_events", "backlog committed while the broker is away", "count", "")
+	add(8, "durable_trickle_events", "trickle: events, each committed once the previous one is acknowledged", "count", "")
+	for _, m := range []struct{ key, name string }{{"full", "FULL"}, {"normal", "NORMAL"}} {
+		p := "durable_" + m.key + "_"
+		add(8, p+"backlog_msgs_per_s", m.name+": backlog drained (mochi)", "msg/s", "")
+		add(8, p+"backlog_fsyncs_per_1000", m.name+": backlog: WAL fsyncs per 1,000 events, all", "fsyncs", "≤ 4 + the marks'")
+		add(8, p+"backlog_mark_fsyncs_per_1000", m.name+": backlog: of them, for the marks", "fsyncs", "≤ 31.25")
+		add(8, p+"trickle_fsyncs_per_event", m.name+": trickle: WAL fsyncs per event", "fsyncs", "≤ 1")
+		add(8, p+"trickle_puback_p50_ms", m.name+": trickle: commit → PUBACK p50", "ms", "")
+		add(8, p+"trickle_puback_p99_ms", m.name+": trickle: commit → PUBACK p99", "ms", "")
+	}
 	return k
 }()

@@ -18,6 +18,7 @@ var sectionTitles = map[int]string{
 	5: "Memory",
 	6: "Size",
 	7: "Baseline: the articles' polling dispatcher",
+	8: "Durable before publish",
 }
 
 // Meta describes the run: machine, versions, mode and duration.
@@ -46,7 +47,7 @@ type figure struct {
 	key     string
 	section int
 	label   string
-	unit    string // tx/s, msg/s, ratio, ms, MiB, bytes, s, count, bool, text
+	unit    string // tx/s, msg/s, ratio, ms, MiB, bytes, s, count, bool, text, fsyncs
 	value   any    // nil until measured (or when unavailable)
 	target  string // e.g. "≥ 0.90"; empty if none
 	met     *bool
@@ -177,7 +178,7 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, ", Mosquitto %s (local process)", m.Mosquitto)
 	}
 	fmt.Fprintf(w, " |\n| run time | %.0f s |\n| load average (1, 5, 15 min) | %s at the start, %s at the end |\n", m.Seconds, m.LoadStart, m.LoadEnd)
-	for s := 1; s <= 7; s++ {
+	for s := 1; s <= len(sectionTitles); s++ {
 		fmt.Fprintf(w, "\n## %d. %s\n\n", s, sectionTitles[s])
 		if why, ok := r.missing[s]; ok {
 			fmt.Fprintf(w, "Not run: %s.\n", why)
@@ -237,6 +238,8 @@ func formatValue(f *figure) string {
 			return fmt.Sprintf("%.1f µs", v)
 		case "allocs", "B":
 			return fmt.Sprintf("%.1f", v) + unitSuffix(f.unit)
+		case "fsyncs":
+			return fmt.Sprintf("%.2f", v) + unitSuffix(f.unit)
 		}
 		return thousands(int64(math.Round(v))) + unitSuffix(f.unit)
 	}

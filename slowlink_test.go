@@ -60,6 +60,22 @@ func slowLinkPublisher(t *testing.T, brokerURL string, sndbuf int) *MQTTPublishe
 	return pub
 }
 
+// startSlowLink starts a broker behind a proxy that moves rate bytes per
+// second each way, an outbox holding a 32 KiB message, and a relay with opts
+// (not running) whose publisher has a send buffer of sndbuf bytes (0: the
+// kernel's) and goes through the proxy.
+func startSlowLink(t *testing.T, rate int64, sndbuf int, opts RelayOptions) (*broker, *harness.FaultProxy, *Outbox, *Relay) {
+	t.Helper()
+	b := startBroker(t)
+	p := harness.StartShapedProxy(t, b.addr, rate, rate)
+	ob := openTest(t, Options{})
+	r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), sndbuf), opts)
+	require.NoError(t, err)
+	reportOnFailure(t, ob, p)
+	commitBlob(t, ob, "pos/blobs", 32<<10)
+	return b, p, ob, r
+}
+
 // commitBlob commits a business row and an event with a JSON payload of
 // about n bytes.
 func commitBlob(t *testing.T, ob *Outbox, topic string, n int) {
@@ -110,15 +126,9 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 	for _, tc := range slowLinkSendBuffers {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := startBroker(t)
 			const rate = 2500 // bytes per second each way: 20 kbit/s
-			p := harness.StartShapedProxy(t, b.addr, rate, rate)
-			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
-			require.NoError(t, err)
-			reportOnFailure(t, ob, p)
-			commitBlob(t, ob, "pos/blobs", 32<<10)
+			b, p, ob, r := startSlowLink(t, rate, tc.sndbuf, opts)
 			commitOrder(t, ob, "pos/orders", 2)
 			commitOrder(t, ob, "pos/orders", 3)
 
@@ -153,15 +163,9 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 	for _, tc := range slowLinkSendBuffers {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := startBroker(t)
 			const rate = 5000 // bytes per second each way: 40 kbit/s
-			p := harness.StartShapedProxy(t, b.addr, rate, rate)
-			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
-			require.NoError(t, err)
-			reportOnFailure(t, ob, p)
-			commitBlob(t, ob, "pos/blobs", 32<<10)
+			_, p, ob, r := startSlowLink(t, rate, tc.sndbuf, opts)
 			startRelay(t, r)
 
 			// Cut mid-message: on the next connection it is the suspect,

@@ -68,12 +68,32 @@ func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
 func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	_, ok := waitTick(ctx, t.C, wake)
+	return ok
+}
+
+// waitTick waits until ctx ends (ok false), wake receives (woken true; a nil
+// wake never does) or tick fires: the one wait of every loop that must end
+// with the relay or the subscriber.
+func waitTick(ctx context.Context, tick <-chan time.Time, wake <-chan struct{}) (woken, ok bool) {
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-wake:
-		return true
-	case <-t.C:
-		return true
+		return true, true
+	case <-tick:
+		return false, true
+	}
+}
+
+// every calls fn every d, and at once when wake receives, until ctx ends.
+func every(ctx context.Context, d time.Duration, wake <-chan struct{}, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		if _, ok := waitTick(ctx, t.C, wake); !ok {
+			return
+		}
+		fn()
 	}
 }

@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -20,12 +18,7 @@ import (
 )
 
 // testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return harness.TestLogger() }
 
 func openTest(t testing.TB, opts Options) *Outbox {
 	t.Helper()

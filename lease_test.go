@@ -141,12 +141,7 @@ func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	child.Wait()
 
-	pub := &fakePublisher{}
-	opts := fastRelay()
-	opts.LeaseTTL = time.Hour
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	startRelay(t, r)
+	pub := startLongLeaseRelay(t, ob)
 	eventually(t, 10*time.Second, "the lease taken and the backlog published, long before a TTL", func() bool {
 		return pub.publishedCount() == 1
 	})
@@ -165,12 +160,7 @@ func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
 		VALUES ('relay', 'before-the-power-cut', 7, 0, ?, ?, 'an-earlier-boot', ?, ?, ?)`,
 		self.host, self.machineID, self.pid, self.pidStart, self.pidNS)
 	require.NoError(t, err)
-	pub := &fakePublisher{}
-	opts := fastRelay()
-	opts.LeaseTTL = time.Hour
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	startRelay(t, r)
+	pub := startLongLeaseRelay(t, ob)
 	eventually(t, 10*time.Second, "published, long before a TTL", func() bool { return pub.publishedCount() == 1 })
 
 	// A holder on another host is waited for.
@@ -187,4 +177,18 @@ func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
 	took, _, err := l.try(context.Background(), &watch{}, time.Now())
 	require.NoError(t, err)
 	require.False(t, took)
+}
+
+// startLongLeaseRelay starts a relay on ob, publishing to a fakePublisher,
+// whose lease lasts an hour: what it publishes within a test, it did not
+// wait a TTL for.
+func startLongLeaseRelay(t *testing.T, ob *Outbox) *fakePublisher {
+	t.Helper()
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	return pub
 }

@@ -19,6 +19,15 @@ func checkCounters(t testing.TB, db *sql.DB) {
 	harness.CheckPendingCounters(t, db)
 }
 
+// execCounted runs q, as a plain-SQL writer would, and checks the counters
+// after it.
+func execCounted(t testing.TB, db *sql.DB, q string) {
+	t.Helper()
+	_, err := db.Exec(q)
+	require.NoError(t, err, q)
+	checkCounters(t, db)
+}
+
 func enqueueTopic(ctx context.Context, ob *Outbox, topic string, payload []byte) error {
 	return ob.Transact(ctx, func(tx *sql.Tx) error {
 		return ob.Enqueue(ctx, tx, Message{Topic: topic, Payload: payload})
@@ -128,19 +137,13 @@ func idempotentWriters(t *testing.T, opts Options) *Outbox {
 	ctx := context.Background()
 	ob := openTest(t, opts)
 	db := ob.DB()
-	exec := func(q string) {
-		t.Helper()
-		_, err := db.Exec(q)
-		require.NoError(t, err, q)
-		checkCounters(t, db)
-	}
-	exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+	execCounted(t, db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
 	for i := 0; i < 20; i++ {
-		exec(`INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
-		exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
+		execCounted(t, db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+		execCounted(t, db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
 	}
 	// A replace deletes the pending row of that id: its bytes leave.
-	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
+	execCounted(t, db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
 	// The same on a connection with recursive_triggers, where SQLite fires
 	// the DELETE trigger for the replaced row too: counted once.
 	conn, err := db.Conn(ctx)
@@ -154,12 +157,12 @@ func idempotentWriters(t *testing.T, opts Options) *Outbox {
 	require.NoError(t, conn.Close())
 	checkCounters(t, db)
 	// An upsert that changes the payload.
-	exec(`INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234')
+	execCounted(t, db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234')
 		ON CONFLICT (id) WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-')
 		DO UPDATE SET payload = excluded.payload`)
-	exec(`INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
+	execCounted(t, db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
 	// A replace of a row that is not the newest leaves a gap in the middle.
-	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '012')`)
+	execCounted(t, db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '012')`)
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
 	require.Equal(t, 2, pending)
@@ -176,12 +179,6 @@ func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
 	ctx := context.Background()
 	ob := idempotentWriters(t, Options{MaxPendingBytes: 100, MaxPendingMessages: 10})
 	db := ob.DB()
-	exec := func(q string) {
-		t.Helper()
-		_, err := db.Exec(q)
-		require.NoError(t, err, q)
-		checkCounters(t, db)
-	}
 	// A full drain leaves nothing counted: the whole limit is free again.
 	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
 	require.NoError(t, err)
@@ -190,7 +187,7 @@ func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
 	stop()
 	checkCounters(t, db)
 	// A replace of a row that is not pending (sent) adds the new one only.
-	exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
+	execCounted(t, db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
 	require.NoError(t, enqueueTopic(ctx, ob, "t", make([]byte, 90)), "the limit is all there")
 	require.ErrorIs(t, enqueueTopic(ctx, ob, "t", make([]byte, 1)), ErrFull)
 	checkCounters(t, db)
@@ -225,16 +222,10 @@ func TestWritersNeverOwnSeq(t *testing.T) {
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	startRelay(t, r)
-	insert := func(q string) {
-		t.Helper()
-		_, err := ob.DB().Exec(q)
-		require.NoError(t, err, q)
-		checkCounters(t, ob.DB())
-	}
-	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b')`)
 	eventually(t, 5*time.Second, "a and b sent", func() bool { return countState(t, ob, "sent") == 2 })
 	offset.Store(int64(time.Hour))
-	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'c')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload) VALUES ('t', 'c')`)
 	eventually(t, 5*time.Second, "c sent", func() bool { return countState(t, ob, "sent") == 3 })
 	// A purge that keeps the newest row: 1 and 2 go, 3 stays, so nothing
 	// raises the floor.
@@ -242,10 +233,10 @@ func TestWritersNeverOwnSeq(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 
-	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (1, 't', 'd')`) // below what was sent
-	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (0, 't', 'e')`) // an ORM that writes every column
-	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (3000, 't', 'f')`)
-	insert(`INSERT INTO outbox (seq, id, topic, payload, type, content_type, created_at, attempts, last_error, dead_at)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (seq, topic, payload) VALUES (1, 't', 'd')`) // below what was sent
+	execCounted(t, ob.DB(), `INSERT INTO outbox (seq, topic, payload) VALUES (0, 't', 'e')`) // an ORM that writes every column
+	execCounted(t, ob.DB(), `INSERT INTO outbox (seq, topic, payload) VALUES (3000, 't', 'f')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (seq, id, topic, payload, type, content_type, created_at, attempts, last_error, dead_at)
 		VALUES (NULL, 'order-9', 't', 'g', '', '', 0, 0, NULL, NULL)`)
 	eventually(t, 5*time.Second, "every row published", func() bool { return pub.publishedCount() == 7 })
 	pub.mu.Lock()
@@ -264,13 +255,13 @@ func TestWritersNeverOwnSeq(t *testing.T) {
 
 	// A seq into the gap a purged dead row left, below the relay's read
 	// position: still published, after what was committed before it.
-	insert(`INSERT INTO outbox (topic, payload) VALUES ('x', 'dead')`)
-	insert(`INSERT INTO outbox (topic, payload) VALUES ('t', 'h')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload) VALUES ('x', 'dead')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload) VALUES ('t', 'h')`)
 	eventually(t, 5*time.Second, "h sent", func() bool { return pub.publishedCount() == 8 })
 	require.Equal(t, 1, countState(t, ob, "dead"))
 	_, err = ob.PurgeDead(ctx)
 	require.NoError(t, err)
-	insert(`INSERT INTO outbox (seq, topic, payload) VALUES (8, 't', 'i')`)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (seq, topic, payload) VALUES (8, 't', 'i')`)
 	eventually(t, 5*time.Second, "i sent", func() bool { return pub.publishedCount() == 9 })
 	pub.mu.Lock()
 	require.Equal(t, []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}, pub.published)

@@ -249,24 +249,6 @@ func setLimits(ctx context.Context, db *sql.DB, count, bytes int64) error {
 	})
 }
 
-// recountSQL counts again what the limits are checked against: the numbers
-// above the mark that hold no pending message, and the pending bytes, each
-// only while its limit is set (otherwise nothing keeps them). The triggers
-// keep both exact for every writer that follows the table contract; a
-// writer that deletes pending rows by hand, or replaces them on a
-// connection of its own, can leave them off, so they are counted again on
-// every Open.
-const recountSQL = `UPDATE outbox_state SET
-	skipped = CASE WHEN max_pending_count > 0
-		THEN max(max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq
-			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND dead_at IS NULL), 0)
-		ELSE 0 END,
-	pending_bytes = CASE WHEN max_pending_bytes > 0
-		THEN (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > outbox_state.sent_seq AND dead_at IS NULL)
-		ELSE 0 END,
-	replacing_seq = 0, replacing_bytes = 0
-WHERE id = 1 AND (max_pending_count > 0 OR max_pending_bytes > 0 OR skipped <> 0 OR pending_bytes <> 0 OR replacing_seq <> 0)`
-
 // DB returns the database the outbox writes to.
 func (o *Outbox) DB() *sql.DB { return o.db }
 

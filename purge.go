@@ -9,21 +9,13 @@ import (
 
 // purgeLoop deletes sent rows past retention and gives free pages back.
 func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
-	t := time.NewTicker(r.opts.PurgeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-r.purgeNow:
-		}
+	every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {
 		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
 			r.writeFailed(err)
 			r.log.Warn("outbox purge failed", "err", err)
 		}
 		r.ob.reserve.refill()
-	}
+	})
 }
 
 func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {

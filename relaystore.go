@@ -201,12 +201,8 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 	t := time.NewTicker(r.opts.PollInterval)
 	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-wake:
-			return true
-		case <-t.C:
+		if woken, ok := waitTick(ctx, t.C, wake); !ok || woken {
+			return ok
 		}
 		var v int64
 		err := conn.do(func(c *sql.Conn) error {

@@ -204,18 +204,11 @@ func (s *Subscriber) Run(ctx context.Context) error {
 }
 
 func (s *Subscriber) purgeLoop(ctx context.Context) {
-	t := time.NewTicker(min(max(s.in.window/24, time.Second), time.Hour))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, min(max(s.in.window/24, time.Second), time.Hour), nil, func() {
 		if _, err := s.in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("outbox inbox purge failed", "err", err)
 		}
-	}
+	})
 }
 
 // disconnectWait bounds how long ending a session waits for paho to send

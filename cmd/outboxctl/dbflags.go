@@ -63,6 +63,21 @@ func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outb
 	return ob, nil
 }
 
+// openStats opens the outbox at --db as mode allows and reads its Stats;
+// the caller closes the outbox.
+func (f *dbFlags) openStats(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, outbox.Stats, error) {
+	ob, err := f.open(ctx, a, mode)
+	if err != nil {
+		return nil, outbox.Stats{}, err
+	}
+	st, err := ob.Stats(ctx)
+	if err != nil {
+		ob.Close()
+		return nil, outbox.Stats{}, f.explain(err)
+	}
+	return ob, st, nil
+}
+
 // explain turns an error about the database into one line an operator can
 // act on.
 func (f *dbFlags) explain(err error) error {

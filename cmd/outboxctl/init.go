@@ -28,15 +28,11 @@ stored, a negative value removes the limit. status shows them.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, statErr := os.Stat(db.path)
-			ob, err := db.open(cmd.Context(), a, create)
+			ob, st, err := db.openStats(cmd.Context(), a, create)
 			if err != nil {
 				return err
 			}
 			defer ob.Close()
-			st, err := ob.Stats(cmd.Context())
-			if err != nil {
-				return db.explain(err)
-			}
 			what := "existing file"
 			if errors.Is(statErr, os.ErrNotExist) {
 				what = "new file"

@@ -49,15 +49,11 @@ file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ob, err := db.open(cmd.Context(), a, inspect)
+			ob, st, err := db.openStats(cmd.Context(), a, inspect)
 			if err != nil {
 				return err
 			}
 			defer ob.Close()
-			st, err := ob.Stats(cmd.Context())
-			if err != nil {
-				return db.explain(err)
-			}
 			out := statusJSON{
 				DB: db.path, SchemaVersion: st.SchemaVersion,
 				Pending: st.Pending, PendingBytes: st.PendingBytes,

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -46,11 +45,8 @@ import (
 	"syscall"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 type config struct {
@@ -102,16 +98,18 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		defer os.RemoveAll(dir) // runs last: after the database is closed
 		cfg.db = filepath.Join(dir, "consumer.db")
 	}
-	var srv *mochi.Server
+	var srv *harness.Mochi
 	if cfg.demo {
-		var addr string
+		// An embedded MQTT broker (mochi, in this process, the one the
+		// repository's tests use) on a free loopback port; its inline
+		// client publishes the demo events.
 		var err error
-		srv, addr, err = startBroker()
+		srv, err = harness.LaunchMochi(harness.MochiOptions{})
 		if err != nil {
 			return fmt.Errorf("embedded broker: %w", err)
 		}
 		defer srv.Close()
-		cfg.broker = "tcp://" + addr
+		cfg.broker = srv.URL()
 	}
 
 	// The consumer's own database: its business table and, beside it, the
@@ -254,27 +252,6 @@ func (r *reporter) print(ctx context.Context) error {
 	return rows.Err()
 }
 
-// startBroker starts an embedded MQTT broker on a free loopback port. The
-// inline client lets this program publish the demo events into it.
-func startBroker() (*mochi.Server, string, error) {
-	srv := mochi.New(&mochi.Options{
-		InlineClient: true,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		return nil, "", err
-	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	if err := srv.AddListener(tcp); err != nil {
-		return nil, "", err
-	}
-	if err := srv.Serve(); err != nil {
-		srv.Close()
-		return nil, "", err
-	}
-	return srv, tcp.Address(), nil
-}
-
 // cloudEvent is the structured-mode CloudEvents JSON document that the
 // outbox relay publishes (see docs/wire.md).
 type cloudEvent struct {
@@ -311,7 +288,7 @@ var demoEvents = func() []cloudEvent {
 // message that is not JSON, then the third. Each --demo run expects
 // "applied 3, duplicates 1, malformed 1" with --count 3 (the third applied
 // event is the last message).
-func publishDemo(srv *mochi.Server) error {
+func publishDemo(srv *harness.Mochi) error {
 	docs := make([][]byte, len(demoEvents))
 	for i, ev := range demoEvents {
 		b, err := json.Marshal(ev)
@@ -331,7 +308,7 @@ func publishDemo(srv *mochi.Server) error {
 		{"stores/1/orders", docs[2]},
 	}
 	for _, m := range msgs {
-		if err := srv.Publish(m.topic, m.payload, false, 1); err != nil {
+		if err := srv.Server().Publish(m.topic, m.payload, false, 1); err != nil {
 			return errors.Join(fmt.Errorf("publish demo message to %s", m.topic), err)
 		}
 	}

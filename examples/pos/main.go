@@ -39,12 +39,8 @@ import (
 	"syscall"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
-
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // drainTimeout bounds the wait for the relay to send everything at the end.
@@ -111,21 +107,16 @@ func run(cfg config, logger *slog.Logger) error {
 
 	// Without --broker: an embedded broker, with a subscriber inside it that
 	// records what is delivered.
-	var (
-		srv *mochi.Server
-		rec *recorder
-	)
+	var rec *recorder
 	if cfg.broker == "" {
 		rec = newRecorder()
-		var addr string
-		var err error
-		srv, addr, err = startBroker(rec)
+		srv, err := startBroker(rec)
 		if err != nil {
 			return fmt.Errorf("embedded broker: %w", err)
 		}
 		// Closed last: after the relay has stopped (defers run in reverse).
 		defer srv.Close()
-		cfg.broker = "tcp://" + addr
+		cfg.broker = srv.URL()
 	}
 
 	ob, err := outbox.Open(ctx, cfg.db, outbox.Options{Logger: logger})
@@ -372,32 +363,19 @@ func countRows(ctx context.Context, db *sql.DB, table string) (int, error) {
 	return n, err
 }
 
-// startBroker starts an embedded MQTT broker on a free loopback port, with
-// an inline subscription to stores/# that feeds rec.
-func startBroker(rec *recorder) (*mochi.Server, string, error) {
-	// The broker logs every client's disconnection (EOF) as a warning;
-	// only its errors are of interest here.
-	srv := mochi.New(&mochi.Options{
-		InlineClient: true,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		return nil, "", err
+// startBroker starts an embedded MQTT broker (mochi, in this process, the
+// one the repository's tests use) on a free loopback port, with an inline
+// subscription to stores/# that feeds rec.
+func startBroker(rec *recorder) (*harness.Mochi, error) {
+	srv, err := harness.LaunchMochi(harness.MochiOptions{})
+	if err != nil {
+		return nil, err
 	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	if err := srv.AddListener(tcp); err != nil {
-		return nil, "", err
-	}
-	if err := srv.Subscribe("stores/#", 1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		rec.receive(pk.Payload)
-	}); err != nil {
-		return nil, "", err
-	}
-	if err := srv.Serve(); err != nil {
+	if err := srv.Subscribe("stores/#", func(m harness.Message) { rec.receive(m.Payload) }); err != nil {
 		srv.Close()
-		return nil, "", err
+		return nil, err
 	}
-	return srv, tcp.Address(), nil
+	return srv, nil
 }
 
 // recorder is the embedded broker's subscriber: it records each delivered

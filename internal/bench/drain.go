@@ -61,15 +61,23 @@ func (t *orderTracker) handle(_ string, payload []byte) {
 }
 
 func (t *orderTracker) wait(ctx context.Context, timeout time.Duration) error {
+	return waitDone(ctx, t.done, timeout, func() error {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return fmt.Errorf("only %d of %d messages arrived within %s", t.unique, t.n, timeout)
+	})
+}
+
+// waitDone waits until done is closed or ctx ends; after timeout, it returns
+// what late says is missing.
+func waitDone(ctx context.Context, done <-chan struct{}, timeout time.Duration, late func() error) error {
 	select {
-	case <-t.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(timeout):
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		return fmt.Errorf("only %d of %d messages arrived within %s", t.unique, t.n, timeout)
+		return late()
 	}
 }
 

@@ -48,16 +48,11 @@ func (t *latTracker) deliver(_ string, payload []byte) {
 func (t *latTracker) ack(n int, at time.Time) { t.mark(t.puback, n, at) }
 
 func (t *latTracker) wait(ctx context.Context, timeout time.Duration) error {
-	select {
-	case <-t.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(timeout):
+	return waitDone(ctx, t.done, timeout, func() error {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		return fmt.Errorf("%d acknowledgements or deliveries still missing after %s", t.pending, timeout)
-	}
+	})
 }
 
 // dists returns commit → PUBACK and commit → delivered.
@@ -124,6 +119,27 @@ func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, on
 		return err
 	}
 	return stop, relay, nil
+}
+
+// startTrackedRelay has tr told of b's deliveries and of the PUBACKs of a
+// relay it starts on ob, and returns once that relay is connected; stop
+// stops the relay, then the deliveries to tr.
+func (r *runner) startTrackedRelay(ctx context.Context, ob *outbox.Outbox, b broker, tr *latTracker) (stop func(), err error) {
+	b.setHandler(tr.deliver)
+	stopRelay, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	if err != nil {
+		b.setHandler(nil)
+		return nil, err
+	}
+	stop = func() {
+		stopRelay()
+		b.setHandler(nil)
+	}
+	if err := waitConnected(ctx, relay); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // waitConnected waits until the relay is connected.
@@ -213,16 +229,11 @@ func (r *runner) latencyLibrary(ctx context.Context, b broker, tr *latTracker) e
 		return err
 	}
 	defer ob.Close()
-	b.setHandler(tr.deliver)
-	defer b.setHandler(nil)
-	stop, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	stop, err := r.startTrackedRelay(ctx, ob, b, tr)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if err := waitConnected(ctx, relay); err != nil {
-		return err
-	}
 	db := ob.DB()
 	commit := func(n int) (time.Time, error) {
 		tx, err := db.BeginTx(ctx, nil)
@@ -276,16 +287,11 @@ func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker) e
 	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
 		return err
 	}
-	b.setHandler(tr.deliver)
-	defer b.setHandler(nil)
-	stop, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	stop, err := r.startTrackedRelay(ctx, ob, b, tr)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if err := waitConnected(ctx, relay); err != nil {
-		return err
-	}
 	args := append(append([]string{}, r.cfg.Self[1:]...), "writer", "--db", path,
 		"--n", strconv.Itoa(len(tr.commit)), "--rate", strconv.Itoa(r.sz.latRate), "--warmup", "50")
 	cmd := exec.CommandContext(ctx, r.cfg.Self[0], args...)

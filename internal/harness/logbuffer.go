@@ -2,6 +2,9 @@ package harness
 
 import (
 	"bytes"
+	"io"
+	"log/slog"
+	"os"
 	"sync"
 )
 
@@ -24,4 +27,13 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// TestLogger is the logger a test gives the library: quiet, unless
+// OUTBOX_TEST_LOG is set, when it writes everything down to Debug to stderr.
+func TestLogger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

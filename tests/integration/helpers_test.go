@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,12 +16,7 @@ import (
 )
 
 // testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return harness.TestLogger() }
 
 // openTest opens an outbox in the test's directory, with an orders table
 // for the business rows.

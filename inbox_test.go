@@ -381,7 +381,10 @@ func (c *consumerSetup) subscriber(t *testing.T, h Handler, mod func(*Subscriber
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
-	eventually(t, 5*time.Second, "subscriber connected", func() bool { return s.Stats().Connected })
+	// Connected once the SUBACK is read, which a resumed session's backlog
+	// comes before (TestSubscriberResumesLargeBacklog: 1,000 events, each
+	// applied in a transaction of its own, seconds on a loaded machine).
+	eventually(t, 30*time.Second, "subscriber connected", func() bool { return s.Stats().Connected })
 	return s, stop
 }
 

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 	_ "modernc.org/sqlite"
 )
 
@@ -137,16 +139,7 @@ func inspect(t *testing.T, path string) int {
 	t.Helper()
 	db := openSQLite(t, path)
 	defer db.Close()
-	rows, err := db.Query(`PRAGMA integrity_check`)
-	require.NoError(t, err)
-	var report []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		report = append(report, line)
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"ok"}, report, "PRAGMA integrity_check after the cut")
+	harness.CheckIntegrity(t, db)
 	var n, maxID int
 	require.NoError(t, db.QueryRow(`SELECT count(*), coalesce(max(id), 0) FROM rows`).Scan(&n, &maxID))
 	require.Equal(t, n, maxID, "the rows left are the first ones committed")

@@ -111,16 +111,7 @@ func crashInspect(t *testing.T, path string) (orders, pending int) {
 	t.Helper()
 	db := openReadOnly(t, path)
 	defer db.Close()
-	rows, err := db.Query(`PRAGMA integrity_check`)
-	require.NoError(t, err)
-	var report []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		report = append(report, line)
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"ok"}, report, "PRAGMA integrity_check")
+	harness.CheckIntegrity(t, db)
 	// The pending bytes and skipped numbers kept by triggers and marks
 	// (while the limits are set) agree with the rows, as the killed child
 	// left them: the next child's Open would count them again.

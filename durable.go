@@ -12,9 +12,10 @@ import (
 // setting) SQLite returns from COMMIT having written the WAL without an
 // fsync, and the relay reads the commit from there at once; fsync on any
 // descriptor of the file flushes what every writer wrote to it. At
-// synchronous=FULL the writers' commits are durable already, and the sync
-// makes the relay's own marks durable (written at NORMAL), which keeps the
-// crash-duplicate bound on power loss too.
+// synchronous=FULL the writers' commits are durable already. Either way the
+// sync makes the relay's own marks durable (written at NORMAL); the mark
+// loop syncs too when too many marks wait for one (session.markLoop), so
+// that a power cut can make the relay send again no more than a crash can.
 type walSyncer struct {
 	path  string
 	syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs

@@ -24,13 +24,15 @@ const (
 	// SyncFull (the default) fsyncs the WAL on every commit: a commit that
 	// returned survives power loss.
 	SyncFull Synchronous = iota
-	// SyncNormal fsyncs only at checkpoints. Commits stay atomic and the
-	// file cannot be corrupted, but the last transactions before a power
-	// loss may roll back — business rows and their events together. The
-	// relay makes the WAL durable (one fsync per batch it reads) before it
-	// publishes, so only commits whose events have not gone out can roll
-	// back: nothing phantom is published. Choose it only when losing the
-	// last moments of work on power loss is acceptable.
+	// SyncNormal does not fsync on commit. Commits stay atomic and the file
+	// cannot be corrupted, but a power cut undoes the transactions
+	// committed since the WAL's last fsync — business rows and their events
+	// together. The relay fsyncs the WAL after reading a batch and before
+	// publishing it, so a commit whose event went out is durable: no
+	// phantom event, no sequence number under two ids (TestPowerLoss).
+	// While the broker is away nothing syncs but SQLite's checkpoints, so
+	// an outage is when the most can be lost. Choose it only when losing
+	// the last moments of work on power loss is acceptable.
 	SyncNormal
 )
 

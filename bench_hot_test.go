@@ -190,18 +190,15 @@ func benchMarkSent(b *testing.B, batch int) {
 // BenchmarkRelayDrain is the whole relay — fetch, encode, publish, mark —
 // against a publisher that acknowledges at once: the relay's own ceiling,
 // without a network or a broker. One operation drains 10,000 messages.
-// durable is the relay as it is; nosync is the same without the fsyncs of
-// the WAL (durable.go), which the public API cannot turn off: the cost of
-// durable before publish and of durable marks is the difference; marks-lazy
-// keeps the fsync before publishing but not the marks' own (the relay of
-// 8af6712, whose marks a power cut could undo beyond the crash bound).
+// durable is the relay as it is; nosync is the same without the fsync of
+// the WAL before publishing (durable.go), which the public API cannot turn
+// off: the cost of durable before publish is the difference.
 func BenchmarkRelayDrain(b *testing.B) {
-	b.Run("durable", func(b *testing.B) { benchRelayDrain(b, true, true) })
-	b.Run("marks-lazy", func(b *testing.B) { benchRelayDrain(b, true, false) })
-	b.Run("nosync", func(b *testing.B) { benchRelayDrain(b, false, false) })
+	b.Run("durable", func(b *testing.B) { benchRelayDrain(b, true) })
+	b.Run("nosync", func(b *testing.B) { benchRelayDrain(b, false) })
 }
 
-func benchRelayDrain(b *testing.B, publishSync, markSync bool) {
+func benchRelayDrain(b *testing.B, durable bool) {
 	const n = 10_000
 	total := time.Duration(0)
 	var syncs int64
@@ -213,11 +210,8 @@ func benchRelayDrain(b *testing.B, publishSync, markSync bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !publishSync {
+		if !durable {
 			r.syncWAL = func() error { return nil }
-		}
-		if !markSync {
-			r.syncMarks = func() error { return nil }
 		}
 		b.StartTimer()
 		start := time.Now()
@@ -233,8 +227,7 @@ func benchRelayDrain(b *testing.B, publishSync, markSync bool) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*n), "ns/msg")
-	// Durable before publish: one fsync of the WAL per batch read; and
-	// the marks'.
+	// Durable before publish: one fsync of the WAL per batch read.
 	b.ReportMetric(float64(syncs)*1000/float64(b.N*n), "fsyncs/1000msg")
 }
 

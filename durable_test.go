@@ -146,15 +146,18 @@ func (p *gapPublisher) Publish(topic string, payload []byte) Token {
 	return p.fakePublisher.Publish(topic, payload)
 }
 
-// TestMarksDurableWithinTheCrashBound: the relay marks messages sent on a
-// connection at synchronous=NORMAL, and a power cut undoes the marks made
-// since the WAL's last fsync. Before, those could be every message
-// published since the last batch read (a batch and more: 94 duplicates
-// after one cut in TestPowerLoss, against a bound of 64). A mark must be
-// durable before its message's place among the unmarked is given back, so
-// that what a cut can have sent again stays within Window + markSlots, the
-// crash bound.
-func TestMarksDurableWithinTheCrashBound(t *testing.T) {
+// TestPublishedAheadOfDurableMarkBounded: the relay marks messages sent on
+// a connection at synchronous=NORMAL, and a power cut undoes the marks made
+// since the WAL's last fsync; the next relay sends those messages again.
+// The fsync of each batch read makes the marks before it durable, and the
+// next batch read comes once the batch before it has been handed over
+// (read ahead while it is published): so what runs ahead of the durable
+// mark stays within Window + markSlots + 2 × BatchSize. That is the bound
+// on duplicates after a power cut, larger than a crash's (Window +
+// markSlots): keeping a crash's bound took a sync per markSlots/2
+// acknowledgements, which cost 45 % of the drain rate to Mosquitto, and
+// was not kept (see the CHANGELOG).
+func TestPublishedAheadOfDurableMarkBounded(t *testing.T) {
 	ob := openTest(t, Options{})
 	const rows = 3000
 	for i := 1; i <= rows; i++ {
@@ -169,7 +172,7 @@ func TestMarksDurableWithinTheCrashBound(t *testing.T) {
 	require.NoError(t, err)
 	// A sync makes durable what was committed before it began: the mark
 	// read just before it.
-	syncing := func() error {
+	r.syncWAL = func() error {
 		var mark int64
 		if err := ob.DB().QueryRow(`SELECT sent_seq FROM outbox_state`).Scan(&mark); err != nil {
 			return err
@@ -182,16 +185,12 @@ func TestMarksDurableWithinTheCrashBound(t *testing.T) {
 		}
 		return nil
 	}
-	var markSyncs atomic.Int64
-	r.syncWAL = syncing
-	r.syncMarks = func() error { markSyncs.Add(1); return syncing() }
 	startRelay(t, r)
 	eventually(t, 20*time.Second, "the backlog drained", func() bool { return countState(t, ob, "sent") == rows })
-	bound := int64(opts.Window + markSlots(opts.Window))
+	bound := int64(opts.Window + markSlots(opts.Window) + 2*opts.BatchSize)
 	require.LessOrEqual(t, pub.maxGap.Load(), bound,
 		"published ahead of the durable mark: a power cut would have them all sent again")
-	t.Logf("most published ahead of the durable mark: %d (bound %d); %d syncs for the marks, %d in all, for %d messages",
-		pub.maxGap.Load(), bound, markSyncs.Load(), r.wal.syncs.Load(), rows)
+	t.Logf("most published ahead of the durable mark: %d (bound %d)", pub.maxGap.Load(), bound)
 }
 
 // TestRelayStatsWALSyncs: the fsyncs durable before publish costs are
@@ -211,16 +210,12 @@ func TestRelayStatsWALSyncs(t *testing.T) {
 	opts.LeaseTTL = time.Minute
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
-	// The syncs that make marks durable (markLoop) count too.
-	var markSyncs atomic.Int64
-	r.syncMarks = func() error { markSyncs.Add(1); return r.wal.sync() }
-	syncs := func() int64 {
+	batchSyncs := func() int64 {
 		st, err := r.Stats(ctx)
 		require.NoError(t, err)
-		require.Equal(t, markSyncs.Load(), st.MarkSyncs)
 		return st.WALSyncs
 	}
-	require.Zero(t, syncs())
+	require.Zero(t, batchSyncs())
 	for i := 1; i <= 450; i++ {
 		commitOrder(t, ob, "t", i)
 	}
@@ -228,12 +223,11 @@ func TestRelayStatsWALSyncs(t *testing.T) {
 	eventually(t, 10*time.Second, "the backlog", func() bool { return pub.publishedCount() == 450 })
 	// 450 rows committed before the relay started: four batches of 100
 	// and one of 50; the read-ahead's reads are batch reads too.
-	require.Equal(t, 5+markSyncs.Load(), syncs(), "one fsync per batch read, and the marks' own")
+	require.Equal(t, int64(5), batchSyncs(), "one fsync per batch read")
 	for i := 451; i <= 470; i++ {
 		commitOrder(t, ob, "t", i)
 		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
-		require.Equal(t, int64(5+i-450)+markSyncs.Load(), syncs(), "one fsync per event of a trickle")
+		require.Equal(t, int64(5+i-450), batchSyncs(), "one fsync per event of a trickle")
 	}
-	require.Equal(t, r.wal.syncs.Load(), syncs())
 	require.Equal(t, 1, pub.connects, "one session: another one reads the unmarked rows again")
 }

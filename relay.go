@@ -194,9 +194,6 @@ type Relay struct {
 	// durable.go); syncWAL is wal.sync unless a test replaces it.
 	wal     *walSyncer
 	syncWAL func() error
-	// syncMarks makes the relay's marks durable when too many wait for a
-	// sync (session.markLoop); wal.sync unless a test replaces it.
-	syncMarks func() error
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -222,7 +219,6 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
 	r.syncWAL = r.wal.sync
-	r.syncMarks = r.wal.sync
 	return r, nil
 }
 
@@ -245,22 +241,13 @@ type RelayStats struct {
 	LastError   string
 	LastErrorAt time.Time
 	LastAck     time.Time // last acknowledged publish
-	// WALSyncs is how many fsyncs of the WAL the relay made since Run
-	// started, failed ones included. It is there to show what two
-	// guarantees cost. Durable before publish: a commit made at
-	// synchronous=NORMAL must be on the disk before the broker has its
-	// event, one fsync per batch read (one per event under a trickle, about
-	// 4 per 1,000 events in a backlog with BatchSize 256). And the marks
-	// (MarkSyncs).
+	// WALSyncs is how many fsyncs of the WAL the relay made before
+	// publishing since Run started, failed ones included (durable before
+	// publish: a commit made at synchronous=NORMAL must be on the disk before
+	// the broker has its event). It is there to show what that guarantee
+	// costs: at most one per batch read, so one per event under a trickle and
+	// about 4 per 1,000 events in a backlog (BatchSize 256).
 	WALSyncs int64
-	// MarkSyncs is how many of WALSyncs were made for the relay's marks:
-	// the relay writes them at synchronous=NORMAL, and a power cut undoes
-	// those made since the last fsync. So that a cut can make the relay
-	// send again no more than a crash can (Window + max(Window, 32)), it
-	// syncs when half of max(Window, 32) acknowledged messages wait for one
-	// — under a backlog about one per 32 events with the default Window of
-	// 64; a trickle needs none (each batch read syncs them).
-	MarkSyncs int64
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -275,9 +262,8 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		DeadSince:   r.dead.Load(),
 		LastErrorAt: r.errAt,
 		LastAck:     r.lastAck,
-		WALSyncs:    r.wal.syncs.Load(),
-		MarkSyncs:   r.wal.marks.Load(),
 	}
+	rs.WALSyncs = r.wal.syncs.Load()
 	if r.lastErr != nil {
 		rs.LastError = r.lastErr.Error()
 	}

@@ -504,30 +504,6 @@ func (s *session) markLoop() {
 	// one mark per PUBACK. Nothing waits on a mark but the unmarked slots,
 	// of which half stay free.
 	enough := max(cap(s.unmarked)/2, 1)
-	// A message's unmarked token is given back only once its mark is
-	// durable, not when it is committed: the relay's connection writes at
-	// synchronous=NORMAL, and a power cut undoes every mark made since the
-	// WAL's last fsync, so that without this the duplicates after a cut
-	// would be all that was published between two batch reads, not the
-	// crash bound of Window + markSlots. Marks are made durable by the
-	// fsync of the next batch read (durable before publish) or, should
-	// half the tokens wait for one, by a sync of their own.
-	type heldMarks struct {
-		ticket int64 // of the commit that marked them (walSyncer.ticket)
-		n      int
-	}
-	var held []heldMarks
-	heldN := 0
-	release := func(all bool) {
-		i := 0
-		for ; i < len(held) && (all || r.wal.covered(held[i].ticket)); i++ {
-			for range held[i].n {
-				<-s.unmarked
-			}
-			heldN -= held[i].n
-		}
-		held = held[i:]
-	}
 	wait := time.NewTimer(0)
 	defer wait.Stop()
 	for seq := range s.marks {
@@ -558,13 +534,11 @@ func (s *session) markLoop() {
 			}
 		}
 		wait.Stop()
-		marked := false
 		for attempt := 0; ; attempt++ {
 			// Marks arrive in sequence order and only while nothing
 			// before them failed: everything up to the last is settled.
 			err := r.markSent(s.conn, batch[len(batch)-1], len(batch))
 			if err == nil {
-				marked = true
 				if r.diskFull.Load() {
 					r.wakePurge()
 				}
@@ -581,27 +555,10 @@ func (s *session) markLoop() {
 			}
 			time.Sleep(min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second))
 		}
-		r.inFlight.Add(-int64(len(batch)))
-		if !marked {
-			// Shutting down: these stay pending, sent again by the next
-			// relay.
-			for range batch {
-				<-s.unmarked
-			}
-			continue
-		}
-		held = append(held, heldMarks{r.wal.ticket(), len(batch)})
-		heldN += len(batch)
-		release(false)
-		if heldN >= enough {
-			r.wal.marks.Add(1)
-			if err := r.syncMarks(); err != nil {
-				// The next batch read syncs too, and publishes nothing
-				// while that fails; holding the tokens would only stall
-				// the acknowledgements.
-				r.log.Error("outbox relay cannot make its marks durable", "err", err)
-			}
-			release(true)
+		n := int64(len(batch))
+		r.inFlight.Add(-n)
+		for range batch {
+			<-s.unmarked
 		}
 	}
 }

@@ -38,6 +38,7 @@ const (
 	crashTopic    = "crash/orders"
 	crashSource   = "/crash/till"
 	crashWindow   = 32
+	crashBatch    = 64 // RelayOptions.BatchSize
 	crashLeaseTTL = 500 * time.Millisecond
 	// Every crashRollbackEvery-th transaction of a child rolls back.
 	crashRollbackEvery = 5
@@ -63,7 +64,7 @@ func crashRelayOptions(owner string) outbox.RelayOptions {
 	return outbox.RelayOptions{
 		Source:          crashSource,
 		Window:          crashWindow,
-		BatchSize:       64,
+		BatchSize:       crashBatch,
 		AckTimeout:      10 * time.Second, // nothing here withholds a PUBACK: only a stall would
 		Reconnect:       outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 		Retry:           outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},

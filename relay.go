@@ -167,12 +167,13 @@ type Relay struct {
 	log  *slog.Logger
 	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
-	mu      sync.Mutex
-	running bool
-	cancel  context.CancelCauseFunc
-	lastErr error
-	errAt   time.Time
-	lastAck time.Time
+	mu       sync.Mutex
+	running  bool
+	cancel   context.CancelCauseFunc
+	lastErr  error
+	errAt    time.Time
+	lastAck  time.Time
+	protocol string // what the publisher said it speaks (protocolSpeaker)
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -241,6 +242,10 @@ type RelayStats struct {
 	LastError   string
 	LastErrorAt time.Time
 	LastAck     time.Time // last acknowledged publish
+	// Protocol is the MQTT version the publisher's connection speaks ("5"
+	// or "3.1.1"), as it last connected; empty for a publisher that does
+	// not say.
+	Protocol string
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -255,6 +260,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		DeadSince:   r.dead.Load(),
 		LastErrorAt: r.errAt,
 		LastAck:     r.lastAck,
+		Protocol:    r.protocol,
 	}
 	if r.lastErr != nil {
 		rs.LastError = r.lastErr.Error()
@@ -412,10 +418,22 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			continue
 		}
 		r.connected.Store(true)
-		r.log.Info("outbox relay connected", "after_attempts", failures+1)
+		r.noteProtocol(ctx, l)
+		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol())
 		failures, lastMsg = 0, ""
 		start := time.Now()
 		res := r.session(ctx, conn, l)
+		for res.keep {
+			// The broker refused a message and kept the connection: no
+			// outage, no reconnection; the next session starts on it once
+			// the message's retry delay has passed.
+			r.setErr(res.err)
+			r.log.Warn("outbox relay: the broker refused a message; connection kept", "err", res.err, "retry_in", res.retryAfter.Round(time.Millisecond))
+			if !sleep(ctx, res.retryAfter, nil) {
+				break
+			}
+			res = r.session(ctx, conn, l)
+		}
 		r.pub.Disconnect()
 		r.connected.Store(false)
 		if res.fatal != nil {
@@ -440,6 +458,41 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	}
 	r.log.Info("outbox relay stopped")
 	return nil
+}
+
+// protocolSpeaker is implemented by publishers that can say which protocol
+// version their connection speaks (MQTTPublisher does): the relay logs it,
+// shows it in Stats and stores it with the lease, for status.
+type protocolSpeaker interface {
+	Protocol() string
+}
+
+// noteProtocol records what the new connection speaks, in Stats and in the
+// lease. A failed write costs only the status line.
+func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
+	ps, ok := r.pub.(protocolSpeaker)
+	if !ok {
+		return
+	}
+	p := ps.Protocol()
+	r.mu.Lock()
+	changed := p != r.protocol
+	r.protocol = p
+	r.mu.Unlock()
+	if !changed {
+		return
+	}
+	if err := l.setProtocol(ctx, p); err != nil && ctx.Err() == nil {
+		r.log.Warn("outbox relay could not record its protocol version in the lease", "err", err)
+	}
+}
+
+// Protocol is the MQTT version the relay's connection speaks, as it last
+// connected ("5" or "3.1.1"); empty if the publisher does not say.
+func (r *Relay) Protocol() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.protocol
 }
 
 // keepLease renews the lease every quarter TTL; losing it stops the relay.

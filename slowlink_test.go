@@ -35,14 +35,32 @@ var slowLinkSendBuffers = []struct {
 	{"4 KiB send buffer", 4 << 10},
 }
 
+type slowLinkCase struct {
+	name   string
+	sndbuf int
+	proto  MQTTProtocol
+}
+
+// slowLinkCases is each send buffer on each MQTT version.
+func slowLinkCases() []slowLinkCase {
+	var cases []slowLinkCase
+	for _, b := range slowLinkSendBuffers {
+		for _, proto := range testProtocols {
+			cases = append(cases, slowLinkCase{b.name + ", mqtt " + proto.String(), b.sndbuf, proto})
+		}
+	}
+	return cases
+}
+
 // slowLinkPublisher returns a publisher with the scaled-down timeouts and,
 // if sndbuf > 0, a socket send buffer that small.
-func slowLinkPublisher(t *testing.T, brokerURL string, sndbuf int) *MQTTPublisher {
+func slowLinkPublisher(t *testing.T, brokerURL string, sndbuf int, proto MQTTProtocol) *MQTTPublisher {
 	t.Helper()
 	pub, err := NewMQTTPublisher(MQTTOptions{
 		Broker: brokerURL, ClientID: "slow-" + NewID()[24:],
 		ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second,
 		KeepAlive: 10 * time.Second, PingTimeout: time.Second,
+		Protocol: proto, Logger: testLogger(),
 	})
 	require.NoError(t, err)
 	if sndbuf > 0 {
@@ -107,7 +125,7 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a slow link: about 15 s")
 	}
-	for _, tc := range slowLinkSendBuffers {
+	for _, tc := range slowLinkCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := startBroker(t)
@@ -115,7 +133,7 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 			p := harness.StartShapedProxy(t, b.addr, rate, rate)
 			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
+			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf, tc.proto), opts)
 			require.NoError(t, err)
 			reportOnFailure(t, ob, p)
 			commitBlob(t, ob, "pos/blobs", 32<<10)
@@ -150,7 +168,7 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a slow link: about 20 s")
 	}
-	for _, tc := range slowLinkSendBuffers {
+	for _, tc := range slowLinkCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := startBroker(t)
@@ -158,7 +176,7 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 			p := harness.StartShapedProxy(t, b.addr, rate, rate)
 			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf), opts)
+			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf, tc.proto), opts)
 			require.NoError(t, err)
 			reportOnFailure(t, ob, p)
 			commitBlob(t, ob, "pos/blobs", 32<<10)

@@ -535,7 +535,8 @@ func (s *session) ackLoop() {
 		if !abandoned && errors.Is(err, ErrUndeliverable) && errors.Is(err, ErrRejected) && s.markable(f.seq) {
 			// Refused for good, on a connection that stays up: parked at
 			// once, and nothing behind it need wait or go again.
-			if derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err); derr == nil {
+			derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err)
+			if derr == nil {
 				r.inFlight.Add(-1)
 				<-s.slots
 				s.progress.Store(true)
@@ -544,9 +545,9 @@ func (s *session) ackLoop() {
 					close(s.probeOK)
 				}
 				continue
-			} else {
-				r.writeFailed(derr)
 			}
+			// Not recorded: it goes through the charge below instead.
+			r.writeFailed(derr)
 		}
 		r.inFlight.Add(-1)
 		<-s.slots

@@ -24,8 +24,9 @@ type Publisher interface {
 	// Publish starts sending one message and returns without waiting for the
 	// acknowledgement. The token completes with a nil error once the broker
 	// has acknowledged this very message, or with an error: one that wraps
-	// ErrRejected blames the message; ErrNotConnected says it was never
-	// sent; anything else is a connection failure.
+	// ErrRejected blames the message (the connection is kept), and with
+	// ErrUndeliverable too parks it as dead at once; ErrNotConnected says it
+	// was never sent; anything else is a connection failure.
 	Publish(topic string, payload []byte) Token
 	// Disconnect closes the connection. Tokens still in flight must then
 	// complete with an error.
@@ -52,6 +53,8 @@ type RelayOptions struct {
 	DefaultType string
 	// Window is how many messages may await their acknowledgement at once:
 	// MQTT's in-flight window. Default 64; at most 65,535 (MQTT packet ids).
+	// A broker's lower MQTT 5 Receive Maximum is the limit on its
+	// connection.
 	// Acknowledged messages are recorded as sent in batches, with at most
 	// max(Window, 32) waiting for that. A crash can duplicate only those
 	// two groups: at most Window + max(Window, 32) messages (128 by

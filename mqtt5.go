@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -245,7 +246,9 @@ func (e *disconnectError) Error() string {
 // writer in hand-off order, one reader matching PUBACKs by packet id.
 type mqtt5Conn struct {
 	wg        *sync.WaitGroup
-	conn      net.Conn // what MQTT is written to (TLS or the link)
+	log       *slog.Logger
+	since     time.Time // when it connected
+	conn      net.Conn  // what MQTT is written to (TLS or the link)
 	link      *linkConn
 	keepAlive time.Duration
 	pingWait  time.Duration
@@ -337,6 +340,8 @@ func (p *MQTTPublisher) connect5(ctx context.Context) (*mqtt5Conn, error) {
 	conn.SetDeadline(time.Time{})
 	cn := &mqtt5Conn{
 		wg:        &p.wg,
+		log:       p.opts.Logger,
+		since:     time.Now(),
 		conn:      conn,
 		link:      link,
 		keepAlive: p.opts.KeepAlive,
@@ -621,10 +626,16 @@ func (c *mqtt5Conn) ping() {
 // fail ends a connection that broke (or that the broker ended).
 func (c *mqtt5Conn) fail(err error) {
 	c.mu.Lock()
-	if !c.closed && c.lostErr == nil {
+	first := !c.closed && c.lostErr == nil
+	if first {
 		c.lostErr = err
 	}
 	c.mu.Unlock()
+	if first {
+		gone, moved := c.link.progress()
+		c.log.Debug("outbox mqtt: connection ended", "err", err, "after", time.Since(c.since).Round(time.Millisecond),
+			"written", c.link.written.Load(), "gone", gone, "last_moved", time.Since(moved).Round(time.Millisecond))
+	}
 	c.shut(false)
 }
 

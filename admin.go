@@ -33,6 +33,9 @@ type Stats struct {
 	SchemaVersion      int
 	LeaseOwner         string    // relay holding the lease; empty if none
 	LeaseExpires       time.Time // by the holder's clock at its last renewal
+	// LeaseProtocol is the MQTT version the lease holder's connection
+	// speaks ("5" or "3.1.1"), as it last connected; empty if not known.
+	LeaseProtocol string
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
@@ -59,6 +62,14 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, millis{&s.LeaseExpires})
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if s.SchemaVersion >= 4 && s.LeaseOwner != "" {
+		// Read apart: a file of an older schema, read as it is, has no
+		// such column.
+		err := q.QueryRowContext(ctx, `SELECT coalesce((SELECT protocol FROM outbox_lease WHERE name = 'relay'), '')`).Scan(&s.LeaseProtocol)
+		if err != nil {
+			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		}
 	}
 	return s, nil
 }

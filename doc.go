@@ -41,7 +41,8 @@
 // # The relay
 //
 // [Outbox.NewRelay] returns a [Relay] that drains the outbox to a
-// [Publisher]; [NewMQTTPublisher] is the one for MQTT 3.1.1 brokers.
+// [Publisher]; [NewMQTTPublisher] is the one for MQTT brokers, over MQTT 5
+// where the broker speaks it and 3.1.1 otherwise (MQTTOptions.Protocol).
 // [Relay.Run] reads pending rows in sequence order, keeps up to
 // RelayOptions.Window of them awaiting their acknowledgement, and records
 // progress as a high-water mark, in batches: a crash duplicates at most
@@ -53,7 +54,9 @@
 // and neither does a slow link. After a lost connection the first message
 // that was in flight goes alone on the next connection, and only if that one
 // fails too before its acknowledgement is the message charged an attempt;
-// a Publisher error wrapping [ErrRejected] charges it at once. After
+// a Publisher error wrapping [ErrRejected] (under MQTT 5, a PUBACK reason
+// code of 0x80 or more) charges it at once, on a connection kept, and one
+// wrapping [ErrUndeliverable] too parks it as dead at once. After
 // RelayOptions.MaxAttempts charged attempts a message is parked as dead —
 // kept, listed ([Outbox.List]) and requeueable ([Outbox.Requeue]), never
 // dropped — and the queue flows on; a row that can never be published (a

@@ -69,6 +69,11 @@ var (
 	// connection. Such a message is retried with backoff up to
 	// RelayOptions.MaxAttempts, then parked as dead.
 	ErrRejected = errors.New("outbox: message rejected")
+	// ErrUndeliverable is wrapped, with ErrRejected, by Publisher errors
+	// for a message that retrying cannot deliver (under MQTT 5: not
+	// authorized, topic name invalid, payload format invalid, packet too
+	// large): it is parked as dead at once.
+	ErrUndeliverable = errors.New("outbox: message undeliverable")
 	// ErrNotConnected is wrapped by Publisher errors for a message that was
 	// never sent because there was no connection.
 	ErrNotConnected = errors.New("outbox: not connected")

@@ -124,7 +124,7 @@ func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 	}
 	// Free, ours, dead, or the holder has not renewed for a whole TTL: it
 	// is gone.
-	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?,
+	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?, protocol = NULL,
 			host = ?, machine_id = ?, boot_id = ?, pid = ?, pid_start = ?, pid_ns = ?
 		WHERE name = ? AND owner = ? AND token = ?`,
 		l.owner, l.expiresMillis(), l.self.host, l.self.machineID, l.self.bootID, l.self.pid, l.self.pidStart, l.self.pidNS,
@@ -147,9 +147,15 @@ func (l *lease) renew(ctx context.Context) error {
 	return nil
 }
 
+// setProtocol records the MQTT version the holder's connection speaks.
+func (l *lease) setProtocol(ctx context.Context, protocol string) error {
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET protocol = nullif(?, '') WHERE name = ? AND owner = ?`, protocol, leaseName, l.owner)
+	return err
+}
+
 // release hands the lease back so that a successor need not wait a TTL.
 func (l *lease) release(ctx context.Context) error {
-	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0 WHERE name = ? AND owner = ?`, leaseName, l.owner)
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0, protocol = NULL WHERE name = ? AND owner = ?`, leaseName, l.owner)
 	l.renewed(time.Time{})
 	return err
 }

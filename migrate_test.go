@@ -145,6 +145,29 @@ func TestMigrationFromSchema1(t *testing.T) {
 	})
 }
 
+// TestMigrationLeaseProtocol: schema 4 gives the lease a protocol column,
+// NULL in a migrated file and until a relay connects; a relay that has
+// connected shows its version to Stats, which another process reads.
+func TestMigrationLeaseProtocol(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v3.db")
+	db, err := OpenDB(path, DBOptions{})
+	require.NoError(t, err)
+	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:3], ""))
+	// What a schema 3 relay that crashed leaves: a lease held.
+	_, err = db.Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES ('relay', 'old-relay', 7, 1000)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	ob := openTestPath(t, path, Options{})
+	var protocol sql.NullString
+	require.NoError(t, ob.DB().QueryRow(`SELECT protocol FROM outbox_lease WHERE name = 'relay'`).Scan(&protocol))
+	require.False(t, protocol.Valid, "not known after the migration")
+	st, err := ob.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "old-relay", st.LeaseOwner)
+	require.Empty(t, st.LeaseProtocol)
+	require.Equal(t, 4, st.SchemaVersion)
+}
+
 // schemaObjects describes a database's schema for comparison: every table's
 // columns (name, type, NOT NULL, default, primary key), and the SQL of every
 // index, trigger and view with its white space folded. A table's own CREATE
@@ -222,6 +245,16 @@ func TestMigrationKeepsApplicationObjects(t *testing.T) {
 		db, err := OpenDB(path, DBOptions{})
 		require.NoError(t, err)
 		require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:2], ""))
+		_, err = db.Exec(appObjects)
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+		checkAppObjects(t, openTestPath(t, path, Options{MaxPendingMessages: 10}), 1)
+	})
+	t.Run("from schema 3", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "v3.db")
+		db, err := OpenDB(path, DBOptions{})
+		require.NoError(t, err)
+		require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:3], ""))
 		_, err = db.Exec(appObjects)
 		require.NoError(t, err)
 		require.NoError(t, db.Close())

@@ -3,7 +3,9 @@ package outbox
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -51,19 +53,40 @@ type MQTTOptions struct {
 	// left (on a slow link it waits behind the bytes before it). Default
 	// 10 s.
 	PingTimeout time.Duration
+	// Protocol is the MQTT version: ProtocolAuto (the default) speaks 5 and
+	// falls back to 3.1.1 for a broker without 5; Protocol5 and Protocol311
+	// speak only that one. Under 5 the broker's PUBACK reason code decides
+	// each message: a refused one is parked as dead or retried, where a
+	// 3.1.1 broker may acknowledge and drop it.
+	Protocol MQTTProtocol
+	// Logger gets the publisher's notes: why auto fell back to 3.1.1 (the
+	// relay logs which version each connection speaks). Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
-// MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 3.1.1, for a
-// Relay. It opens a fresh clean session for every Connect and never
-// reconnects by itself: paho's automatic reconnection can complete a QoS 1
-// token without a PUBACK, so the relay does it instead.
+// MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 5 or 3.1.1
+// (MQTTOptions.Protocol), for a Relay. It opens a fresh clean session for
+// every Connect and never reconnects by itself: paho's automatic
+// reconnection can complete a QoS 1 token without a PUBACK, so the relay
+// does it instead.
 type MQTTPublisher struct {
 	opts MQTTOptions
 	url  *url.URL
 
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	conn *mqttConn
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conn  *mqttConn  // a 3.1.1 connection, or
+	conn5 *mqtt5Conn // a 5 one
+
+	// What auto learnt of this broker (a publisher has one address, so
+	// this is per address): no5 once its CONNACK said it does not speak 5,
+	// for the publisher's life; bareCloses counts 5 CONNECTs in a row that
+	// it closed without a CONNACK, and after two, 3.1.1 is spoken until
+	// retry5At.
+	no5        bool
+	bareCloses int
+	retry5At   time.Time
 
 	// control, if set, is given every socket before it connects: tests
 	// use it to shrink the send buffer, as on a device whose writes block.
@@ -105,6 +128,14 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 	}
 	if opts.PingTimeout <= 0 {
 		opts.PingTimeout = 10 * time.Second
+	}
+	switch opts.Protocol {
+	case ProtocolAuto, Protocol5, Protocol311:
+	default:
+		return nil, fmt.Errorf("outbox: mqtt: unknown Protocol %d", int(opts.Protocol))
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
 	}
 	return &MQTTPublisher{opts: opts, url: u}, nil
 }
@@ -171,9 +202,84 @@ func isTLS(u *url.URL) bool {
 	return false
 }
 
-// Connect opens a new connection with a clean session.
+// retry5After is how long auto speaks 3.1.1 after two bare closes before it
+// tries 5 again: the closes may have been an outage, not a broker without 5.
+const retry5After = 10 * time.Minute
+
+// Connect opens a new connection with a clean session, in the version
+// MQTTOptions.Protocol asks for.
 func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
+	switch p.opts.Protocol {
+	case Protocol311:
+		return p.connect311(ctx)
+	case Protocol5:
+		return p.connectV5(ctx)
+	}
+	p.mu.Lock()
+	use311 := p.no5 || time.Now().Before(p.retry5At)
+	p.mu.Unlock()
+	if use311 {
+		return p.connect311(ctx)
+	}
+	err := p.connectV5(ctx)
+	switch {
+	case err == nil:
+		p.mu.Lock()
+		p.bareCloses = 0
+		p.mu.Unlock()
+		return nil
+	case errors.Is(err, errUnsupportedVersion):
+		p.mu.Lock()
+		p.no5 = true
+		p.mu.Unlock()
+		p.opts.Logger.Info("outbox mqtt: the broker does not speak MQTT 5; speaking 3.1.1 from now on", "broker", redactURL(p.url), "err", err)
+		return p.connect311(ctx)
+	case errors.Is(err, errClosedAfterConnect):
+		p.mu.Lock()
+		p.bareCloses++
+		fallback := p.bareCloses >= 2
+		if fallback {
+			p.bareCloses = 0
+			p.retry5At = time.Now().Add(retry5After)
+		}
+		p.mu.Unlock()
+		if !fallback {
+			return err
+		}
+		p.opts.Logger.Info("outbox mqtt: the broker closed two MQTT 5 CONNECTs in a row without a CONNACK; speaking 3.1.1, trying 5 again later",
+			"broker", redactURL(p.url), "retry_5_in", retry5After)
+		return p.connect311(ctx)
+	}
+	return err
+}
+
+// connectV5 connects with MQTT 5.
+func (p *MQTTPublisher) connectV5(ctx context.Context) error {
+	cn, err := p.connect5(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var why string
+		var ce *connackError
+		if errors.As(err, &ce) {
+			why = explainConnack(ce)
+		} else {
+			why = explainConnectError(err, time.Now())
+		}
+		return fmt.Errorf("outbox: mqtt 5 connect to %s: %s: %w", redactURL(p.url), why, err)
+	}
+	p.mu.Lock()
+	p.conn5 = cn
+	p.mu.Unlock()
+	p.opts.Logger.Debug("outbox mqtt: connected", "broker", redactURL(p.url), "protocol", "5",
+		"receive_maximum", cn.receiveMax, "maximum_packet_size", cn.maxPacket)
+	return nil
+}
+
+// connect311 connects with MQTT 3.1.1.
+func (p *MQTTPublisher) connect311(ctx context.Context) error {
 	lost := make(chan struct{})
 	var once sync.Once
 	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
@@ -231,22 +337,33 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.mu.Lock()
 	p.conn = cn
 	p.mu.Unlock()
+	p.opts.Logger.Debug("outbox mqtt: connected", "broker", redactURL(p.url), "protocol", "3.1.1")
 	return nil
 }
 
 // open dials the broker for paho, as paho would (ALL_PROXY honoured, TLS
 // for a TLS URL, all within ConnectTimeout), with a wireConn on top.
 func (p *MQTTPublisher) open(uri *url.URL, tlsCfg *tls.Config) (*wireConn, error) {
+	top, l, err := p.dial(uri, tlsCfg)
+	if err != nil {
+		return nil, err
+	}
+	return &wireConn{Conn: top, link: l, pingTimeout: p.opts.PingTimeout, wrote: make(chan struct{}, 1), closed: make(chan struct{})}, nil
+}
+
+// dial opens the connection both protocol versions write to: the socket
+// (ALL_PROXY honoured) under a linkConn, and TLS on top for a TLS URL, all
+// within ConnectTimeout. top is what MQTT is written to.
+func (p *MQTTPublisher) dial(uri *url.URL, tlsCfg *tls.Config) (top net.Conn, l *linkConn, err error) {
 	deadline := time.Now().Add(p.opts.ConnectTimeout)
 	d := &net.Dialer{Deadline: deadline, Control: p.control}
 	raw, err := netproxy.FromEnvironmentUsing(d).Dial("tcp", uri.Host)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	l := newLinkConn(raw, p.opts.WriteTimeout)
-	w := &wireConn{Conn: l, link: l, pingTimeout: p.opts.PingTimeout, wrote: make(chan struct{}, 1), closed: make(chan struct{})}
+	l = newLinkConn(raw, p.opts.WriteTimeout)
 	if !isTLS(uri) {
-		return w, nil
+		return l, l, nil
 	}
 	if tlsCfg == nil {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -261,21 +378,23 @@ func (p *MQTTPublisher) open(uri *url.URL, tlsCfg *tls.Config) (*wireConn, error
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	w.Conn = tc
-	return w, nil
+	return tc, l, nil
 }
 
 // Publish sends one message at QoS 1.
 func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
 	p.mu.Lock()
-	cn := p.conn
+	cn, cn5 := p.conn, p.conn5
 	p.mu.Unlock()
-	if cn == nil {
-		return failedToken{ErrNotConnected}
+	switch {
+	case cn5 != nil:
+		return cn5.publish(topic, payload)
+	case cn != nil:
+		return cn.publish(topic, payload)
 	}
-	return cn.publish(topic, payload)
+	return failedToken{ErrNotConnected}
 }
 
 // Disconnect closes the connection at once; tokens in flight complete with
@@ -283,11 +402,14 @@ func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
 // (bounded by WriteTimeout); Close does.
 func (p *MQTTPublisher) Disconnect() {
 	p.mu.Lock()
-	cn := p.conn
-	p.conn = nil
+	cn, cn5 := p.conn, p.conn5
+	p.conn, p.conn5 = nil, nil
 	p.mu.Unlock()
 	if cn != nil {
 		cn.close()
+	}
+	if cn5 != nil {
+		cn5.close()
 	}
 }
 
@@ -303,8 +425,48 @@ func (p *MQTTPublisher) Close() error {
 func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn == nil {
-		return nil
+	switch {
+	case p.conn5 != nil:
+		return p.conn5.lost
+	case p.conn != nil:
+		return p.conn.lost
 	}
-	return p.conn.lost
+	return nil
+}
+
+// Protocol is the version the current connection speaks: "5" or "3.1.1";
+// "" while not connected.
+func (p *MQTTPublisher) Protocol() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.conn5 != nil:
+		return "5"
+	case p.conn != nil:
+		return "3.1.1"
+	}
+	return ""
+}
+
+// MaxInFlight is how many publishes the broker lets await their PUBACK on
+// the current connection (MQTT 5's Receive Maximum); 0 if it set no limit
+// or speaks 3.1.1. The relay's window is never wider.
+func (p *MQTTPublisher) MaxInFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn5 != nil {
+		return p.conn5.receiveMax
+	}
+	return 0
+}
+
+// LostReason is why the broker ended the last connection, when it said
+// (an MQTT 5 DISCONNECT with a reason code); nil otherwise.
+func (p *MQTTPublisher) LostReason() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn5 != nil {
+		return p.conn5.lostReason()
+	}
+	return nil
 }

@@ -37,7 +37,7 @@ type forwarding struct {
 }
 
 func (c *mqttConn) publish(topic string, payload []byte) Token {
-	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), wire: c.wire}
+	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), link: c.wire.link}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -134,7 +134,7 @@ type pubToken struct {
 	err     error
 	once    sync.Once
 
-	wire   *wireConn
+	link   *linkConn
 	end    atomic.Int64              // where the packet ends on the wire; 0 until written
 	leftAt atomic.Pointer[time.Time] // when its last byte was first seen gone
 }
@@ -154,7 +154,7 @@ func (t *pubToken) Wire() (left bool, since time.Time) {
 	if at := t.leftAt.Load(); at != nil {
 		return true, *at
 	}
-	gone, moved := t.wire.link.progress()
+	gone, moved := t.link.progress()
 	if end := t.end.Load(); end > 0 && gone >= end {
 		now := time.Now()
 		t.leftAt.CompareAndSwap(nil, &now)
@@ -167,7 +167,7 @@ func (t *pubToken) Wire() (left bool, since time.Time) {
 // for moving no bytes (a write or ping that made no progress) before the
 // packet had left: nothing then says the broker refused it.
 func (t *pubToken) classify(err error) error {
-	if err == nil || !t.wire.link.stalled.Load() {
+	if err == nil || !t.link.stalled.Load() {
 		return err
 	}
 	if left, _ := t.Wire(); left {

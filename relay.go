@@ -24,8 +24,9 @@ type Publisher interface {
 	// Publish starts sending one message and returns without waiting for the
 	// acknowledgement. The token completes with a nil error once the broker
 	// has acknowledged this very message, or with an error: one that wraps
-	// ErrRejected blames the message; ErrNotConnected says it was never
-	// sent; anything else is a connection failure.
+	// ErrRejected blames the message (the connection is kept), and with
+	// ErrUndeliverable too parks it as dead at once; ErrNotConnected says it
+	// was never sent; anything else is a connection failure.
 	Publish(topic string, payload []byte) Token
 	// Disconnect closes the connection. Tokens still in flight must then
 	// complete with an error.
@@ -52,6 +53,8 @@ type RelayOptions struct {
 	DefaultType string
 	// Window is how many messages may await their acknowledgement at once:
 	// MQTT's in-flight window. Default 64; at most 65,535 (MQTT packet ids).
+	// A broker's lower MQTT 5 Receive Maximum is the limit on its
+	// connection.
 	// Acknowledged messages are recorded as sent in batches, with at most
 	// max(Window, 32) waiting for that. A crash can duplicate only those
 	// two groups: at most Window + max(Window, 32) messages (128 by
@@ -167,12 +170,13 @@ type Relay struct {
 	log  *slog.Logger
 	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
-	mu      sync.Mutex
-	running bool
-	cancel  context.CancelCauseFunc
-	lastErr error
-	errAt   time.Time
-	lastAck time.Time
+	mu       sync.Mutex
+	running  bool
+	cancel   context.CancelCauseFunc
+	lastErr  error
+	errAt    time.Time
+	lastAck  time.Time
+	protocol string // what the publisher said it speaks (protocolSpeaker)
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -248,6 +252,10 @@ type RelayStats struct {
 	// costs: at most one per batch read, so one per event under a trickle and
 	// about 4 per 1,000 events in a backlog (BatchSize 256).
 	WALSyncs int64
+	// Protocol is the MQTT version the publisher's connection speaks ("5"
+	// or "3.1.1"), as it last connected; empty for a publisher that does
+	// not say.
+	Protocol string
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -262,6 +270,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		DeadSince:   r.dead.Load(),
 		LastErrorAt: r.errAt,
 		LastAck:     r.lastAck,
+		Protocol:    r.protocol,
 	}
 	rs.WALSyncs = r.wal.syncs.Load()
 	if r.lastErr != nil {
@@ -420,10 +429,22 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			continue
 		}
 		r.connected.Store(true)
-		r.log.Info("outbox relay connected", "after_attempts", failures+1)
+		r.noteProtocol(ctx, l)
+		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol())
 		failures, lastMsg = 0, ""
 		start := time.Now()
 		res := r.session(ctx, conn, l)
+		for res.keep {
+			// The broker refused a message and kept the connection: no
+			// outage, no reconnection; the next session starts on it once
+			// the message's retry delay has passed.
+			r.setErr(res.err)
+			r.log.Warn("outbox relay: the broker refused a message; connection kept", "err", res.err, "retry_in", res.retryAfter.Round(time.Millisecond))
+			if !sleep(ctx, res.retryAfter, nil) {
+				break
+			}
+			res = r.session(ctx, conn, l)
+		}
 		r.pub.Disconnect()
 		r.connected.Store(false)
 		if res.fatal != nil {
@@ -448,6 +469,41 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	}
 	r.log.Info("outbox relay stopped")
 	return nil
+}
+
+// protocolSpeaker is implemented by publishers that can say which protocol
+// version their connection speaks (MQTTPublisher does): the relay logs it,
+// shows it in Stats and stores it with the lease, for status.
+type protocolSpeaker interface {
+	Protocol() string
+}
+
+// noteProtocol records what the new connection speaks, in Stats and in the
+// lease. A failed write costs only the status line.
+func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
+	ps, ok := r.pub.(protocolSpeaker)
+	if !ok {
+		return
+	}
+	p := ps.Protocol()
+	r.mu.Lock()
+	changed := p != r.protocol
+	r.protocol = p
+	r.mu.Unlock()
+	if !changed {
+		return
+	}
+	if err := l.setProtocol(ctx, p); err != nil && ctx.Err() == nil {
+		r.log.Warn("outbox relay could not record its protocol version in the lease", "err", err)
+	}
+}
+
+// Protocol is the MQTT version the relay's connection speaks, as it last
+// connected ("5" or "3.1.1"); empty if the publisher does not say.
+func (r *Relay) Protocol() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.protocol
 }
 
 // keepLease renews the lease every quarter TTL; losing it stops the relay.

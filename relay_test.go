@@ -22,12 +22,7 @@ func TestMain(m *testing.M) {
 
 func mqttRelay(t testing.TB, ob *Outbox, brokerURL string, opts RelayOptions) *Relay {
 	t.Helper()
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: brokerURL, ClientID: "relay-" + NewID()[24:], ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second, KeepAlive: 2 * time.Second, PingTimeout: time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { pub.Close() })
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	return r
+	return mqttRelayOn(t, ob, brokerURL, opts, ProtocolAuto)
 }
 
 // checkOrdered asserts that first deliveries came in sequence order and
@@ -54,9 +49,13 @@ func checkOrdered(t *testing.T, rec *recorder, want int) (dups int) {
 }
 
 func TestRelayCommitOrderAndAtomicity(t *testing.T) {
+	forProtocols(t, testRelayCommitOrderAndAtomicity)
+}
+
+func testRelayCommitOrderAndAtomicity(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
-	startRelay(t, mqttRelay(t, ob, b.url(), fastRelay()))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), fastRelay(), proto))
 
 	const writers, perWriter = 4, 150
 	ctx := context.Background()
@@ -111,13 +110,15 @@ func TestRelayCommitOrderAndAtomicity(t *testing.T) {
 	eventually(t, 5*time.Second, "all marked sent", func() bool { return countState(t, ob, "sent") == len(committed) })
 }
 
-func TestRelayOutageMidBacklog(t *testing.T) {
+func TestRelayOutageMidBacklog(t *testing.T) { forProtocols(t, testRelayOutageMidBacklog) }
+
+func testRelayOutageMidBacklog(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.Window = 16
-	r := mqttRelay(t, ob, p.URL(), opts)
+	r := mqttRelayOn(t, ob, p.URL(), opts, proto)
 	const backlog = 3000
 	for i := 0; i < backlog; i += 100 {
 		msgs := make([]Message, 100)
@@ -152,11 +153,13 @@ func TestRelayOutageMidBacklog(t *testing.T) {
 	require.Zero(t, attempts, "an outage never counts against a message")
 }
 
-func TestRelayWithheldPubackIsResent(t *testing.T) {
+func TestRelayWithheldPubackIsResent(t *testing.T) { forProtocols(t, testRelayWithheldPubackIsResent) }
+
+func testRelayWithheldPubackIsResent(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	p := harness.StartFaultProxy(t, b.addr)
 	ob := openTest(t, Options{})
-	startRelay(t, mqttRelay(t, ob, p.URL(), fastRelay()))
+	startRelay(t, mqttRelayOn(t, ob, p.URL(), fastRelay(), proto))
 	commitOrder(t, ob, "pos/orders", 0)
 	eventually(t, 10*time.Second, "first message sent", func() bool { return countState(t, ob, "sent") == 1 })
 
@@ -179,25 +182,38 @@ func TestRelayWithheldPubackIsResent(t *testing.T) {
 	require.Zero(t, countState(t, ob, "dead"))
 }
 
+// TestRelayPoisonMessageRefusedByBroker: under 3.1.1 mochi closes the
+// connection on a denied publish, and the isolation rule charges it once per
+// connection until it is dead; under 5 it answers PUBACK 0x87, and the
+// message is dead at once, on the same connection.
 func TestRelayPoisonMessageRefusedByBroker(t *testing.T) {
+	forProtocols(t, testRelayPoisonMessageRefusedByBroker)
+}
+
+func testRelayPoisonMessageRefusedByBroker(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.MaxAttempts = 3
-	r := mqttRelay(t, ob, b.url(), opts)
+	r := mqttRelayOn(t, ob, b.url(), opts, proto)
 	commitOrder(t, ob, "pos/orders", 1)
-	commitOrder(t, ob, "denied/orders", 2) // the broker closes the connection on this one
+	commitOrder(t, ob, "denied/orders", 2) // the broker refuses this one
 	commitOrder(t, ob, "pos/orders", 3)
 	commitOrder(t, ob, "pos/orders", 4)
 	startRelay(t, r)
 	eventually(t, 20*time.Second, "the rest delivered", func() bool { return countState(t, ob, "sent") == 3 })
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
-	require.Equal(t, 3, attempts)
 	dead, err := ob.List(context.Background(), ListOptions{State: StateDead})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.NotEmpty(t, dead[0].LastError)
+	if proto == Protocol5 {
+		require.Equal(t, 1, attempts, "dead at the first refusal")
+		require.Equal(t, "not authorized (0x87)", dead[0].LastError)
+	} else {
+		require.Equal(t, 3, attempts)
+	}
 	require.False(t, dead[0].DeadAt.IsZero())
 	eventually(t, 5*time.Second, "routed to the subscriber", func() bool { seqs, _ := firstDeliveries(b.rec); return len(seqs) == 3 })
 	seqs, _ := firstDeliveries(b.rec)

@@ -29,6 +29,12 @@ import (
 //     moved no bytes before the message had left (a stall: errStalled)
 //     charges nothing, even for the suspect: its bytes never got out.
 //   - A Publisher error wrapping ErrRejected charges the message at once.
+//     The broker refused that message and nothing else (an MQTT 5 PUBACK
+//     reason code): the connection is kept, the publishing stops until it
+//     is settled — retried after Retry backoff, alone first, or parked as
+//     dead — and then flows on. One wrapping ErrUndeliverable too cannot
+//     pass by retrying: it is parked as dead at once, and the messages
+//     behind it are not held back.
 //   - A message that cannot be encoded (a bad topic written by plain SQL, or
 //     too large for MQTT) can never succeed and is parked as dead at once.
 //
@@ -64,6 +70,20 @@ type wireToken interface {
 	Wire() (left bool, since time.Time)
 }
 
+// windowLimiter is implemented by publishers whose broker may allow fewer
+// publishes in flight than Window (MQTT 5's Receive Maximum): asked after
+// each Connect; 0 means no limit.
+type windowLimiter interface {
+	MaxInFlight() int
+}
+
+// lostReasoner is implemented by publishers that can tell why the broker
+// ended a connection (an MQTT 5 DISCONNECT's reason code), for the log and
+// Stats.LastError.
+type lostReasoner interface {
+	LostReason() error
+}
+
 // connectionLoser is implemented by publishers that can tell when their
 // connection drops while idle (MQTTPublisher does), so the relay reconnects
 // before the next message is due rather than when it fails.
@@ -81,6 +101,8 @@ type handOffWatcher interface {
 // flight is a publish awaiting its acknowledgement.
 type flight struct {
 	seq   int64
+	id    string
+	topic string
 	tok   Token
 	sent  time.Time
 	probe bool
@@ -107,6 +129,10 @@ type session struct {
 	ctx    context.Context // parent: cancelled on shutdown
 	sctx   context.Context // this connection: cancelled on failure too
 	cancel context.CancelCauseFunc
+	// dctx is dispatch's: cancelled with sctx, and by a message the broker
+	// refused (halt), which stops publishing but keeps the connection.
+	dctx context.Context
+	halt context.CancelCauseFunc
 
 	flights chan flight
 	// slots holds one token per message awaiting its acknowledgement:
@@ -135,7 +161,10 @@ type session struct {
 }
 
 type sessionResult struct {
-	progress   bool
+	progress bool
+	// keep: the session ended on a message the broker refused, and the
+	// connection is still up: the next session runs on it.
+	keep       bool
 	err        error         // why the connection ended; nil on shutdown
 	retryAfter time.Duration // minimum wait before reconnecting
 	fatal      error         // the relay cannot go on
@@ -145,30 +174,46 @@ type sessionResult struct {
 func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionResult {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	dctx, halt := context.WithCancelCause(sctx)
+	defer halt(nil)
+	window := r.opts.Window
+	if wl, ok := r.pub.(windowLimiter); ok {
+		if n := wl.MaxInFlight(); n > 0 && n < window {
+			window = n
+		}
+	}
 	s := &session{
 		r: r, conn: conn, l: l,
-		ctx: ctx, sctx: sctx, cancel: cancel,
-		flights:  make(chan flight, r.opts.Window),
-		slots:    make(chan struct{}, r.opts.Window),
+		ctx: ctx, sctx: sctx, cancel: cancel, dctx: dctx, halt: halt,
+		flights:  make(chan flight, window),
+		slots:    make(chan struct{}, window),
 		marks:    make(chan int64, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
 	}
 	s.watch, _ = r.pub.(handOffWatcher)
-	var wg sync.WaitGroup
+	var watcher sync.WaitGroup
+	defer watcher.Wait()
 	if cl, ok := r.pub.(connectionLoser); ok {
 		if lost := cl.ConnectionLost(); lost != nil {
-			wg.Add(1)
+			watcher.Add(1)
 			go func() {
-				defer wg.Done()
+				defer watcher.Done()
 				select {
 				case <-lost:
-					cancel(errConnectionLost)
+					cause := errConnectionLost
+					if lr, ok := r.pub.(lostReasoner); ok {
+						if why := lr.LostReason(); why != nil {
+							cause = fmt.Errorf("%w: %w", errConnectionLost, why)
+						}
+					}
+					cancel(cause)
 				case <-sctx.Done():
 				}
 			}()
 		}
 	}
+	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); s.ackLoop() }()
 	go func() { defer wg.Done(); s.markLoop() }()
@@ -178,13 +223,17 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		cancel(fatal)
 	}
 	close(s.flights)
-	if ctx.Err() == nil {
+	if ctx.Err() == nil && sctx.Err() != nil {
 		// The connection failed: disconnecting completes the tokens still
-		// in flight, so the ack loop can finish.
+		// in flight, so the ack loop can finish. After a refusal alone the
+		// connection is up, and their acknowledgements come.
 		r.pub.Disconnect()
 	}
 	wg.Wait()
-	return s.result(fatal)
+	res := s.result(fatal)
+	res.keep = res.fatal == nil && ctx.Err() == nil && sctx.Err() == nil && dctx.Err() != nil
+	cancel(nil) // ends the watcher
+	return res
 }
 
 // result settles the session's failure: it charges the message to blame,
@@ -243,6 +292,10 @@ func (s *session) setFail(f failure) {
 		s.barrier = f.seq
 	}
 	s.mu.Unlock()
+	if f.rejected {
+		s.halt(f.err)
+		return
+	}
 	s.cancel(f.err)
 }
 
@@ -266,11 +319,11 @@ func (s *session) dispatch() error {
 	// be acknowledged on loopback, so reading in turn let the window run dry
 	// once per batch.
 	var ahead chan batch
-	for s.sctx.Err() == nil {
+	for s.dctx.Err() == nil {
 		if !s.l.valid() {
 			// The lease was not renewed for half its TTL (a stalled
 			// database?): publish nothing until it is.
-			if !sleep(s.sctx, s.l.ttl/16, nil) {
+			if !sleep(s.dctx, s.l.ttl/16, nil) {
 				break
 			}
 			continue
@@ -291,18 +344,18 @@ func (s *session) dispatch() error {
 		}
 		version, rows, err := b.version, b.rows, b.err
 		if err != nil {
-			if s.sctx.Err() != nil {
+			if s.dctx.Err() != nil {
 				break
 			}
 			r.setErr(err)
 			r.log.Error("outbox relay cannot read the outbox", "err", err)
-			if !sleep(s.sctx, time.Second, nil) {
+			if !sleep(s.dctx, time.Second, nil) {
 				break
 			}
 			continue
 		}
 		if len(rows) == 0 {
-			if !r.waitForWork(s.sctx, r.reader, b.wake, version) {
+			if !r.waitForWork(s.dctx, r.reader, b.wake, version) {
 				break
 			}
 			continue
@@ -330,7 +383,7 @@ func (s *session) dispatch() error {
 			}
 			select {
 			case s.slots <- struct{}{}:
-			case <-s.sctx.Done():
+			case <-s.dctx.Done():
 				return nil
 			}
 			if s.watch != nil {
@@ -342,17 +395,17 @@ func (s *session) dispatch() error {
 			// rest of its batch before its renewal told it the lease was
 			// gone. It costs a mutex and a monotonic clock read.
 			for !s.l.valid() {
-				if !sleep(s.sctx, s.l.ttl/16, nil) {
+				if !sleep(s.dctx, s.l.ttl/16, nil) {
 					return nil
 				}
 			}
 			tok := r.pub.Publish(m.topic, m.wire)
 			r.inFlight.Add(1)
-			s.flights <- flight{seq: m.seq, tok: tok, sent: time.Now(), probe: probe}
+			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe}
 			if probe {
 				select {
 				case <-s.probeOK:
-				case <-s.sctx.Done():
+				case <-s.dctx.Done():
 					return nil
 				}
 				probe = false
@@ -373,7 +426,7 @@ type batch struct {
 // fetch reads up to limit pending rows after cursor.
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetch(s.sctx, s.r.reader, cursor, limit)
+	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit)
 	if b.err == nil && len(b.rows) > 0 {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
@@ -478,6 +531,23 @@ func (s *session) ackLoop() {
 				close(s.probeOK)
 			}
 			continue
+		}
+		if !abandoned && errors.Is(err, ErrUndeliverable) && errors.Is(err, ErrRejected) && s.markable(f.seq) {
+			// Refused for good, on a connection that stays up: parked at
+			// once, and nothing behind it need wait or go again.
+			derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err)
+			if derr == nil {
+				r.inFlight.Add(-1)
+				<-s.slots
+				s.progress.Store(true)
+				if f.probe {
+					r.suspect = 0
+					close(s.probeOK)
+				}
+				continue
+			}
+			// Not recorded: it goes through the charge below instead.
+			r.writeFailed(derr)
 		}
 		r.inFlight.Add(-1)
 		<-s.slots

@@ -17,6 +17,10 @@ import (
 // against any message; once the right certificate is put on disk, the next
 // connection uses it.
 func TestMutualTLSAndCertificateReload(t *testing.T) {
+	forProtocols(t, testMutualTLSAndCertificateReload)
+}
+
+func testMutualTLSAndCertificateReload(t *testing.T, proto MQTTProtocol) {
 	dir := t.TempDir()
 	ca, rogue := harness.NewCA(t, "devices-ca"), harness.NewCA(t, "rogue-ca")
 
@@ -38,7 +42,7 @@ func TestMutualTLSAndCertificateReload(t *testing.T) {
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "pos/orders", 1)
 	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(),
-		TLSFiles: &TLSFiles{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}, ConnectTimeout: 2 * time.Second})
+		TLSFiles: &TLSFiles{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}, ConnectTimeout: 2 * time.Second, Protocol: proto, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	opts := fastRelay()

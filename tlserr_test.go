@@ -35,11 +35,15 @@ func (h *refuseAll) Provides(b byte) bool                                     { 
 func (h *refuseAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return false }
 
 func TestRefusedCredentialsAreNotAnOutageOfMessages(t *testing.T) {
+	forProtocols(t, testRefusedCredentialsAreNotAnOutageOfMessages)
+}
+
+func testRefusedCredentialsAreNotAnOutageOfMessages(t *testing.T, proto MQTTProtocol) {
 	b := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{new(refuseAll)}})
 
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "t", 1)
-	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(), Username: "till", Password: "hunter2-secret"})
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.URL(), Username: "till", Password: "hunter2-secret", Protocol: proto, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	opts := fastRelay()
@@ -53,7 +57,7 @@ func TestRefusedCredentialsAreNotAnOutageOfMessages(t *testing.T) {
 		last = s.LastError
 		return s.LastError != ""
 	})
-	require.Regexp(t, `the broker refused (the user name or password \(CONNACK 4\)|this client: not authorised \(CONNACK 5\))`, last)
+	require.Regexp(t, `the broker refused (the user name or password \(CONNACK (4|0x86)\)|this client: not authori[sz]ed \(CONNACK (5|0x87)\))`, last)
 	require.NotContains(t, last, "hunter2")
 	state, attempts := rowState(t, ob, 1)
 	require.Equal(t, "pending", state)

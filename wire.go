@@ -104,23 +104,28 @@ func (w *wireConn) Write(b []byte) (int, error) {
 
 // awaitGone waits until the bytes up to end have left, the link has moved
 // nothing for PingTimeout (a stall: paho's PingTimeout then ends the
-// connection), or the connection is closed. It polls: a ping is rare.
-func (w *wireConn) awaitGone(end int64) {
+// connection), or the connection is closed.
+func (w *wireConn) awaitGone(end int64) { w.link.awaitGone(end, w.pingTimeout, w.closed) }
+
+// awaitGone waits until the bytes up to end have left, the link has moved
+// nothing for timeout (a stall, which it records), or closed is closed. It
+// polls: a ping is rare.
+func (l *linkConn) awaitGone(end int64, timeout time.Duration, closed <-chan struct{}) {
 	start := time.Now()
 	delay := time.Millisecond
 	for {
-		gone, moved := w.link.progress()
+		gone, moved := l.progress()
 		if gone >= end {
 			return
 		}
-		if time.Since(later(start, moved)) >= w.pingTimeout {
-			w.link.stalled.Store(true)
+		if time.Since(later(start, moved)) >= timeout {
+			l.stalled.Store(true)
 			return
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
-		case <-w.closed:
+		case <-closed:
 			t.Stop()
 			return
 		}

@@ -1,4 +1,4 @@
--- The outbox schema, version 3: what a new database gets, in one step.
+-- The outbox schema, version 4: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
@@ -63,7 +63,8 @@ CREATE TABLE outbox_sent_log (
 -- Which relay drains this database. The holder bumps token on every renewal;
 -- host, machine_id, boot_id, pid, pid_start and pid_ns say where it runs, so
 -- that a relay on the same host can tell at once that the holder is dead
--- (another boot, or its process gone) instead of waiting a whole TTL.
+-- (another boot, or its process gone) instead of waiting a whole TTL;
+-- protocol is the MQTT version its connection speaks (NULL: not known).
 CREATE TABLE outbox_lease (
 	name       TEXT    PRIMARY KEY,
 	owner      TEXT    NOT NULL DEFAULT '',
@@ -74,7 +75,8 @@ CREATE TABLE outbox_lease (
 	boot_id    TEXT    NOT NULL DEFAULT '',
 	pid        INTEGER NOT NULL DEFAULT 0,
 	pid_start  INTEGER NOT NULL DEFAULT 0,
-	pid_ns     TEXT    NOT NULL DEFAULT ''
+	pid_ns     TEXT    NOT NULL DEFAULT '',
+	protocol   TEXT
 );
 
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;

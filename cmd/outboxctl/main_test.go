@@ -174,6 +174,7 @@ func TestUsageErrors(t *testing.T) {
 		{"relay", "--db", path, "--broker", "http://127.0.0.1:1"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--envelope", "xml"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--window", "0"},
+		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--mqtt-version", "3"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--ca-file", "/etc/hostname"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--topic-prefix", "acme/#"},
 		{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--username", "u", "--password-env", "OUTBOXCTL_TEST_UNSET"},
@@ -193,6 +194,18 @@ func TestUsageErrors(t *testing.T) {
 		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
 		require.True(t, strings.HasPrefix(r.stderr, "outboxctl: "), "%v: %q", args, r.stderr)
 	}
+}
+
+// TestRelayMQTTVersionFlag: a bad --mqtt-version is a usage error before
+// anything is written: no database file appears.
+func TestRelayMQTTVersionFlag(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "never.db")
+	r := ctl(t, "relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--mqtt-version", "v5")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "--mqtt-version")
+	require.Contains(t, r.stderr, "auto, 5 or 3.1.1")
+	_, err := os.Stat(path)
+	require.True(t, os.IsNotExist(err), "nothing written")
 }
 
 func TestStatusListRequeuePurge(t *testing.T) {
@@ -411,6 +424,14 @@ func TestRelaySidecar(t *testing.T) {
 		require.Equal(t, int64(i+1), ev.Sequence)
 	}
 	b.mu.Unlock()
+	// status, another process, says which version the relay speaks.
+	r := ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Equal(t, "5", st["mqtt_version"], "mochi speaks 5, and auto chose it")
+	r = ctl(t, "status", "--db", path)
+	require.Regexp(t, `mqtt version\s+5\n`, r.stdout)
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
@@ -423,6 +444,7 @@ func TestRelaySidecar(t *testing.T) {
 	}
 	logs := stderr.String()
 	require.Contains(t, logs, `"msg":"outbox relay connected"`)
+	require.Contains(t, logs, `"protocol":"5"`)
 	require.NotContains(t, logs, "hunter2", "the password is never logged")
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))

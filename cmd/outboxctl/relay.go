@@ -26,6 +26,7 @@ type relayFlags struct {
 	keyFile       string
 	serverName    string
 	envelope      string
+	mqttVersion   string
 	window        int
 	backoffMax    time.Duration
 	pollInterval  time.Duration
@@ -65,6 +66,7 @@ so they can be replaced on disk while the relay runs.`,
 			if err != nil {
 				return usageError{err}
 			}
+			mopts.Logger = a.logger
 			if f.window < 1 || f.window > 65535 {
 				return usageError{fmt.Errorf("--window %d: want 1 to 65535", f.window)}
 			}
@@ -128,6 +130,7 @@ so they can be replaced on disk while the relay runs.`,
 	fl.StringVar(&f.keyFile, "key-file", "", "PEM private key of the client certificate")
 	fl.StringVar(&f.serverName, "tls-server-name", "", "name to verify in the broker's certificate (default: the URL's host)")
 	fl.StringVar(&f.envelope, "envelope", "cloudevents", "cloudevents or raw (raw puts no id on the wire)")
+	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5 or 3.1.1")
 	fl.IntVar(&f.window, "window", 64, "publishes awaiting PUBACK at once (1-65535)")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "cap on the wait between connection attempts")
 	fl.DurationVar(&f.pollInterval, "poll-interval", 2*time.Millisecond, "how often to check for other processes' commits")
@@ -146,6 +149,11 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 		return outbox.MQTTOptions{}, errors.New("--db is required")
 	}
 	o := outbox.MQTTOptions{Broker: f.broker, ClientID: f.clientID, Username: f.username}
+	proto, err := outbox.ParseMQTTProtocol(f.mqttVersion)
+	if err != nil {
+		return o, fmt.Errorf("--mqtt-version: %w", err)
+	}
+	o.Protocol = proto
 	switch {
 	case f.passwordFile != "" && f.passwordEnv != "":
 		return o, errors.New("give --password-file or --password-env, not both")
@@ -193,7 +201,7 @@ func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration)
 		if err != nil {
 			continue
 		}
-		a.logger.Info("outbox relay stats", "connected", s.Connected, "pending", s.Pending, "pending_bytes", s.PendingBytes,
+		a.logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
 			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
 }

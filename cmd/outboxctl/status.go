@@ -24,6 +24,7 @@ type statusJSON struct {
 	MaxPendingBytes    int64      `json:"max_pending_bytes"`
 	LeaseOwner         string     `json:"lease_owner"`
 	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
+	MQTTVersion        *string    `json:"mqtt_version"` // what the lease holder speaks; null: not known
 	FileBytes          int64      `json:"file_bytes"`
 	WALBytes           int64      `json:"wal_bytes"`
 }
@@ -44,7 +45,8 @@ written, and a database closed cleanly gets no -wal or -shm file.
 --json prints one object with these keys: db, schema_version, pending,
 pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, sent,
 max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
-file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
+mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
+null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: noArgs,
@@ -71,6 +73,10 @@ file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				t := st.LeaseExpires.UTC()
 				out.LeaseExpiresAt = &t
 			}
+			if st.LeaseOwner != "" && st.LeaseProtocol != "" {
+				v := st.LeaseProtocol
+				out.MQTTVersion = &v
+			}
 			if asJSON {
 				return writeJSON(a.stdout, out)
 			}
@@ -88,6 +94,9 @@ file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
 			if out.LeaseOwner != "" {
 				fmt.Fprintf(w, "relay lease\t%s, until %s\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
+				if out.MQTTVersion != nil {
+					fmt.Fprintf(w, "mqtt version\t%s\n", *out.MQTTVersion)
+				}
 			} else {
 				fmt.Fprintf(w, "relay lease\tfree\n")
 			}

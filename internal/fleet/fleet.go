@@ -446,7 +446,7 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", name, err)
 	}
-	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: "fleet-" + run + "-" + name})
+	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: "fleet-" + run + "-" + name, Logger: quiet})
 	if err != nil {
 		ob.Close()
 		return nil, err

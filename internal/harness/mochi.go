@@ -30,6 +30,10 @@ type MochiOptions struct {
 	// Hooks are the broker's hooks (authentication, ACLs); none means one
 	// that lets every client in and allows every topic.
 	Hooks []mochi.Hook
+	// Capabilities, if set, changes mochi's defaults: what it tells MQTT 5
+	// clients in the CONNACK (Receive Maximum, Maximum Packet Size) and
+	// enforces.
+	Capabilities func(*mochi.Capabilities)
 }
 
 // Mochi is an in-process mochi broker on a loopback port of its own. It
@@ -113,7 +117,11 @@ func (m *Mochi) Resume() error {
 	if m.srv != nil {
 		return nil
 	}
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	caps := mochi.NewDefaultServerCapabilities()
+	if m.opts.Capabilities != nil {
+		m.opts.Capabilities(caps)
+	}
+	srv := mochi.New(&mochi.Options{InlineClient: true, Capabilities: caps, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	hooks := m.opts.Hooks
 	if len(hooks) == 0 {
 		hooks = []mochi.Hook{new(auth.AllowHook)}

@@ -42,7 +42,7 @@ import (
 // and the log says no more than "Not authorized".
 var ejabberdKind = brokerKind{
 	name:     "ejabberd",
-	features: features{AcksDeniedPublish: true, TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
+	features: features{MQTT5: true, AcksDeniedPublish: true, DeniedReason5: "topic name invalid (0x90): Publishing to this topic is forbidden by service policy", TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
 	start:    startEjabberdSet,
 }
 

@@ -11,13 +11,14 @@ import (
 )
 
 // mochi v2, in-process: the default broker of the tests and the demo. It
-// sends the PUBACK before routing to subscribers, and refuses a publish its
-// ACL denies by closing the connection. Its TLS listener is a broker of its
-// own (the suite's subscriber is inside the broker either way). It keeps
-// no session across a restart.
+// speaks MQTT 5 and 3.1.1. It sends the PUBACK before routing to
+// subscribers, and refuses a publish its ACL denies by closing the
+// connection under 3.1.1, with PUBACK 0x87 under 5. Its TLS listener is a
+// broker of its own (the suite's subscriber is inside the broker either
+// way). It keeps no session across a restart.
 var mochiKind = brokerKind{
 	name:     "mochi",
-	features: features{TLSOnly: true},
+	features: features{MQTT5: true, DeniedReason5: "not authorized (0x87)", TLSOnly: true},
 	start:    startMochiSet,
 }
 

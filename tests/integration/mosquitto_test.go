@@ -13,9 +13,13 @@ import (
 // Mosquitto 2.0 (the Debian package). Its default max_queued_messages
 // (1000) silently drops QoS 1 messages for an offline persistent subscriber
 // beyond that count (the harness sets 0); it saves persistent sessions only
-// when stopped with SIGTERM. A QoS 1 publish its ACL denies is acknowledged
-// and dropped: the relay marks it sent, and only the broker's log shows it
-// (FLEET.md and the README say so). Its TLS listener here requires a client
+// when stopped with SIGTERM. Under MQTT 3.1.1 a QoS 1 publish its ACL
+// denies is acknowledged and dropped: the relay marks it sent, and only the
+// broker's log shows it (FLEET.md and the README say so). Under MQTT 5 its
+// PUBACK says 0x87 (not authorized), and the relay parks it dead at once. It
+// tells MQTT 5 clients a Receive Maximum of max_inflight_messages (20 by
+// default; the harness's persistent broker sets 100), which caps the relay's
+// window. Its TLS listener here requires a client
 // certificate and a password, and is its only listener; a second broker
 // has an expired certificate.
 //
@@ -23,7 +27,7 @@ import (
 // run against it as well.
 var mosquittoKind = brokerKind{
 	name:     "Mosquitto",
-	features: features{AcksDeniedPublish: true, SessionsSurviveRestart: true, TLSOnly: true},
+	features: features{MQTT5: true, AcksDeniedPublish: true, DeniedReason5: "not authorized (0x87)", SessionsSurviveRestart: true, TLSOnly: true},
 	start:    startMosquittoSet,
 }
 

@@ -85,7 +85,7 @@ func oversizeNeverAcknowledged(t *testing.T, _ brokerKind, set *brokerSet) {
 	ob := openTest(t, outbox.Options{MaxPayloadBytes: 4 << 20})
 	opts := fastRelay()
 	opts.MaxAttempts = 2
-	startRelay(t, newRelay(t, ob, "tcp://"+tg.addr, tg.login, "", opts))
+	startRelay(t, newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "", opts, tg.proto))
 	start := time.Now()
 	commitOrder(t, ob, "pos/orders", 1)
 	require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {

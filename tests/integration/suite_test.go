@@ -18,16 +18,25 @@ import (
 // not installed skips its test with a line saying what to install.
 //
 //	go test -race -run 'TestNATS|TestRabbitMQ' -v ./tests/integration
-//	go test -race -run 'TestEjabberd/TLS' -v ./tests/integration
+//	go test -race -run 'TestEjabberd/mqtt_5/TLS' -v ./tests/integration
 
 // features are what a broker does differently, as the cases see it.
 type features struct {
-	// AcksDeniedPublish: a publish the broker's rules deny is acknowledged
-	// and dropped. An MQTT 3.1.1 PUBACK has no reason code, so the relay
-	// cannot tell it from a delivery and marks it sent. Otherwise the
-	// broker closes the connection, and the isolation rule parks the
-	// message as dead after MaxAttempts while the rest flows.
+	// MQTT5: the broker speaks MQTT 5, and the suite runs twice, under 5
+	// and under 3.1.1; otherwise under 3.1.1 only, and auto is shown to
+	// fall back to it.
+	MQTT5 bool
+	// AcksDeniedPublish: under MQTT 3.1.1, a publish the broker's rules
+	// deny is acknowledged and dropped. A 3.1.1 PUBACK has no reason code,
+	// so the relay cannot tell it from a delivery and marks it sent.
+	// Otherwise the broker closes the connection, and the isolation rule
+	// parks the message as dead after MaxAttempts while the rest flows.
 	AcksDeniedPublish bool
+	// DeniedReason5: under MQTT 5, the PUBACK of a denied publish carries
+	// this reason (words and code, as last_error has it), and the message
+	// is parked as dead at once on a connection kept. "": the broker
+	// acknowledges and drops it under 5 too.
+	DeniedReason5 string
 	// RefusesDotInTopics: a publish to a topic with '.' or ' ' closes the
 	// connection (NATS maps topics to subjects), so such a message is
 	// parked as dead after MaxAttempts.
@@ -66,6 +75,22 @@ type target struct {
 	inline  func(t *testing.T, filter string) *harness.EventLog
 	log     func() string                     // the broker's log so far; nil if none is kept
 	restart func(downFor time.Duration) error // nil: the suite cannot restart it
+
+	// proto is the MQTT version the case's relays speak; suffix ends the
+	// client ids of its subscribers, so that a persistent session of one
+	// version's run is not the next one's.
+	proto  outbox.MQTTProtocol
+	suffix string
+}
+
+// on is the target as the run for proto sees it.
+func (tg *target) on(proto outbox.MQTTProtocol) *target {
+	if tg == nil {
+		return nil
+	}
+	c := *tg
+	c.proto, c.suffix = proto, "-v"+proto.String()
+	return &c
 }
 
 // subscribe starts a persistent-session QoS 1 subscriber straight at the
@@ -77,7 +102,7 @@ func (tg *target) subscribe(t *testing.T, clientID, filter string) *harness.Even
 	if tg.inline != nil {
 		return tg.inline(t, filter)
 	}
-	return harness.StartSubscriber(t, tg.addr, harness.SubscriberOptions{ClientID: clientID, Filter: filter,
+	return harness.StartSubscriber(t, tg.addr, harness.SubscriberOptions{ClientID: clientID + tg.suffix, Filter: filter,
 		Username: tg.login.username, Password: tg.login.password}, eventIDSeq).Log
 }
 
@@ -97,6 +122,19 @@ type brokerSet struct {
 	denial     *denial // nil: no rule set up to deny a publish
 	tlsLogSays string  // after the TLS cases, the broker's log says this; "" for no check
 	pki        *harness.BrokerTLS
+	proto      outbox.MQTTProtocol // the run's MQTT version
+}
+
+// on is the set as the run for proto sees it.
+func (s *brokerSet) on(proto outbox.MQTTProtocol) *brokerSet {
+	c := *s
+	c.plain, c.tls, c.proto = s.plain.on(proto), s.tls.on(proto), proto
+	if s.denial != nil {
+		d := *s.denial
+		d.target = d.target.on(proto)
+		c.denial = &d
+	}
+	return &c
 }
 
 // brokerKind is one broker the suite runs over.
@@ -126,25 +164,46 @@ var suiteCases = []brokerCase{
 	{"session survives a restart", sessionSurvivesRestart},
 }
 
-// runBrokerSuite starts k's brokers and runs every case against them.
+// runBrokerSuite starts k's brokers and runs every case against them: under
+// MQTT 5 and then 3.1.1 where the broker has 5, else under 3.1.1 and then
+// the case that shows auto falling back to it.
 func runBrokerSuite(t *testing.T, k brokerKind) {
 	pki := harness.NewBrokerTLS(t)
 	set := k.start(t, pki)
 	set.pki = pki
-	for _, c := range append(suiteCases, k.extra...) {
-		t.Run(c.name, func(t *testing.T) { c.run(t, k, set) })
+	protos := []outbox.MQTTProtocol{outbox.Protocol311}
+	if k.features.MQTT5 {
+		protos = []outbox.MQTTProtocol{outbox.Protocol5, outbox.Protocol311}
+	}
+	for _, proto := range protos {
+		vset := set.on(proto)
+		t.Run("mqtt "+proto.String(), func(t *testing.T) {
+			for _, c := range append(suiteCases, k.extra...) {
+				t.Run(c.name, func(t *testing.T) { c.run(t, k, vset) })
+			}
+		})
+	}
+	if !k.features.MQTT5 {
+		t.Run("auto falls back to 3.1.1", func(t *testing.T) { autoFallsBack(t, k, set) })
 	}
 }
 
 // newRelay is a relay from ob to the broker at url, logging in with l,
-// under client id clientID ("": a random one).
+// under client id clientID ("": a random one), speaking auto.
 func newRelay(t *testing.T, ob *outbox.Outbox, url string, l login, clientID string, opts outbox.RelayOptions) *outbox.Relay {
+	t.Helper()
+	return newRelayOn(t, ob, url, l, clientID, opts, outbox.ProtocolAuto)
+}
+
+// newRelayOn is newRelay speaking proto.
+func newRelayOn(t *testing.T, ob *outbox.Outbox, url string, l login, clientID string, opts outbox.RelayOptions, proto outbox.MQTTProtocol) *outbox.Relay {
 	t.Helper()
 	if clientID == "" {
 		clientID = "relay-" + outbox.NewID()[24:]
 	}
 	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: url, ClientID: clientID, Username: l.username, Password: l.password,
-		ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second, KeepAlive: 2 * time.Second, PingTimeout: time.Second})
+		ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second, KeepAlive: 2 * time.Second, PingTimeout: time.Second,
+		Protocol: proto, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	r, err := ob.NewRelay(pub, opts)
@@ -162,7 +221,7 @@ func compatibility(t *testing.T, _ brokerKind, set *brokerSet) {
 	sub := tg.subscribe(t, "compatibility", "pos/#")
 	p := harness.StartFaultProxy(t, tg.addr)
 	ob := openTest(t, outbox.Options{})
-	r := newRelay(t, ob, p.URL(), tg.login, "", fastRelay())
+	r := newRelayOn(t, ob, p.URL(), tg.login, "", fastRelay(), tg.proto)
 	startRelay(t, r)
 
 	for i := 0; i < 300; i++ {
@@ -206,7 +265,7 @@ func topicsWithDots(t *testing.T, k brokerKind, set *brokerSet) {
 	ob := openTest(t, outbox.Options{})
 	opts := fastRelay()
 	opts.MaxAttempts = 2
-	startRelay(t, newRelay(t, ob, "tcp://"+tg.addr, tg.login, "", opts))
+	startRelay(t, newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "", opts, tg.proto))
 	commitOrder(t, ob, "pos/a.b", 1)
 	commitOrder(t, ob, "pos/a b", 2)
 	commitOrder(t, ob, "pos/ok", 3)
@@ -228,12 +287,15 @@ func topicsWithDots(t *testing.T, k brokerKind, set *brokerSet) {
 }
 
 // deniedPublish publishes, between two allowed ones, a message the
-// broker's rules deny. A broker that acknowledges it and drops it leaves the
-// relay nothing to see: the row is marked sent, the connection stays up,
-// and only the broker (its log, or not even that) knows. The defence is at
-// the device: topics built from one prefix the broker allows (TopicPrefix).
-// A broker that closes the connection has the message parked as dead after
-// MaxAttempts, and the rest flows.
+// broker's rules deny. Under MQTT 5 a broker that says so in the PUBACK's
+// reason code has it parked as dead at once, on the same connection, none
+// of them marked sent before, and the rest delivered in order. A broker
+// that acknowledges it and drops it leaves the relay nothing to see: the
+// row is marked sent, the connection stays up, and only the broker (its
+// log, or not even that) knows. The defence is then at the device: topics
+// built from one prefix the broker allows (TopicPrefix). A broker that
+// closes the connection has the message parked as dead after MaxAttempts,
+// and the rest flows.
 func deniedPublish(t *testing.T, k brokerKind, set *brokerSet) {
 	d := set.denial
 	if d == nil {
@@ -244,11 +306,34 @@ func deniedPublish(t *testing.T, k brokerKind, set *brokerSet) {
 	ob := openTest(t, outbox.Options{})
 	opts := fastRelay()
 	opts.MaxAttempts = 2
-	r := newRelay(t, ob, "tcp://"+tg.addr, tg.login, "till-1", opts)
+	r := newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "till-1", opts, tg.proto)
 	startRelay(t, r)
 	commitOrder(t, ob, d.allowed, 1)
 	commitOrder(t, ob, d.denied, 2)
 	commitOrder(t, ob, d.allowed, 3)
+	if tg.proto == outbox.Protocol5 && k.features.DeniedReason5 != "" {
+		harness.Eventually(t, 20*time.Second, "the denied one dead, the others sent", func() bool {
+			return countState(t, ob, "dead") == 1 && countState(t, ob, "sent") == 2
+		})
+		harness.Eventually(t, 5*time.Second, "the allowed two delivered", func() bool { return sub.Unique() == 2 })
+		state, attempts := rowState(t, ob, 2)
+		require.Equal(t, "dead", state)
+		require.Equal(t, 1, attempts, "dead at the first refusal")
+		dead, err := ob.List(context.Background(), outbox.ListOptions{State: outbox.StateDead})
+		require.NoError(t, err)
+		require.Equal(t, k.features.DeniedReason5, dead[0].LastError)
+		got := sub.Snapshot()
+		require.Empty(t, got.Disorder, "the allowed ones in commit order")
+		s, err := r.Stats(context.Background())
+		require.NoError(t, err)
+		require.True(t, s.Connected, "the connection was kept")
+		require.Equal(t, "5", s.Protocol)
+		if d.logSays != "" {
+			require.Contains(t, tg.log(), d.logSays, "the broker's log says it too")
+		}
+		t.Logf("%s, MQTT 5: a denied publish refused with %s, dead at once, connection kept", tg.name, dead[0].LastError)
+		return
+	}
 	if !k.features.AcksDeniedPublish {
 		harness.Eventually(t, 20*time.Second, "the denied one dead, the others sent", func() bool {
 			return countState(t, ob, "dead") == 1 && countState(t, ob, "sent") == 2
@@ -278,7 +363,29 @@ func deniedPublish(t *testing.T, k brokerKind, set *brokerSet) {
 	for _, s := range d.logSilent {
 		require.NotContains(t, tg.log(), s, "not in the log")
 	}
+	if tg.proto == outbox.Protocol5 {
+		t.Logf("%s: under MQTT 5 too, a denied publish acknowledged with success, dropped, connection kept", tg.name)
+		return
+	}
 	t.Logf("%s: a denied publish acknowledged, dropped, connection kept", tg.name)
+}
+
+// autoFallsBack: against a broker without MQTT 5, a relay speaking auto
+// falls back to 3.1.1, delivers, and says so in Stats.
+func autoFallsBack(t *testing.T, _ brokerKind, set *brokerSet) {
+	tg := set.plain
+	sub := tg.subscribe(t, "fallback", "pos/#")
+	ob := openTest(t, outbox.Options{})
+	r := newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "", fastRelay(), outbox.ProtocolAuto)
+	startRelay(t, r)
+	commitOrder(t, ob, "pos/orders", 1)
+	harness.Eventually(t, 10*time.Second, "sent", func() bool { return countState(t, ob, "sent") == 1 })
+	harness.Eventually(t, 5*time.Second, "delivered", func() bool { return sub.Unique() == 1 })
+	s, err := r.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "3.1.1", s.Protocol)
+	require.Equal(t, "3.1.1", s.LeaseProtocol)
+	t.Logf("%s: auto fell back to 3.1.1 (last error before it: %q)", tg.name, s.LastError)
 }
 
 // sessionSurvivesRestart: a broker stopped (gracefully) and started again
@@ -294,7 +401,7 @@ func sessionSurvivesRestart(t *testing.T, k brokerKind, set *brokerSet) {
 		t.Skipf("the suite cannot restart %s", k.name)
 	}
 	log := harness.NewEventLog(eventIDSeq)
-	sub := harness.NewSubscriber(t, tg.addr, harness.SubscriberOptions{ClientID: "persist-check", Filter: "orders/#",
+	sub := harness.NewSubscriber(t, tg.addr, harness.SubscriberOptions{ClientID: "persist-check" + tg.suffix, Filter: "orders/#",
 		Username: tg.login.username, Password: tg.login.password}, log)
 	present, err := sub.Connect()
 	require.NoError(t, err)
@@ -303,7 +410,7 @@ func sessionSurvivesRestart(t *testing.T, k brokerKind, set *brokerSet) {
 
 	ob := openTest(t, outbox.Options{})
 	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: "tcp://" + tg.addr, ClientID: "persist-relay", Username: tg.login.username, Password: tg.login.password,
-		ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond})
+		ConnectTimeout: time.Second, WriteTimeout: time.Second, KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond, Protocol: tg.proto, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	r, err := ob.NewRelay(pub, fastRelay())

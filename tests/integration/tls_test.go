@@ -26,6 +26,7 @@ type tlsCase struct {
 const (
 	refusedHandshake = "the broker refused the TLS handshake"
 	notAuthorised    = "the broker refused this client: not authorised (CONNACK 5)"
+	notAuthorized5   = "the broker refused this client: not authorized (CONNACK 0x87)"
 )
 
 // tlsCasesFor are the TLS cases a broker's listener that requires a client
@@ -88,7 +89,10 @@ func tlsCases(t *testing.T, k brokerKind, set *brokerSet) {
 		sub = tg.subscribe(t, "tls-consumer", "pos/#")
 	}
 	for _, tc := range tlsCasesFor(k.features, set.pki, tg) {
-		t.Run(tc.name, func(t *testing.T) { runTLSCase(t, tg.name, tc) })
+		if tc.want == notAuthorised && tg.proto == outbox.Protocol5 {
+			tc.want = notAuthorized5
+		}
+		t.Run(tc.name, func(t *testing.T) { runTLSCase(t, tg.name, tc, tg.proto) })
 	}
 	harness.Eventually(t, 10*time.Second, "the subscriber has it", func() bool { return sub.Unique() == 1 })
 	require.Zero(t, sub.Snapshot().DecodeErrors)
@@ -101,15 +105,15 @@ func tlsCases(t *testing.T, k brokerKind, set *brokerSet) {
 // client certificate.
 func tlsSubscriber(t *testing.T, tg *target, cfg *tls.Config) *harness.EventLog {
 	t.Helper()
-	return harness.StartSubscriber(t, tg.tlsAddr, harness.SubscriberOptions{ClientID: "tls-consumer", Filter: "pos/#",
+	return harness.StartSubscriber(t, tg.tlsAddr, harness.SubscriberOptions{ClientID: "tls-consumer" + tg.suffix, Filter: "pos/#",
 		Username: tg.login.username, Password: tg.login.password, TLS: cfg}, eventIDSeq).Log
 }
 
-func runTLSCase(t *testing.T, broker string, tc tlsCase) {
+func runTLSCase(t *testing.T, broker string, tc tlsCase, proto outbox.MQTTProtocol) {
 	ob := openTest(t, outbox.Options{})
 	commitOrder(t, ob, "pos/orders", 1)
 	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: "ssl://" + tc.addr, ClientID: "till-7-" + outbox.NewID()[30:],
-		Username: tc.login.username, Password: tc.login.password, TLSFiles: &tc.files, ConnectTimeout: 3 * time.Second})
+		Username: tc.login.username, Password: tc.login.password, TLSFiles: &tc.files, ConnectTimeout: 3 * time.Second, Protocol: proto, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	opts := fastRelay()

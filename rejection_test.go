@@ -10,20 +10,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A message the broker refuses blames that message only: the connection
-// stays up (no outage rule, no reconnection), the message is retried with
-// Retry backoff until MaxAttempts, and the ones behind it flow on after it
-// is settled.
-func TestRelayRejectionKeepsConnection(t *testing.T) {
+// relayGoodBadGood commits messages 1, 2 and 3 on topics good, bad and
+// good, and runs a relay with maxAttempts whose publisher refuses the bad
+// one with refusal, until the good ones are sent and the bad one dead.
+func relayGoodBadGood(t *testing.T, refusal error, maxAttempts int) (*Outbox, *fakePublisher) {
+	t.Helper()
 	ob := openTest(t, Options{})
 	pub := &fakePublisher{reject: func(topic string) error {
 		if topic == "bad" {
-			return fmt.Errorf("%w: quota exceeded (0x97)", ErrRejected)
+			return refusal
 		}
 		return nil
 	}}
 	opts := fastRelay()
-	opts.MaxAttempts = 3
+	opts.MaxAttempts = maxAttempts
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	commitOrder(t, ob, "good", 1)
@@ -33,6 +33,15 @@ func TestRelayRejectionKeepsConnection(t *testing.T) {
 	eventually(t, 10*time.Second, "good ones sent, bad one dead", func() bool {
 		return countState(t, ob, "sent") == 2 && countState(t, ob, "dead") == 1
 	})
+	return ob, pub
+}
+
+// A message the broker refuses blames that message only: the connection
+// stays up (no outage rule, no reconnection), the message is retried with
+// Retry backoff until MaxAttempts, and the ones behind it flow on after it
+// is settled.
+func TestRelayRejectionKeepsConnection(t *testing.T) {
+	ob, pub := relayGoodBadGood(t, fmt.Errorf("%w: quota exceeded (0x97)", ErrRejected), 3)
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
 	require.Equal(t, 3, attempts)

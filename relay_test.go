@@ -239,24 +239,7 @@ func testRelayPoisonMessageRefusedByBroker(t *testing.T, proto MQTTProtocol) {
 }
 
 func TestRelayRejectedMessageRetriedThenDead(t *testing.T) {
-	ob := openTest(t, Options{})
-	pub := &fakePublisher{reject: func(topic string) error {
-		if topic == "bad" {
-			return fmt.Errorf("%w: 400 bad request", ErrRejected)
-		}
-		return nil
-	}}
-	opts := fastRelay()
-	opts.MaxAttempts = 4
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	commitOrder(t, ob, "good", 1)
-	commitOrder(t, ob, "bad", 2)
-	commitOrder(t, ob, "good", 3)
-	startRelay(t, r)
-	eventually(t, 10*time.Second, "good ones sent, bad one dead", func() bool {
-		return countState(t, ob, "sent") == 2 && countState(t, ob, "dead") == 1
-	})
+	ob, pub := relayGoodBadGood(t, fmt.Errorf("%w: 400 bad request", ErrRejected), 4)
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
 	require.Equal(t, 4, attempts)

@@ -524,12 +524,7 @@ func (s *session) ackLoop() {
 			// recorded: marks that lag hold back publishing.
 			s.unmarked <- struct{}{}
 			s.marks <- f.seq
-			<-s.slots
-			s.progress.Store(true)
-			if f.probe {
-				r.suspect = 0
-				close(s.probeOK)
-			}
+			s.settled(f)
 			continue
 		}
 		if !abandoned && errors.Is(err, ErrUndeliverable) && errors.Is(err, ErrRejected) && s.markable(f.seq) {
@@ -538,12 +533,7 @@ func (s *session) ackLoop() {
 			derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err)
 			if derr == nil {
 				r.inFlight.Add(-1)
-				<-s.slots
-				s.progress.Store(true)
-				if f.probe {
-					r.suspect = 0
-					close(s.probeOK)
-				}
+				s.settled(f)
 				continue
 			}
 			// Not recorded: it goes through the charge below instead.
@@ -561,6 +551,17 @@ func (s *session) ackLoop() {
 				stalled:  errors.Is(err, errStalled),
 			})
 		}
+	}
+}
+
+// settled gives back the window slot of f, settled for good (sent or
+// dead), and, if f was the suspect sent alone, lets the rest follow.
+func (s *session) settled(f flight) {
+	<-s.slots
+	s.progress.Store(true)
+	if f.probe {
+		s.r.suspect = 0
+		close(s.probeOK)
 	}
 }
 

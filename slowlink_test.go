@@ -121,6 +121,19 @@ func reportOnFailure(t *testing.T, ob *Outbox, p *harness.FaultProxy) {
 	})
 }
 
+// startSlowLink starts a broker behind a link of rate bytes per second each
+// way, and a relay with opts over it whose first message is a 32 KiB blob.
+func startSlowLink(t *testing.T, tc slowLinkCase, rate int64, opts RelayOptions) (*broker, *harness.FaultProxy, *Outbox, *Relay) {
+	b := startBroker(t)
+	p := harness.StartShapedProxy(t, b.addr, rate, rate)
+	ob := openTest(t, Options{})
+	r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf, tc.proto), opts)
+	require.NoError(t, err)
+	reportOnFailure(t, ob, p)
+	commitBlob(t, ob, "pos/blobs", 32<<10)
+	return b, p, ob, r
+}
+
 // TestSlowLinkChargesNothing: a message whose bytes take six AckTimeouts to
 // cross the uplink, and two small ones behind it, are delivered on the first
 // connection with nothing charged. The ack clock of a message starts when
@@ -132,15 +145,9 @@ func TestSlowLinkChargesNothing(t *testing.T) {
 	for _, tc := range slowLinkCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := startBroker(t)
 			const rate = 2500 // bytes per second each way: 20 kbit/s
-			p := harness.StartShapedProxy(t, b.addr, rate, rate)
-			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf, tc.proto), opts)
-			require.NoError(t, err)
-			reportOnFailure(t, ob, p)
-			commitBlob(t, ob, "pos/blobs", 32<<10)
+			b, p, ob, r := startSlowLink(t, tc, rate, opts)
 			commitOrder(t, ob, "pos/orders", 2)
 			commitOrder(t, ob, "pos/orders", 3)
 
@@ -175,15 +182,9 @@ func TestSlowLinkStallIsAnOutage(t *testing.T) {
 	for _, tc := range slowLinkCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := startBroker(t)
 			const rate = 5000 // bytes per second each way: 40 kbit/s
-			p := harness.StartShapedProxy(t, b.addr, rate, rate)
-			ob := openTest(t, Options{})
 			opts := fastRelay()
-			r, err := ob.NewRelay(slowLinkPublisher(t, p.URL(), tc.sndbuf, tc.proto), opts)
-			require.NoError(t, err)
-			reportOnFailure(t, ob, p)
-			commitBlob(t, ob, "pos/blobs", 32<<10)
+			_, p, ob, r := startSlowLink(t, tc, rate, opts)
 			startRelay(t, r)
 
 			// Cut mid-message: on the next connection it is the suspect,

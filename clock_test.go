@@ -37,13 +37,16 @@ func TestClockJumpsChangeNothing(t *testing.T) {
 	clock := &jumpyClock{}
 	ob := openTest(t, Options{Now: clock.now})
 	opts := fastRelay()
-	opts.LeaseTTL = time.Second
+	// Short, so that the check below spans several TTLs; not shorter: a
+	// renewal late by a second on a loaded machine lost the lease at 1 s.
+	const ttl = 2 * time.Second
+	opts.LeaseTTL = ttl
 	startRelay(t, mqttRelay(t, ob, b.url(), opts))
 	eventually(t, 5*time.Second, "lease held", func() bool { s, _ := ob.Stats(context.Background()); return s.LeaseOwner != "" })
 
 	// A second relay on the same database, with the same jumpy clock,
 	// waits for the lease. It must not take over because the clock jumped.
-	other, err := ob.NewRelay(&fakePublisher{}, RelayOptions{LeaseTTL: time.Second, Owner: "contender"})
+	other, err := ob.NewRelay(&fakePublisher{}, RelayOptions{LeaseTTL: ttl, Owner: "contender"})
 	require.NoError(t, err)
 	startRelay(t, other)
 
@@ -66,7 +69,7 @@ func TestClockJumpsChangeNothing(t *testing.T) {
 	// The holder keeps the lease through jumps for several TTLs.
 	for i := 0; i < 3; i++ {
 		clock.jump(48 * time.Hour)
-		deadline := time.Now().Add(time.Second)
+		deadline := time.Now().Add(ttl)
 		for time.Now().Before(deadline) {
 			s, err := ob.Stats(ctx)
 			require.NoError(t, err)

@@ -380,13 +380,17 @@ func TestTwoRelaysOneDatabase(t *testing.T) {
 	require.NoError(t, err)
 	optsA, optsB := fastRelay(), fastRelay()
 	optsA.Owner, optsB.Owner = "relay-a", "relay-b"
+	// Nothing here waits for a lease to expire (A releases it): a long one
+	// keeps a renewal late on a loaded machine from handing it over, which
+	// duplicates (10, once, at fastRelay's 2 s).
+	optsA.LeaseTTL, optsB.LeaseTTL = 10*time.Second, 10*time.Second
 	relayA := mqttRelay(t, obA, b.url(), optsA)
 	stopA := startRelay(t, relayA)
 	eventually(t, 5*time.Second, "A holds the lease", func() bool { s, _ := obA.Stats(ctx); return s.LeaseOwner == "relay-a" })
 	relayB := mqttRelay(t, obB, b.url(), optsB)
 	startRelay(t, relayB)
 	// A third relay in the same process as A is held off as well.
-	relayA2 := mqttRelay(t, obA, b.url(), RelayOptions{Owner: "relay-a2", LeaseTTL: 2 * time.Second})
+	relayA2 := mqttRelay(t, obA, b.url(), RelayOptions{Owner: "relay-a2", LeaseTTL: 10 * time.Second})
 	startRelay(t, relayA2)
 
 	for i := 0; i < 300; i++ {

@@ -1,0 +1,182 @@
+package outbox
+
+import (
+	"fmt"
+	"strings"
+)
+
+// What an MQTT 5 broker's reason codes say: a CONNACK that refuses the
+// connection, a PUBACK that refuses one message (refusal), a DISCONNECT,
+// each in words a user can act on.
+
+// connackError is a CONNACK that refused the connection.
+type connackError struct {
+	code   byte
+	v5     bool // an MQTT 5 reason code; else a 3.1.1 return code
+	reason string
+}
+
+func (e *connackError) Error() string {
+	s := "CONNACK " + connackWords(e.code, e.v5)
+	if e.reason != "" {
+		s += ": " + e.reason
+	}
+	return s
+}
+
+func connackWords(code byte, v5 bool) string {
+	if !v5 {
+		words := map[byte]string{1: "unacceptable protocol version", 2: "client id rejected", 3: "server unavailable",
+			4: "bad user name or password", 5: "not authorised"}
+		if w, ok := words[code]; ok {
+			return fmt.Sprintf("%s (%d)", w, code)
+		}
+		return fmt.Sprintf("return code %d", code)
+	}
+	return reasonWords(code) + fmt.Sprintf(" (0x%02X)", code)
+}
+
+// explainConnack says what a user can do about a refused MQTT 5 connection.
+func explainConnack(e *connackError) string {
+	if !e.v5 {
+		switch e.code {
+		case 4:
+			return "the broker refused the user name or password (CONNACK 4)"
+		case 5:
+			return "the broker refused this client: not authorised (CONNACK 5)"
+		case 2:
+			return "the broker rejected the client id (CONNACK 2)"
+		case 3:
+			return "the broker is unavailable (CONNACK 3)"
+		}
+		return e.Error()
+	}
+	code := fmt.Sprintf("(CONNACK 0x%02X)", e.code)
+	switch e.code {
+	case 0x86:
+		return "the broker refused the user name or password " + code
+	case 0x87, 0x8A:
+		return "the broker refused this client: " + reasonWords(e.code) + " " + code
+	case 0x85:
+		return "the broker rejected the client id " + code
+	case 0x88, 0x89:
+		return "the broker is unavailable: " + reasonWords(e.code) + " " + code
+	case 0x84:
+		return "the broker does not speak MQTT 5 " + code
+	}
+	return "the broker refused the connection: " + reasonWords(e.code) + " " + code
+}
+
+// reasonWords names an MQTT 5 reason code.
+func reasonWords(code byte) string {
+	switch code {
+	case 0x00:
+		return "success"
+	case 0x10:
+		return "no matching subscribers"
+	case 0x80:
+		return "unspecified error"
+	case 0x81:
+		return "malformed packet"
+	case 0x82:
+		return "protocol error"
+	case 0x83:
+		return "implementation specific error"
+	case 0x84:
+		return "unsupported protocol version"
+	case 0x85:
+		return "client identifier not valid"
+	case 0x86:
+		return "bad user name or password"
+	case 0x87:
+		return "not authorized"
+	case 0x88:
+		return "server unavailable"
+	case 0x89:
+		return "server busy"
+	case 0x8A:
+		return "banned"
+	case 0x8B:
+		return "server shutting down"
+	case 0x8C:
+		return "bad authentication method"
+	case 0x8D:
+		return "keep alive timeout"
+	case 0x8E:
+		return "session taken over"
+	case 0x90:
+		return "topic name invalid"
+	case 0x91:
+		return "packet identifier in use"
+	case 0x93:
+		return "receive maximum exceeded"
+	case 0x94:
+		return "topic alias invalid"
+	case 0x95:
+		return "packet too large"
+	case 0x96:
+		return "message rate too high"
+	case 0x97:
+		return "quota exceeded"
+	case 0x98:
+		return "administrative action"
+	case 0x99:
+		return "payload format invalid"
+	case 0x9A:
+		return "retain not supported"
+	case 0x9B:
+		return "QoS not supported"
+	case 0x9C:
+		return "use another server"
+	case 0x9D:
+		return "server moved"
+	case 0x9F:
+		return "connection rate exceeded"
+	case 0xA0:
+		return "maximum connect time"
+	}
+	return "reason code"
+}
+
+// refusal is the broker refusing one message (an MQTT 5 PUBACK reason code
+// of 0x80 or more, or a limit it announced): the connection stays up. One
+// that retrying cannot change (permanent) parks the message dead at once;
+// the others charge an attempt. Its text is what last_error holds.
+type refusal struct {
+	msg       string
+	permanent bool
+}
+
+func (e *refusal) Error() string { return e.msg }
+
+func (e *refusal) Is(target error) bool {
+	return target == ErrRejected || (e.permanent && target == ErrUndeliverable)
+}
+
+// pubackError is what a PUBACK reason code of 0x80 or more makes of its
+// message: "not authorized (0x87)", with the broker's reason string if any.
+func pubackError(code byte, reason string) error {
+	msg := fmt.Sprintf("%s (0x%02X)", reasonWords(code), code)
+	if reason != "" && !strings.EqualFold(reason, reasonWords(code)) {
+		msg += ": " + reason
+	}
+	switch code {
+	case 0x87, 0x90, 0x99, 0x95:
+		return &refusal{msg: msg, permanent: true}
+	}
+	return &refusal{msg: msg}
+}
+
+// disconnectError is a DISCONNECT the broker sent before closing.
+type disconnectError struct {
+	code   byte
+	reason string
+}
+
+func (e *disconnectError) Error() string {
+	s := fmt.Sprintf("the broker disconnected: %s (0x%02X)", reasonWords(e.code), e.code)
+	if e.reason != "" {
+		s += ": " + e.reason
+	}
+	return s
+}

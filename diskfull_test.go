@@ -192,9 +192,7 @@ func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) 
 		return token
 	}
 	eventually(t, 10*time.Second, "the relay holds the lease and tried the broker", func() bool {
-		pub.mu.Lock()
-		defer pub.mu.Unlock()
-		return pub.connects > 0
+		return pub.connectCount() > 0
 	})
 
 	fillDisk(t, dir)

@@ -229,5 +229,5 @@ func TestRelayStatsWALSyncs(t *testing.T) {
 		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
 		require.Equal(t, int64(5+i-450), batchSyncs(), "one fsync per event of a trickle")
 	}
-	require.Equal(t, 1, pub.connects, "one session: another one reads the unmarked rows again")
+	require.Equal(t, 1, pub.connectCount(), "one session: another one reads the unmarked rows again")
 }

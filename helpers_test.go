@@ -220,6 +220,12 @@ func (p *fakePublisher) heldCount() int {
 	return len(p.held)
 }
 
+func (p *fakePublisher) connectCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.connects
+}
+
 func (p *fakePublisher) publishedCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

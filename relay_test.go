@@ -330,9 +330,7 @@ func TestRelayOutageNeverCounts(t *testing.T) {
 	commitOrder(t, ob, "t", 1)
 	startRelay(t, r)
 	eventually(t, 10*time.Second, "many failed connects", func() bool {
-		pub.mu.Lock()
-		defer pub.mu.Unlock()
-		return pub.connects > 50
+		return pub.connectCount() > 50
 	})
 	state, attempts := rowState(t, ob, 1)
 	require.Equal(t, "pending", state)

@@ -155,7 +155,7 @@ func (p *gapPublisher) Publish(topic string, payload []byte) Token {
 // mark stays within Window + markSlots + 2 × BatchSize. That is the bound
 // on duplicates after a power cut, larger than a crash's (Window +
 // markSlots): keeping a crash's bound took a sync per markSlots/2
-// acknowledgements, which cost 45 % of the drain rate to Mosquitto, and
+// acknowledgements, which cost about half the drain rate to Mosquitto, and
 // was not kept (see the CHANGELOG).
 func TestPublishedAheadOfDurableMarkBounded(t *testing.T) {
 	ob := openTest(t, Options{})

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // walSyncer makes the WAL durable before the relay publishes what it read
@@ -13,9 +15,8 @@ import (
 // fsync, and the relay reads the commit from there at once; fsync on any
 // descriptor of the file flushes what every writer wrote to it. At
 // synchronous=FULL the writers' commits are durable already. Either way the
-// sync makes the relay's own marks durable (written at NORMAL), so that a
-// power cut undoes at most the marks of two batches (see
-// TestPublishedAheadOfDurableMarkBounded).
+// sync makes the relay's own marks durable (written at NORMAL); durableGate
+// asks for more syncs when too many run ahead of them.
 type walSyncer struct {
 	path  string
 	syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs
@@ -57,5 +58,124 @@ func (w *walSyncer) close() {
 	if w.f != nil {
 		w.f.Close()
 		w.f = nil
+	}
+}
+
+// durableGate keeps a power cut's duplicates within a crash's bound:
+// Window + markSlots messages. The relay writes its marks at
+// synchronous=NORMAL, so a cut undoes the marks made since the WAL's last
+// fsync, and the next relay sends those messages again. The fsync of each
+// batch read covers the marks before it, but a batch is read ahead of the
+// one being published, so on its own it lets up to two batches more run
+// ahead of the durable mark. The gate counts the messages handed to the
+// publisher that no completed sync covers; past half the bound it asks a
+// goroutine of its own to sync the WAL, and past the bound dispatch waits
+// for that sync. The syncs run beside the publishing, not in its way: a
+// sync that made dispatch wait for each one cost about half the drain rate.
+type durableGate struct {
+	sync   func() error
+	count  *atomic.Int64 // the syncs syncLoop made: RelayStats.MarkSyncs
+	bound  int64         // Window + markSlots: the most handed off and not covered
+	syncAt int64         // past this, a sync is asked for
+
+	handedOff atomic.Int64 // messages handed to the publisher this session
+	// settled counts the messages handed off that need no further sync:
+	// recorded sent (counted once the mark has committed, so that a sync
+	// begun after it covers it) or parked dead at once (sent again after
+	// a cut, refused again: not a duplicate).
+	settled atomic.Int64
+	durable atomic.Int64 // settled, as of the start of the last sync
+
+	kick   chan struct{} // asks syncLoop for a sync
+	synced chan struct{} // told when durable moves
+}
+
+func newDurableGate(sync func() error, count *atomic.Int64, window int) *durableGate {
+	bound := int64(window + markSlots(window))
+	return &durableGate{
+		sync: sync, count: count, bound: bound, syncAt: bound / 2,
+		kick: make(chan struct{}, 1), synced: make(chan struct{}, 1),
+	}
+}
+
+// syncNow fsyncs the WAL and records what it covered: what had settled
+// before it began. fetch's sync comes through here too.
+func (g *durableGate) syncNow() error {
+	covered := g.settled.Load()
+	if err := g.sync(); err != nil {
+		return err
+	}
+	for {
+		d := g.durable.Load()
+		if covered <= d || g.durable.CompareAndSwap(d, covered) {
+			break
+		}
+	}
+	select {
+	case g.synced <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// ahead is how many messages handed off no sync covers.
+func (g *durableGate) ahead() int64 { return g.handedOff.Load() - g.durable.Load() }
+
+// settle counts n messages that need no further sync, and asks for a sync
+// if too many run ahead.
+func (g *durableGate) settle(n int64) {
+	g.settled.Add(n)
+	g.askIfAhead()
+}
+
+func (g *durableGate) askIfAhead() {
+	if g.ahead() > g.syncAt && g.settled.Load() > g.durable.Load() {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// admit waits until one more message may be handed off within the bound,
+// and counts it. It returns false if ctx ends first.
+func (g *durableGate) admit(ctx context.Context) bool {
+	for g.ahead()+1 > g.bound {
+		g.askIfAhead()
+		select {
+		case <-g.synced:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	g.handedOff.Add(1)
+	g.askIfAhead()
+	return true
+}
+
+// syncLoop makes the marks durable when asked, until stop is closed. A
+// sync that fails is tried again after a pause; meanwhile dispatch waits at
+// the bound, as it would for marks that cannot be written.
+func (g *durableGate) syncLoop(stop <-chan struct{}, failed func(error)) {
+	for {
+		select {
+		case <-g.kick:
+		case <-stop:
+			return
+		}
+		if g.settled.Load() <= g.durable.Load() {
+			continue // nothing new: the next mark asks again
+		}
+		err := g.syncNow()
+		g.count.Add(1)
+		if err != nil {
+			failed(err)
+			select {
+			case <-time.After(100 * time.Millisecond):
+				g.askIfAhead()
+			case <-stop:
+				return
+			}
+		}
 	}
 }

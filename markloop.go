@@ -47,6 +47,7 @@ func (s *session) markLoop() {
 			// before them failed: everything up to the last is settled.
 			err := r.markSent(s.conn, batch[len(batch)-1], len(batch))
 			if err == nil {
+				s.gate.settle(int64(len(batch)))
 				if r.diskFull.Load() {
 					r.wakePurge()
 				}

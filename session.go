@@ -148,6 +148,7 @@ type session struct {
 	probeOK  chan struct{}
 
 	readers  sync.WaitGroup // batches read ahead
+	gate     *durableGate   // a power cut's duplicates within the crash bound
 	progress atomic.Bool
 	watch    handOffWatcher // nil but in tests
 
@@ -190,6 +191,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		marks:    make(chan int64, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
+		gate:     newDurableGate(r.syncWAL, &r.markSyncs, r.opts.Window),
 	}
 	s.watch, _ = r.pub.(handOffWatcher)
 	var watcher sync.WaitGroup
@@ -217,8 +219,20 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 	wg.Add(2)
 	go func() { defer wg.Done(); s.ackLoop() }()
 	go func() { defer wg.Done(); s.markLoop() }()
+	stopSyncs := make(chan struct{})
+	var syncs sync.WaitGroup
+	syncs.Add(1)
+	go func() {
+		defer syncs.Done()
+		s.gate.syncLoop(stopSyncs, func(err error) {
+			r.setErr(err)
+			r.log.Error("outbox relay cannot make its marks durable", "err", err)
+		})
+	}()
 	fatal := s.dispatch()
 	s.readers.Wait()
+	close(stopSyncs)
+	syncs.Wait()
 	if fatal != nil {
 		cancel(fatal)
 	}
@@ -386,6 +400,9 @@ func (s *session) dispatch() error {
 			case <-s.dctx.Done():
 				return nil
 			}
+			if !s.gate.admit(s.dctx) {
+				return nil
+			}
 			if s.watch != nil {
 				s.watch.aboutToHandOff(m.seq)
 			}
@@ -433,7 +450,7 @@ func (s *session) fetch(cursor int64, limit int) batch {
 		// it after the broker had its event (a phantom, and its seq given
 		// to the next commit). One fsync per batch read makes every row of
 		// the batch, and the relay's own marks before it, durable.
-		if err := s.r.syncWAL(); err != nil {
+		if err := s.gate.syncNow(); err != nil {
 			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 		}
 	}
@@ -533,6 +550,7 @@ func (s *session) ackLoop() {
 			derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err)
 			if derr == nil {
 				r.inFlight.Add(-1)
+				s.gate.settle(1)
 				s.settled(f)
 				continue
 			}

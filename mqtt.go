@@ -385,16 +385,31 @@ func (p *MQTTPublisher) dial(uri *url.URL, tlsCfg *tls.Config) (top net.Conn, l 
 
 // Publish sends one message at QoS 1.
 func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
+	return p.PublishWithProperties(topic, payload, PublishProperties{})
+}
+
+// PublishWithProperties sends one message at QoS 1 with MQTT 5 properties.
+// On a connection that speaks 3.1.1 the properties are left out: the relay
+// gives none there (CarriesProperties).
+func (p *MQTTPublisher) PublishWithProperties(topic string, payload []byte, props PublishProperties) Token {
 	p.mu.Lock()
 	cn, cn5 := p.conn, p.conn5
 	p.mu.Unlock()
 	switch {
 	case cn5 != nil:
-		return cn5.publish(topic, payload)
+		return cn5.publish(topic, payload, &props)
 	case cn != nil:
 		return cn.publish(topic, payload)
 	}
 	return failedToken{ErrNotConnected}
+}
+
+// CarriesProperties reports whether the connection made by the last Connect
+// speaks MQTT 5, so that properties reach the broker.
+func (p *MQTTPublisher) CarriesProperties() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn5 != nil
 }
 
 // Disconnect closes the connection at once; tokens in flight complete with

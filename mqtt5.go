@@ -271,9 +271,13 @@ func isReset(err error) bool {
 	return strings.Contains(err.Error(), "connection reset") || strings.Contains(err.Error(), "broken pipe")
 }
 
-// packetSize is the size of a QoS 1 PUBLISH without properties.
-func packetSize(topic string, payload []byte) int {
-	rem := 2 + len(topic) + 2 + 1 + len(payload)
+// packetSize is the size of a QoS 1 PUBLISH with these properties (packed).
+func packetSize(topic string, props, payload []byte) int {
+	propLen := 1
+	for l := len(props); l >= 128; l >>= 7 {
+		propLen++
+	}
+	rem := 2 + len(topic) + 2 + propLen + len(props) + len(payload)
 	n := 1 + 1
 	for l := rem; l >= 128; l >>= 7 {
 		n++
@@ -281,14 +285,31 @@ func packetSize(topic string, payload []byte) int {
 	return n + rem
 }
 
-func (c *mqtt5Conn) publish(topic string, payload []byte) Token {
+// wireProperties converts p to the packet's properties; nil for none.
+func wireProperties(p *PublishProperties) *packets.Properties {
+	if p.empty() {
+		return nil
+	}
+	wp := &packets.Properties{ContentType: p.ContentType}
+	for _, u := range p.User {
+		wp.User = append(wp.User, packets.User{Key: u.Key, Value: u.Value})
+	}
+	if p.MessageExpiry > 0 {
+		s := mqttSecondsUp(p.MessageExpiry)
+		wp.MessageExpiry = &s
+	}
+	return wp
+}
+
+func (c *mqtt5Conn) publish(topic string, payload []byte, props *PublishProperties) Token {
+	wp := wireProperties(props)
 	if c.maxPacket > 0 {
-		if n := packetSize(topic, payload); n > c.maxPacket {
+		if n := packetSize(topic, wp.Pack(packets.PUBLISH), payload); n > c.maxPacket {
 			return failedToken{&refusal{permanent: true,
 				msg: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
 		}
 	}
-	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), link: c.link}
+	t := &pubToken{topic: topic, payload: payload, props: wp, done: make(chan struct{}), link: c.link}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -329,7 +350,8 @@ func (c *mqtt5Conn) write() {
 		cp := packets.NewControlPacket(packets.PUBLISH)
 		pb := cp.Content.(*packets.Publish)
 		pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, id
-		t.payload = nil
+		pb.Properties = t.props
+		t.payload, t.props = nil, nil
 		c.wmu.Lock()
 		c.link.armed.Store(true)
 		err := writePacket(c.conn, cp)

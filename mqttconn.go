@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
@@ -130,6 +131,7 @@ func (c *mqttConn) close() {
 type pubToken struct {
 	topic   string
 	payload []byte
+	props   *packets.Properties // MQTT 5 only
 	done    chan struct{}
 	err     error
 	once    sync.Once

@@ -143,6 +143,7 @@ const maxBatchBytes = 4 << 20
 type row struct {
 	outgoing
 	wire   []byte
+	props  PublishProperties // MQTT 5 only: given when the session carries them
 	encErr error
 }
 

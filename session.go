@@ -147,8 +147,11 @@ type session struct {
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
-	readers  sync.WaitGroup // batches read ahead
-	gate     *durableGate   // a power cut's duplicates within the crash bound
+	readers sync.WaitGroup // batches read ahead
+	gate    *durableGate   // a power cut's duplicates within the crash bound
+	// props is the publisher's PropertiesPublisher if its connection
+	// carries properties (MQTT 5), else nil.
+	props    PropertiesPublisher
 	progress atomic.Bool
 	watch    handOffWatcher // nil but in tests
 
@@ -194,6 +197,9 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		gate:     newDurableGate(r.syncWAL, &r.markSyncs, r.opts.Window),
 	}
 	s.watch, _ = r.pub.(handOffWatcher)
+	if pp, ok := r.pub.(PropertiesPublisher); ok && pp.CarriesProperties() {
+		s.props = pp
+	}
 	var watcher sync.WaitGroup
 	defer watcher.Wait()
 	if cl, ok := r.pub.(connectionLoser); ok {
@@ -416,7 +422,7 @@ func (s *session) dispatch() error {
 					return nil
 				}
 			}
-			tok := r.pub.Publish(m.topic, m.wire)
+			tok := s.publish(m)
 			r.inFlight.Add(1)
 			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe}
 			if probe {

@@ -48,6 +48,8 @@ func TestBenchSmoke(t *testing.T) {
 	for _, m := range []string{"full", "normal"} {
 		perK, _ := rep["durable_"+m+"_backlog_fsyncs_per_1000"].(float64)
 		require.True(t, perK > 0 && perK <= 4, "%s backlog: %v fsyncs per 1,000 events", m, perK)
+		_, ok := rep["durable_"+m+"_backlog_mark_fsyncs_per_1000"].(float64)
+		require.True(t, ok, "%s backlog: the marks' fsyncs are reported", m)
 		perEvent, _ := rep["durable_"+m+"_trickle_fsyncs_per_event"].(float64)
 		require.True(t, perEvent > 0 && perEvent <= 1, "%s trickle: %v fsyncs per event", m, perEvent)
 	}

@@ -30,12 +30,13 @@ func (r *runner) durable(ctx context.Context) error {
 		syncMode outbox.Synchronous
 	}{{"full", outbox.SyncFull}, {"normal", outbox.SyncNormal}} {
 		p := "durable_" + mode.key + "_"
-		rate, perK, err := r.durableBacklog(ctx, b, mode.key, mode.syncMode)
+		rate, perK, markPerK, err := r.durableBacklog(ctx, b, mode.key, mode.syncMode)
 		if err != nil {
 			return fmt.Errorf("%s backlog: %w", mode.key, err)
 		}
 		r.rep.set(p+"backlog_msgs_per_s", rate)
 		r.rep.set(p+"backlog_fsyncs_per_1000", perK)
+		r.rep.set(p+"backlog_mark_fsyncs_per_1000", markPerK)
 		// At most one per batch read: 1,000 / 256 rounded up, for the
 		// sizes of every mode.
 		r.rep.check(p+"backlog_fsyncs_per_1000", perK <= 4)
@@ -47,8 +48,8 @@ func (r *runner) durable(ctx context.Context) error {
 		r.rep.check(p+"trickle_fsyncs_per_event", perEvent <= 1)
 		r.rep.set(p+"trickle_puback_p50_ms", puback.P50)
 		r.rep.set(p+"trickle_puback_p99_ms", puback.P99)
-		r.progress("  %s: backlog %.0f msg/s, %.2f fsyncs per 1,000; trickle %.2f fsyncs per event, commit → PUBACK %s",
-			mode.key, rate, perK, perEvent, puback)
+		r.progress("  %s: backlog %.0f msg/s, %.2f fsyncs per 1,000 for the batch reads and %.2f for the marks; trickle %.2f fsyncs per event, commit → PUBACK %s",
+			mode.key, rate, perK, markPerK, perEvent, puback)
 	}
 	scale := ""
 	if r.cfg.Mode != Full {
@@ -57,7 +58,8 @@ func (r *runner) durable(ctx context.Context) error {
 	r.rep.note(8, "Backlog: %s events%s, one order row and its event per transaction (`Transact`), committed at FULL or NORMAL with no relay connected "+
 		"(the broker away), then drained by a relay with the defaults (window 64, batches of 256) to the in-process broker; rate as in section 2, "+
 		"from the start of Run to the last first delivery. Trickle: %s events on a fresh file, each committed once the previous one's PUBACK is back; "+
-		"latency from the return of `Transact`. Fsyncs: `RelayStats.WALSyncs`, the fsyncs of the WAL the relay made before publishing. "+
+		"latency from the return of `Transact`. Fsyncs: `RelayStats.WALSyncs`, the fsyncs of the WAL the relay made, split into those of the batch reads (before publishing) and `RelayStats.MarkSyncs`, "+
+		"those that keep its marks durable (so that a power cut duplicates no more than a crash). "+
 		"The drain rate without that fsync cannot be measured through the public API: `go test -run '^$' -bench RelayDrain .` "+
 		"(BenchmarkRelayDrain, durable and nosync, no broker) gives both; see BENCHMARKS.md.",
 		thousands(int64(sz.durBacklog)), scale, thousands(int64(sz.durTrickle)))
@@ -84,17 +86,18 @@ func commitOrders(ctx context.Context, ob *outbox.Outbox, from, to int) ([]time.
 }
 
 // durableBacklog commits a backlog while no relay runs, drains it and
-// returns the rate and the WAL fsyncs per 1,000 events.
-func (r *runner) durableBacklog(ctx context.Context, b broker, name string, syncMode outbox.Synchronous) (rate, perK float64, err error) {
+// returns the rate and the WAL fsyncs per 1,000 events, for the batch
+// reads and for the marks.
+func (r *runner) durableBacklog(ctx context.Context, b broker, name string, syncMode outbox.Synchronous) (rate, perK, markPerK float64, err error) {
 	n := r.sz.durBacklog
 	ob, err := r.openBench(ctx, "durable-backlog-"+name+".db", syncMode)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer ob.Close()
 	r.progress("  %s: committing %d events, one per transaction, no relay", name, n)
 	if _, err := commitOrders(ctx, ob, 1, n+1); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	tr := newOrderTracker(n)
 	b.setHandler(tr.handle)
@@ -102,7 +105,7 @@ func (r *runner) durableBacklog(ctx context.Context, b broker, name string, sync
 	start := time.Now()
 	stop, relay, err := r.startRelay(ctx, ob, b, nil, outbox.RelayOptions{})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	werr := tr.wait(ctx, drainTimeout(n, 64))
 	if werr == nil {
@@ -116,11 +119,12 @@ func (r *runner) durableBacklog(ctx context.Context, b broker, name string, sync
 		werr = serr
 	}
 	if werr != nil {
-		return 0, 0, werr
+		return 0, 0, 0, werr
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	return float64(n) / tr.last.Sub(start).Seconds(), float64(st.WALSyncs) * 1000 / float64(n), nil
+	perK = float64(st.WALSyncs-st.MarkSyncs) * 1000 / float64(n)
+	return float64(n) / tr.last.Sub(start).Seconds(), perK, float64(st.MarkSyncs) * 1000 / float64(n), nil
 }
 
 // durableTrickle commits events one at a time, each once the previous one

@@ -12,13 +12,15 @@ import (
 // knock each other off the broker (it drops the older connection for the
 // newer). Both must still deliver everything, and the connection losses
 // must not be blamed on the messages in flight.
-func TestDuplicateClientID(t *testing.T) {
+func TestDuplicateClientID(t *testing.T) { forProtocols(t, testDuplicateClientID) }
+
+func testDuplicateClientID(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	var obs []*Outbox
 	var relays []*Relay
 	for i := 0; i < 2; i++ {
 		ob := openTest(t, Options{})
-		pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.url(), ClientID: "same-id", ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second})
+		pub, err := NewMQTTPublisher(MQTTOptions{Broker: b.url(), ClientID: "same-id", ConnectTimeout: 2 * time.Second, WriteTimeout: time.Second, Protocol: proto})
 		require.NoError(t, err)
 		t.Cleanup(func() { pub.Close() })
 		opts := fastRelay()

@@ -32,7 +32,9 @@ func (c *jumpyClock) jump(d time.Duration) {
 
 // TestClockJumpsChangeNothing: the device clock jumping hours back and
 // forward changes neither delivery order nor the lease.
-func TestClockJumpsChangeNothing(t *testing.T) {
+func TestClockJumpsChangeNothing(t *testing.T) { forProtocols(t, testClockJumpsChangeNothing) }
+
+func testClockJumpsChangeNothing(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	clock := &jumpyClock{}
 	ob := openTest(t, Options{Now: clock.now})
@@ -41,7 +43,7 @@ func TestClockJumpsChangeNothing(t *testing.T) {
 	// renewal late by a second on a loaded machine lost the lease at 1 s.
 	const ttl = 2 * time.Second
 	opts.LeaseTTL = ttl
-	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 	eventually(t, 5*time.Second, "lease held", func() bool { s, _ := ob.Stats(context.Background()); return s.LeaseOwner != "" })
 
 	// A second relay on the same database, with the same jumpy clock,

@@ -12,12 +12,14 @@ import (
 // payload that is valid UTF-8 but not JSON goes out as text/plain with the
 // text as a JSON string; a BLOB stays octet-stream/base64 even when its
 // bytes happen to be text, and a TEXT that is not valid UTF-8 too.
-func TestRelayTextPayloadFromPlainSQL(t *testing.T) {
+func TestRelayTextPayloadFromPlainSQL(t *testing.T) { forProtocols(t, testRelayTextPayloadFromPlainSQL) }
+
+func testRelayTextPayloadFromPlainSQL(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.PollInterval = 5 * time.Millisecond
-	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 
 	const receipt = "Bon 17: 2 × Kaffee \"groß\" <3> & 50% \\ done\tok"
 	const text = "text/plain; charset=utf-8"

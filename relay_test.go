@@ -259,7 +259,9 @@ func TestRelayRejectedMessageRetriedThenDead(t *testing.T) {
 		"good ones: 1 once, 3 once or (handed over behind 2) twice")
 }
 
-func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {
+func TestRelayUnencodableRowDeadAtOnce(t *testing.T) { forProtocols(t, testRelayUnencodableRowDeadAtOnce) }
+
+func testRelayUnencodableRowDeadAtOnce(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "pos/orders", 1)
@@ -268,7 +270,7 @@ func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {
 	_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES (CAST(X'61FF' AS TEXT), 'x')`)
 	require.NoError(t, err)
 	commitOrder(t, ob, "pos/orders", 3)
-	startRelay(t, mqttRelay(t, ob, b.url(), fastRelay()))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), fastRelay(), proto))
 	eventually(t, 10*time.Second, "valid ones sent", func() bool { return countState(t, ob, "sent") == 2 })
 	state, attempts := rowState(t, ob, 2)
 	require.Equal(t, "dead", state)
@@ -278,12 +280,14 @@ func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {
 	require.Contains(t, dead[0].LastError, "UTF-8")
 }
 
-func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) {
+func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) { forProtocols(t, testRelayDrainsPlainSQLFromAnotherConnection) }
+
+func testRelayDrainsPlainSQLFromAnotherConnection(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.PollInterval = 5 * time.Millisecond
-	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 	// Another pool on the same file stands for another process: no
 	// in-process wake-up, only data_version.
 	other, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(5000)")
@@ -362,7 +366,9 @@ func TestRelayReconnectNow(t *testing.T) {
 	eventually(t, 5*time.Second, "sent without waiting an hour", func() bool { s, _ := rowState(t, ob, 1); return s == "sent" })
 }
 
-func TestTwoRelaysOneDatabase(t *testing.T) {
+func TestTwoRelaysOneDatabase(t *testing.T) { forProtocols(t, testTwoRelaysOneDatabase) }
+
+func testTwoRelaysOneDatabase(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	path := filepath.Join(t.TempDir(), "shared.db")
 	ctx := context.Background()
@@ -382,13 +388,13 @@ func TestTwoRelaysOneDatabase(t *testing.T) {
 	// keeps a renewal late on a loaded machine from handing it over, which
 	// duplicates (10, once, at fastRelay's 2 s).
 	optsA.LeaseTTL, optsB.LeaseTTL = 10*time.Second, 10*time.Second
-	relayA := mqttRelay(t, obA, b.url(), optsA)
+	relayA := mqttRelayOn(t, obA, b.url(), optsA, proto)
 	stopA := startRelay(t, relayA)
 	eventually(t, 5*time.Second, "A holds the lease", func() bool { s, _ := obA.Stats(ctx); return s.LeaseOwner == "relay-a" })
-	relayB := mqttRelay(t, obB, b.url(), optsB)
+	relayB := mqttRelayOn(t, obB, b.url(), optsB, proto)
 	startRelay(t, relayB)
 	// A third relay in the same process as A is held off as well.
-	relayA2 := mqttRelay(t, obA, b.url(), RelayOptions{Owner: "relay-a2", LeaseTTL: 10 * time.Second})
+	relayA2 := mqttRelayOn(t, obA, b.url(), RelayOptions{Owner: "relay-a2", LeaseTTL: 10 * time.Second}, proto)
 	startRelay(t, relayA2)
 
 	for i := 0; i < 300; i++ {
@@ -591,12 +597,14 @@ func TestCloseStopsRelays(t *testing.T) {
 	}
 }
 
-func TestRelayRawEnvelope(t *testing.T) {
+func TestRelayRawEnvelope(t *testing.T) { forProtocols(t, testRelayRawEnvelope) }
+
+func testRelayRawEnvelope(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
 	opts.Envelope = EnvelopeRaw
-	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 	payload := []byte{0x00, 0x01, 'r', 'a', 'w', 0xff}
 	require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
 		return ob.Enqueue(context.Background(), tx, Message{Topic: "raw/1", Payload: payload})

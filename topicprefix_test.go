@@ -41,7 +41,9 @@ func TestTopicPrefixRefusedAtEnqueue(t *testing.T) {
 // A row outside the prefix written by plain SQL (another language, where
 // Enqueue cannot check) is parked as dead at once by a relay with the
 // prefix; the rest is delivered in order.
-func TestTopicPrefixAtTheRelay(t *testing.T) {
+func TestTopicPrefixAtTheRelay(t *testing.T) { forProtocols(t, testTopicPrefixAtTheRelay) }
+
+func testTopicPrefixAtTheRelay(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	for _, topic := range []string{"acme/till-1/orders", "acme/till-2/orders", "acme/till-1/orders"} {
@@ -50,7 +52,7 @@ func TestTopicPrefixAtTheRelay(t *testing.T) {
 	}
 	opts := fastRelay()
 	opts.TopicPrefix = "acme/till-1/"
-	startRelay(t, mqttRelay(t, ob, b.url(), opts))
+	startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 	eventually(t, 10*time.Second, "two sent, one dead", func() bool {
 		return countState(t, ob, "sent") == 2 && countState(t, ob, "dead") == 1
 	})

@@ -35,6 +35,7 @@ const (
 	stallEnvDB     = "OUTBOX_STALL_CHILD_DB" // set: TestStallChild relays this database
 	stallEnvBroker = "OUTBOX_STALL_CHILD_BROKER"
 	stallEnvClient = "OUTBOX_STALL_CHILD_CLIENT"
+	stallEnvProto  = "OUTBOX_STALL_CHILD_MQTT" // the MQTT version the child speaks
 
 	stallTopic    = "stall/orders"
 	stallLeaseTTL = time.Second
@@ -110,7 +111,9 @@ func TestStallChild(t *testing.T) {
 		die("open: %v", err)
 	}
 	client := os.Getenv(stallEnvClient)
-	mp, err := NewMQTTPublisher(stallMQTTOptions(os.Getenv(stallEnvBroker), client))
+	proto, err := ParseMQTTProtocol(os.Getenv(stallEnvProto))
+	require.NoError(t, err)
+	mp, err := NewMQTTPublisher(stallMQTTOptions(os.Getenv(stallEnvBroker), client, proto))
 	if err != nil {
 		die("publisher: %v", err)
 	}
@@ -137,9 +140,9 @@ func stallRelayOptions(owner string, window int) RelayOptions {
 
 // stallMQTTOptions keep the child's connection alive through the stop: the
 // broker would close it after one and a half keepalives of silence.
-func stallMQTTOptions(brokerURL, clientID string) MQTTOptions {
+func stallMQTTOptions(brokerURL, clientID string, proto MQTTProtocol) MQTTOptions {
 	return MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
-		WriteTimeout: 5 * time.Second, KeepAlive: 60 * time.Second, PingTimeout: 10 * time.Second}
+		WriteTimeout: 5 * time.Second, KeepAlive: 60 * time.Second, PingTimeout: 10 * time.Second, Protocol: proto}
 }
 
 // stallHook records every publish the broker receives, with its client, in
@@ -256,7 +259,9 @@ func stopped(pid int) bool {
 // TTL while a second relay takes over, then lets it go on: every publish
 // the broker receives from it after the wake must be one it had reported,
 // before the stop, as about to be handed over.
-func TestStalledLeaseHolder(t *testing.T) {
+func TestStalledLeaseHolder(t *testing.T) { forProtocols(t, testStalledLeaseHolder) }
+
+func testStalledLeaseHolder(t *testing.T, proto MQTTProtocol) {
 	if testing.Short() {
 		t.Skip("-short: the test re-executes the test binary (not possible under qemu-user)")
 	}
@@ -283,7 +288,7 @@ func TestStalledLeaseHolder(t *testing.T) {
 
 	const child, successor = "stall-child", "stall-successor"
 	cmd := exec.Command(os.Args[0], "-test.run=^TestStallChild$", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), stallEnvDB+"="+path, stallEnvBroker+"="+b.url(), stallEnvClient+"="+child)
+	cmd.Env = append(os.Environ(), stallEnvDB+"="+path, stallEnvBroker+"="+b.url(), stallEnvClient+"="+child, stallEnvProto+"="+proto.String())
 	// The child exits when this pipe closes, should this process die
 	// without killing it.
 	stdin, err := cmd.StdinPipe()
@@ -354,7 +359,7 @@ func TestStalledLeaseHolder(t *testing.T) {
 	stoppedAt := time.Now()
 
 	// A relay of this process takes the lease over, after a TTL, and drains.
-	pub, err := NewMQTTPublisher(stallMQTTOptions(b.url(), successor))
+	pub, err := NewMQTTPublisher(stallMQTTOptions(b.url(), successor, proto))
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	r, err := ob.NewRelay(pub, stallRelayOptions(successor, 0))

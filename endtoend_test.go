@@ -21,7 +21,9 @@ import (
 // sides abruptly at random moments — relays abandon what is in flight,
 // the consumer drops acknowledgements after committing — and ends with
 // every committed event applied exactly once, in order per source.
-func TestEndToEndKillBothSides(t *testing.T) {
+func TestEndToEndKillBothSides(t *testing.T) { forProtocols(t, testEndToEndKillBothSides) }
+
+func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
@@ -106,7 +108,7 @@ func TestEndToEndKillBothSides(t *testing.T) {
 		go func() { // this producer's relay, killed and restarted
 			defer relayWG.Done()
 			for {
-				pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: fmt.Sprintf("e2e-till-%d", i), KeepAlive: 2 * time.Second, PingTimeout: time.Second, WriteTimeout: time.Second})
+				pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: fmt.Sprintf("e2e-till-%d", i), KeepAlive: 2 * time.Second, PingTimeout: time.Second, WriteTimeout: time.Second, Protocol: proto})
 				if err != nil {
 					t.Error(err)
 					return
@@ -170,7 +172,7 @@ func TestEndToEndKillBothSides(t *testing.T) {
 	close(stopRelays)
 	relayWG.Wait()
 	for _, p := range producers {
-		pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: "e2e-final-" + p.source[7:]})
+		pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: "e2e-final-" + p.source[7:], Protocol: proto})
 		require.NoError(t, err)
 		t.Cleanup(func() { pub.Close() })
 		opts := fastRelay()

@@ -27,9 +27,10 @@ import (
 //
 // OUTBOX_FAULTS=1000 raises the number of network faults of
 // TestMosquittoBrokerFaults (default 100, about a minute);
-// OUTBOX_FAULT_SEED replays a logged schedule; OUTBOX_FAULTS_MQTT=3.1.1 runs
-// it over MQTT 3.1.1 (default 5: a minute is too long to run it on both in
-// CI, and auto would switch to 3.1.1 after two cuts right after a CONNECT).
+// OUTBOX_FAULT_SEED replays a logged schedule; it runs over MQTT 5 and then
+// over 3.1.1 with a third of the faults (both with OUTBOX_FAULTS's number if
+// set); OUTBOX_FAULTS_MQTT=5 or 3.1.1 runs only that one. Not auto: it would
+// switch to 3.1.1 after two cuts right after a CONNECT.
 
 // faultKind is one kind of fault injected by TestMosquittoBrokerFaults.
 type faultKind int
@@ -182,6 +183,23 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 	}
 	nFaults := int(envInt(t, "OUTBOX_FAULTS", 100))
 	require.Positive(t, nFaults, "OUTBOX_FAULTS")
+	if v := os.Getenv("OUTBOX_FAULTS_MQTT"); v != "" {
+		proto, err := ParseMQTTProtocol(v)
+		require.NoError(t, err, "OUTBOX_FAULTS_MQTT")
+		testMosquittoBrokerFaults(t, proto, nFaults)
+		return
+	}
+	// Both versions; 3.1.1 with a third of the faults unless OUTBOX_FAULTS
+	// says, so that CI runs both within a minute and a half.
+	faults311 := nFaults
+	if os.Getenv("OUTBOX_FAULTS") == "" {
+		faults311 = nFaults / 3
+	}
+	t.Run("mqtt 5", func(t *testing.T) { testMosquittoBrokerFaults(t, Protocol5, nFaults) })
+	t.Run("mqtt 3.1.1", func(t *testing.T) { testMosquittoBrokerFaults(t, Protocol311, faults311) })
+}
+
+func testMosquittoBrokerFaults(t *testing.T, proto MQTTProtocol, nFaults int) {
 	seed := envInt(t, "OUTBOX_FAULT_SEED", time.Now().UnixNano())
 	rng := rand.New(rand.NewSource(seed))
 	deck := faultDeck(rng, nFaults)
@@ -200,12 +218,6 @@ func TestMosquittoBrokerFaults(t *testing.T) {
 		pingTimeout = 250 * time.Millisecond
 		ackTimeout  = 1300 * time.Millisecond // races the keepalive: both get exercised
 	)
-	proto := Protocol5
-	if v := os.Getenv("OUTBOX_FAULTS_MQTT"); v != "" {
-		var err error
-		proto, err = ParseMQTTProtocol(v)
-		require.NoError(t, err, "OUTBOX_FAULTS_MQTT")
-	}
 	t.Logf("MQTT %s", proto)
 	pub, err := NewMQTTPublisher(MQTTOptions{
 		Broker: proxy.URL(), ClientID: "outbox-faults-relay",

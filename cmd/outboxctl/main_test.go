@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -368,14 +369,22 @@ func (b *broker) count() int {
 	return len(b.got)
 }
 
+// TestRelaySidecar runs the relay command with auto (which picks 5 on mochi)
+// and with --mqtt-version 3.1.1.
 func TestRelaySidecar(t *testing.T) {
+	for _, v := range []struct{ flag, speaks string }{{"auto", "5"}, {"3.1.1", "3.1.1"}} {
+		t.Run("mqtt "+v.flag, func(t *testing.T) { testRelaySidecar(t, v.flag, v.speaks) })
+	}
+}
+
+func testRelaySidecar(t *testing.T, version, speaks string) {
 	b := startBroker(t)
 	path := filepath.Join(t.TempDir(), "shop.db")
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	require.NoError(t, os.WriteFile(pwFile, []byte("hunter2-secret\n"), 0o600))
 	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
 		"--client-id", "sidecar-test", "--source", "/shops/9", "--topic-prefix", "shop/9/", "--username", "u", "--password-file", pwFile,
-		"--log-format", "json", "--log-level", "debug")
+		"--log-format", "json", "--log-level", "debug", "--mqtt-version", version)
 	var stderr harness.LogBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
@@ -429,9 +438,9 @@ func TestRelaySidecar(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	var st map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
-	require.Equal(t, "5", st["mqtt_version"], "mochi speaks 5, and auto chose it")
+	require.Equal(t, speaks, st["mqtt_version"], "mochi speaks both; auto chooses 5")
 	r = ctl(t, "status", "--db", path)
-	require.Regexp(t, `mqtt version\s+5\n`, r.stdout)
+	require.Regexp(t, `mqtt version\s+`+regexp.QuoteMeta(speaks)+`\n`, r.stdout)
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
@@ -444,7 +453,7 @@ func TestRelaySidecar(t *testing.T) {
 	}
 	logs := stderr.String()
 	require.Contains(t, logs, `"msg":"outbox relay connected"`)
-	require.Contains(t, logs, `"protocol":"5"`)
+	require.Contains(t, logs, `"protocol":"`+speaks+`"`)
 	require.NotContains(t, logs, "hunter2", "the password is never logged")
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))

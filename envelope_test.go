@@ -12,7 +12,9 @@ import (
 // payload that is valid UTF-8 but not JSON goes out as text/plain with the
 // text as a JSON string; a BLOB stays octet-stream/base64 even when its
 // bytes happen to be text, and a TEXT that is not valid UTF-8 too.
-func TestRelayTextPayloadFromPlainSQL(t *testing.T) { forProtocols(t, testRelayTextPayloadFromPlainSQL) }
+func TestRelayTextPayloadFromPlainSQL(t *testing.T) {
+	forProtocols(t, testRelayTextPayloadFromPlainSQL)
+}
 
 func testRelayTextPayloadFromPlainSQL(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)

@@ -259,7 +259,9 @@ func TestRelayRejectedMessageRetriedThenDead(t *testing.T) {
 		"good ones: 1 once, 3 once or (handed over behind 2) twice")
 }
 
-func TestRelayUnencodableRowDeadAtOnce(t *testing.T) { forProtocols(t, testRelayUnencodableRowDeadAtOnce) }
+func TestRelayUnencodableRowDeadAtOnce(t *testing.T) {
+	forProtocols(t, testRelayUnencodableRowDeadAtOnce)
+}
 
 func testRelayUnencodableRowDeadAtOnce(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
@@ -280,7 +282,9 @@ func testRelayUnencodableRowDeadAtOnce(t *testing.T, proto MQTTProtocol) {
 	require.Contains(t, dead[0].LastError, "UTF-8")
 }
 
-func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) { forProtocols(t, testRelayDrainsPlainSQLFromAnotherConnection) }
+func TestRelayDrainsPlainSQLFromAnotherConnection(t *testing.T) {
+	forProtocols(t, testRelayDrainsPlainSQLFromAnotherConnection)
+}
 
 func testRelayDrainsPlainSQLFromAnotherConnection(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)

@@ -80,8 +80,11 @@ type RelayOptions struct {
 	// is parked as dead. Default 5. Outages never count.
 	MaxAttempts int
 	// PollInterval is how often the relay checks whether another connection
-	// or process committed (SQLite's PRAGMA data_version, a cheap call).
-	// Commits through Outbox.Transact wake the relay at once. Default 2 ms.
+	// or process committed (SQLite's PRAGMA data_version, a cheap call)
+	// where it cannot watch the WAL. On Linux it watches it (inotify, one
+	// instance per process) and looks when the file is written, then at
+	// growing intervals up to a second: no polling while idle. Commits
+	// through Outbox.Transact wake the relay at once. Default 2 ms.
 	PollInterval time.Duration
 	// Retention is how long sent rows are kept (for inspection) before
 	// they are deleted. Default 1 h. Negative deletes rows as soon as they
@@ -199,6 +202,14 @@ type Relay struct {
 	wal       *walSyncer
 	syncWAL   func() error
 	markSyncs atomic.Int64 // RelayStats.MarkSyncs
+
+	// walEvents, while Run runs, is told of writes to the WAL by any
+	// process (walwatch_linux.go); nil where the relay polls.
+	walEvents <-chan struct{}
+	// watchWAL is watchWAL unless a test replaces it; safetyPoll is the
+	// longest a watching relay goes without looking (walSafetyPoll).
+	watchWAL   func(path string) (*walSubscription, error)
+	safetyPoll time.Duration
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -224,6 +235,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
 	r.syncWAL = r.wal.sync
+	r.watchWAL, r.safetyPoll = watchWAL, walSafetyPoll
 	return r, nil
 }
 
@@ -363,6 +375,15 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
+	r.walEvents = nil
+	if r.ob.path != "" {
+		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
+			defer sub.Close()
+			r.walEvents = sub.C
+		} else {
+			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
+		}
+	}
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder()}
 	var lastFull time.Time
 	if err := l.acquire(ctx, func(holder string) {

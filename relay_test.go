@@ -320,6 +320,7 @@ func TestRelayWakesOnTransactWithoutPolling(t *testing.T) {
 	opts.PollInterval = time.Hour // only the in-process wake-up can deliver
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
+	r.watchWAL = func(string) (*walSubscription, error) { return nil, errNoWALWatch }
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "relay connected", func() bool { s, _ := r.Stats(context.Background()); return s.Connected })
 	for i := 0; i < 5; i++ {

@@ -1,0 +1,338 @@
+// Command peers measures this outbox beside the SQLite queues a user would
+// pick instead, in one run and the way outboxctl bench's section 1 does:
+// the same business transaction (one order row) alone, with a bare row
+// (the least any outbox row costs), with Enqueue, with goqite's SendTx and
+// with River's InsertTx (riversqlite), in interleaved rounds, at FULL and
+// at NORMAL; then the database side of draining a backlog for each (no
+// broker: publishing is a no-op).
+//
+//	cd bench && go run ./peers            # about two minutes
+//	cd bench && go run ./peers -quick     # a smoke run
+//
+// It lives in a module of its own so that the library's go.mod gains
+// nothing from the peers.
+package main
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riversqlite"
+	"github.com/riverqueue/river/rivermigrate"
+	"maragu.dev/goqite"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+//go:embed goqite_schema.sql
+var goqiteSchema string
+
+const (
+	topic      = "bench/stores/42/orders"
+	eventType  = "com.example.order.created"
+	payloadLen = 200
+)
+
+func main() {
+	quick := flag.Bool("quick", false, "small sizes, to check that everything runs")
+	rounds := flag.Int("rounds", 9, "interleaved rounds per mode")
+	fullTx := flag.Int("full-tx", 300, "transactions per variant per round at FULL")
+	normalTx := flag.Int("normal-tx", 2000, "transactions per variant per round at NORMAL")
+	backlog := flag.Int("backlog", 50_000, "events drained per system")
+	flag.Parse()
+	if *quick {
+		*rounds, *fullTx, *normalTx, *backlog = 2, 30, 200, 2000
+	}
+	dir, err := os.MkdirTemp("", "outbox-peers-")
+	check(err)
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+
+	fmt.Printf("# Peers: this outbox, goqite and River on SQLite\n\n")
+	fmt.Printf("%s\n\n", machine())
+	for _, mode := range []struct {
+		name string
+		sync outbox.Synchronous
+		n    int
+	}{{"FULL", outbox.SyncFull, *fullTx}, {"NORMAL", outbox.SyncNormal, *normalTx}} {
+		enqueue(ctx, dir, mode.name, mode.sync, *rounds, mode.n)
+	}
+	drain(ctx, dir, *backlog)
+}
+
+// variant is one way of writing the business transaction.
+type variant struct {
+	name string
+	tx   func(ctx context.Context, n int) error
+}
+
+type orderArgs struct {
+	Payload []byte `json:"payload"`
+}
+
+func (orderArgs) Kind() string { return "order_created" }
+
+type nopWorker struct {
+	river.WorkerDefaults[orderArgs]
+	done *atomic.Int64
+}
+
+func (w *nopWorker) Work(context.Context, *river.Job[orderArgs]) error {
+	w.done.Add(1)
+	return nil
+}
+
+func payload(n int) []byte {
+	p := fmt.Appendf(nil, `{"order":%d,"item":"coffee","pad":"`, n)
+	p = append(p, strings.Repeat("x", max(payloadLen-len(p)-2, 0))...)
+	return append(p, `"}`...)
+}
+
+func insertOrder(ctx context.Context, tx *sql.Tx, n int) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO orders (item, total_cents) VALUES (?, ?)`, "coffee", 100+n%900)
+	return err
+}
+
+// open returns an outbox file with an orders table, a bare outbox table,
+// goqite's table and River's, all on the outbox's pool (its pragmas: WAL,
+// the chosen synchronous, a busy timeout).
+func open(ctx context.Context, path string, sync outbox.Synchronous) (*outbox.Outbox, *goqite.Queue, *river.Client[*sql.Tx]) {
+	ob, err := outbox.Open(ctx, path, outbox.Options{Synchronous: sync, ReserveBytes: -1, Logger: slog.New(slog.DiscardHandler)})
+	check(err)
+	db := ob.DB()
+	_, err = db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL);
+		CREATE TABLE outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL);`+goqiteSchema)
+	check(err)
+	q := goqite.New(goqite.NewOpts{DB: db, Name: "orders"})
+	drv := riversqlite.New(db)
+	mig, err := rivermigrate.New(drv, nil)
+	check(err)
+	_, err = mig.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	check(err)
+	rc, err := river.NewClient(drv, &river.Config{Logger: slog.New(slog.DiscardHandler)}) // insert-only
+	check(err)
+	return ob, q, rc
+}
+
+func enqueue(ctx context.Context, dir, mode string, sync outbox.Synchronous, rounds, perRound int) {
+	ob, q, rc := open(ctx, filepath.Join(dir, "enqueue-"+strings.ToLower(mode)+".db"), sync)
+	defer ob.Close()
+	db := ob.DB()
+	inTx := func(body func(tx *sql.Tx, n int) error) func(context.Context, int) error {
+		return func(ctx context.Context, n int) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if err := insertOrder(ctx, tx, n); err != nil {
+				tx.Rollback()
+				return err
+			}
+			if err := body(tx, n); err != nil {
+				tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		}
+	}
+	variants := []variant{
+		{"business alone", inTx(func(*sql.Tx, int) error { return nil })},
+		{"+ bare row", inTx(func(tx *sql.Tx, n int) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`, topic, payload(n))
+			return err
+		})},
+		{"+ outbox Enqueue", inTx(func(tx *sql.Tx, n int) error {
+			return ob.Enqueue(ctx, tx, outbox.Message{Topic: topic, Type: eventType, Payload: payload(n)})
+		})},
+		{"+ goqite SendTx", inTx(func(tx *sql.Tx, n int) error {
+			return q.SendTx(ctx, tx, goqite.Message{Body: payload(n)})
+		})},
+		{"+ River InsertTx", inTx(func(tx *sql.Tx, n int) error {
+			_, err := rc.InsertTx(ctx, tx, orderArgs{Payload: payload(n)}, nil)
+			return err
+		})},
+	}
+	rates := map[string][]float64{}
+	n := 0
+	for round := -1; round < rounds; round++ { // a warm-up round first
+		for _, v := range variants {
+			start := time.Now()
+			for range perRound {
+				n++
+				check(v.tx(ctx, n))
+			}
+			if round >= 0 {
+				rates[v.name] = append(rates[v.name], float64(perRound)/time.Since(start).Seconds())
+			}
+		}
+	}
+	bare := median(rates["+ bare row"])
+	fmt.Printf("## Enqueue at %s\n\n%d interleaved rounds of %d transactions; median rate; ratio to the business transaction plus a bare row.\n\n", mode, rounds, perRound)
+	fmt.Printf("| variant | tx/s | / bare row |\n|---|---:|---:|\n")
+	for _, v := range variants {
+		m := median(rates[v.name])
+		fmt.Printf("| %s | %.0f | %.2f |\n", v.name, m, m/bare)
+	}
+	fmt.Println()
+}
+
+// drain measures the database side of emptying a backlog of n events, each
+// system as its users would: the relay with a publisher that acknowledges
+// at once; goqite receiving and deleting 64 messages per transaction;
+// River's workers with a 1 ms fetch cooldown.
+func drain(ctx context.Context, dir string, n int) {
+	fmt.Printf("## Draining a backlog of %d events, database side only (no broker)\n\n| system | events/s | in commit order |\n|---|---:|---|\n", n)
+	// The backlog is committed in one transaction, at NORMAL, before the
+	// clock starts.
+	fill := func(db *sql.DB, body func(tx *sql.Tx, i int) error) {
+		tx, err := db.BeginTx(ctx, nil)
+		check(err)
+		for i := range n {
+			check(body(tx, i))
+		}
+		check(tx.Commit())
+	}
+	openDrain := func(name string) (*outbox.Outbox, *goqite.Queue, *river.Client[*sql.Tx]) {
+		return open(ctx, filepath.Join(dir, "drain-"+name+".db"), outbox.SyncNormal)
+	}
+
+	{ // the outbox
+		ob, _, _ := openDrain("outbox")
+		fill(ob.DB(), func(tx *sql.Tx, i int) error {
+			return ob.Enqueue(ctx, tx, outbox.Message{Topic: topic, Type: eventType, Payload: payload(i)})
+		})
+		pub := &nopPublisher{}
+		r, err := ob.NewRelay(pub, outbox.RelayOptions{})
+		check(err)
+		rctx, stop := context.WithCancel(ctx)
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		for {
+			st, err := ob.Stats(ctx)
+			check(err)
+			if st.Pending == 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		el := time.Since(start)
+		stop()
+		check(<-done)
+		fmt.Printf("| this outbox (relay, window 64, batches of 256, marks and durable-before-publish fsyncs included) | %.0f | yes |\n", float64(n)/el.Seconds())
+		ob.Close()
+	}
+	{ // goqite
+		ob, q, _ := openDrain("goqite")
+		fill(ob.DB(), func(tx *sql.Tx, i int) error { return q.SendTx(ctx, tx, goqite.Message{Body: payload(i)}) })
+		start := time.Now()
+		got := 0
+		for got < n {
+			tx, err := ob.DB().BeginTx(ctx, nil)
+			check(err)
+			for range 64 {
+				m, err := q.ReceiveTx(ctx, tx)
+				check(err)
+				if m == nil {
+					break
+				}
+				check(q.DeleteTx(ctx, tx, m.ID))
+				got++
+			}
+			check(tx.Commit())
+		}
+		el := time.Since(start)
+		fmt.Printf("| goqite (ReceiveTx + DeleteTx, 64 per transaction) | %.0f | yes (by created time) |\n", float64(n)/el.Seconds())
+		ob.Close()
+	}
+	{ // River
+		ob, _, rc := openDrain("river")
+		fill(ob.DB(), func(tx *sql.Tx, i int) error {
+			_, err := rc.InsertTx(ctx, tx, orderArgs{Payload: payload(i)}, nil)
+			return err
+		})
+		var done atomic.Int64
+		workers := river.NewWorkers()
+		river.AddWorker(workers, &nopWorker{done: &done})
+		wc, err := river.NewClient(riversqlite.New(ob.DB()), &river.Config{
+			Logger:        slog.New(slog.DiscardHandler),
+			Queues:        map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 100}},
+			Workers:       workers,
+			FetchCooldown: time.Millisecond,
+		})
+		check(err)
+		start := time.Now()
+		check(wc.Start(ctx))
+		for {
+			var left int
+			check(ob.DB().QueryRowContext(ctx, `SELECT count(*) FROM river_job WHERE state <> 'completed'`).Scan(&left))
+			if left == 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		el := time.Since(start)
+		check(wc.Stop(ctx))
+		fmt.Printf("| River (riversqlite, 100 workers, FetchCooldown 1 ms) | %.0f | no (workers in parallel) |\n", float64(n)/el.Seconds())
+		ob.Close()
+	}
+	fmt.Println()
+}
+
+// nopPublisher acknowledges every publish at once.
+type nopPublisher struct{}
+
+type doneToken struct{}
+
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (doneToken) Done() <-chan struct{} { return closed }
+func (doneToken) Error() error          { return nil }
+
+func (*nopPublisher) Connect(context.Context) error       { return nil }
+func (*nopPublisher) Publish(string, []byte) outbox.Token { return doneToken{} }
+func (*nopPublisher) Disconnect()                         {}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func machine() string {
+	var deps []string
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "maragu.dev/goqite", "github.com/riverqueue/river", "github.com/riverqueue/river/riverdriver/riversqlite", "modernc.org/sqlite":
+				deps = append(deps, d.Path+" "+d.Version)
+			}
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	return fmt.Sprintf("%s, %d CPUs, %s/%s; %s; load average %s", time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, strings.Join(deps, ", "), strings.Join(strings.Fields(string(load))[:3], " "))
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "peers:", err)
+		os.Exit(1)
+	}
+}

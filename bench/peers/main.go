@@ -221,13 +221,18 @@ func drain(ctx context.Context, dir string, n int) {
 		start := time.Now()
 		done := make(chan error, 1)
 		go func() { done <- r.Run(rctx) }()
+		// Stats counts rows (milliseconds at this size): look only once
+		// everything has been handed over.
+		for pub.n.Load() < int64(n) {
+			time.Sleep(time.Millisecond)
+		}
 		for {
 			st, err := ob.Stats(ctx)
 			check(err)
 			if st.Pending == 0 {
 				break
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(time.Millisecond)
 		}
 		el := time.Since(start)
 		stop()
@@ -292,8 +297,8 @@ func drain(ctx context.Context, dir string, n int) {
 	fmt.Println()
 }
 
-// nopPublisher acknowledges every publish at once.
-type nopPublisher struct{}
+// nopPublisher acknowledges every publish at once, and counts them.
+type nopPublisher struct{ n atomic.Int64 }
 
 type doneToken struct{}
 
@@ -302,9 +307,9 @@ var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c
 func (doneToken) Done() <-chan struct{} { return closed }
 func (doneToken) Error() error          { return nil }
 
-func (*nopPublisher) Connect(context.Context) error       { return nil }
-func (*nopPublisher) Publish(string, []byte) outbox.Token { return doneToken{} }
-func (*nopPublisher) Disconnect()                         {}
+func (*nopPublisher) Connect(context.Context) error         { return nil }
+func (p *nopPublisher) Publish(string, []byte) outbox.Token { p.n.Add(1); return doneToken{} }
+func (*nopPublisher) Disconnect()                           {}
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)

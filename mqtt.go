@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,8 +23,17 @@ import (
 // MQTTOptions configures an MQTTPublisher.
 type MQTTOptions struct {
 	// Broker is the broker's URL: tcp://, mqtt:// (plain) or ssl://, tls://,
-	// mqtts:// (TLS), with host and port. Required.
+	// mqtts:// (TLS), with host and port. Broker or Brokers is required.
 	Broker string
+	// Brokers are the addresses of a clustered broker's nodes, each as for
+	// Broker; set this or Broker, not both. Each Connect after the first
+	// (the relay connects again after a failed connection or a lost one)
+	// moves to the next address, in order, and from the last to the first.
+	// The first address a publisher tries is chosen by its ClientID, so
+	// that a fleet starts spread over the nodes instead of all on the
+	// first, and one device always starts on the same node. What auto
+	// learns of MQTT 5 is remembered per address.
+	Brokers []string
 	// ClientID must be unique per broker. Default: "outbox-" + host name +
 	// "-" + process id.
 	ClientID string
@@ -72,33 +82,52 @@ type MQTTOptions struct {
 // does it instead.
 type MQTTPublisher struct {
 	opts MQTTOptions
-	url  *url.URL
+	urls []*url.URL
+	mem  []brokerMemory // per address, what auto learnt
+	next int            // the address the next Connect tries
+
+	url *url.URL // the address of the last Connect; under mu
+	at  int      // its index; under mu
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conn  *mqttConn  // a 3.1.1 connection, or
 	conn5 *mqtt5Conn // a 5 one
 
-	// What auto learnt of this broker (a publisher has one address, so
-	// this is per address): no5 once its CONNACK said it does not speak 5,
-	// for the publisher's life; bareCloses counts 5 CONNECTs in a row that
-	// it closed without a CONNACK, and after two, 3.1.1 is spoken until
-	// retry5At.
-	no5        bool
-	bareCloses int
-	retry5At   time.Time
-
 	// control, if set, is given every socket before it connects: tests
 	// use it to shrink the send buffer, as on a device whose writes block.
 	control func(network, address string, c syscall.RawConn) error
 }
 
+// brokerMemory is what auto learnt of one address: no5 once its CONNACK
+// said it does not speak 5, for the publisher's life; bareCloses counts 5
+// CONNECTs in a row that it closed without a CONNACK, and after two, 3.1.1
+// is spoken until retry5At.
+type brokerMemory struct {
+	no5        bool
+	bareCloses int
+	retry5At   time.Time
+}
+
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
 // when the relay asks.
 func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
-	u, err := ParseBrokerURL(opts.Broker)
-	if err != nil {
-		return nil, err
+	addrs := opts.Brokers
+	switch {
+	case opts.Broker != "" && len(opts.Brokers) > 0:
+		return nil, fmt.Errorf("outbox: mqtt: set Broker or Brokers, not both")
+	case opts.Broker != "":
+		addrs = []string{opts.Broker}
+	case len(addrs) == 0:
+		addrs = []string{""} // ParseBrokerURL says what is missing
+	}
+	var urls []*url.URL
+	for _, a := range addrs {
+		u, err := ParseBrokerURL(a)
+		if err != nil {
+			return nil, err
+		}
+		urls = append(urls, u)
 	}
 	if opts.ClientID == "" {
 		host, _ := os.Hostname()
@@ -108,7 +137,7 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 		return nil, fmt.Errorf("outbox: mqtt: client id too long")
 	}
 	if opts.TLSFiles != nil {
-		if !isTLS(u) {
+		if slices.ContainsFunc(urls, func(u *url.URL) bool { return !isTLS(u) }) {
 			return nil, fmt.Errorf("outbox: mqtt: TLS files need a TLS URL (ssl://, tls:// or mqtts://)")
 		}
 		// Read them once now, so that a wrong path is a clear error at
@@ -137,7 +166,21 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &MQTTPublisher{opts: opts, url: u}, nil
+	// The first address by the client id: FNV-1a, stable across restarts.
+	h := uint32(2166136261)
+	for i := 0; i < len(opts.ClientID); i++ {
+		h = (h ^ uint32(opts.ClientID[i])) * 16777619
+	}
+	first := int(h % uint32(len(urls)))
+	return &MQTTPublisher{opts: opts, urls: urls, mem: make([]brokerMemory, len(urls)), next: first, url: urls[first], at: first}, nil
+}
+
+// Broker returns the address (its URL, without credentials) of the last
+// Connect: the one in use while connected.
+func (p *MQTTPublisher) Broker() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return redactURL(p.url)
 }
 
 // ParseBrokerURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts,
@@ -210,6 +253,11 @@ const retry5After = 10 * time.Minute
 // MQTTOptions.Protocol asks for.
 func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
+	p.mu.Lock()
+	p.at, p.url = p.next, p.urls[p.next]
+	p.next = (p.next + 1) % len(p.urls)
+	m := &p.mem[p.at]
+	p.mu.Unlock()
 	switch p.opts.Protocol {
 	case Protocol311:
 		return p.connect311(ctx)
@@ -217,7 +265,7 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		return p.connectV5(ctx)
 	}
 	p.mu.Lock()
-	use311 := p.no5 || time.Now().Before(p.retry5At)
+	use311 := m.no5 || time.Now().Before(m.retry5At)
 	p.mu.Unlock()
 	if use311 {
 		return p.connect311(ctx)
@@ -226,22 +274,22 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	switch {
 	case err == nil:
 		p.mu.Lock()
-		p.bareCloses = 0
+		m.bareCloses = 0
 		p.mu.Unlock()
 		return nil
 	case errors.Is(err, errUnsupportedVersion):
 		p.mu.Lock()
-		p.no5 = true
+		m.no5 = true
 		p.mu.Unlock()
 		p.opts.Logger.Info("outbox mqtt: the broker does not speak MQTT 5; speaking 3.1.1 from now on", "broker", redactURL(p.url), "err", err)
 		return p.connect311(ctx)
 	case errors.Is(err, errClosedAfterConnect):
 		p.mu.Lock()
-		p.bareCloses++
-		fallback := p.bareCloses >= 2
+		m.bareCloses++
+		fallback := m.bareCloses >= 2
 		if fallback {
-			p.bareCloses = 0
-			p.retry5At = time.Now().Add(retry5After)
+			m.bareCloses = 0
+			m.retry5At = time.Now().Add(retry5After)
 		}
 		p.mu.Unlock()
 		if !fallback {

@@ -376,7 +376,7 @@ func TestAutoFallsBackAfterTwoBareCloses(t *testing.T) {
 	// Later, and the broker speaks 5 after all.
 	g.mode.Store("pass")
 	pub.mu.Lock()
-	pub.retry5At = time.Now().Add(-time.Second)
+	pub.mem[0].retry5At = time.Now().Add(-time.Second)
 	pub.mu.Unlock()
 	require.NoError(t, pub.Connect(ctx))
 	require.Equal(t, "5", pub.Protocol())

@@ -275,6 +275,10 @@ type RelayStats struct {
 	// or "3.1.1"), as it last connected; empty for a publisher that does
 	// not say.
 	Protocol string
+	// Broker is the address the publisher's connection is on, as it last
+	// connected (MQTTOptions.Brokers: a cluster's node), without
+	// credentials; empty for a publisher that does not say.
+	Broker string
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -293,6 +297,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	}
 	rs.WALSyncs = r.wal.syncs.Load()
 	rs.MarkSyncs = r.markSyncs.Load()
+	rs.Broker = r.broker()
 	if r.lastErr != nil {
 		rs.LastError = r.lastErr.Error()
 	}
@@ -459,7 +464,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 		}
 		r.connected.Store(true)
 		r.noteProtocol(ctx, l)
-		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol())
+		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol(), "broker", r.broker())
 		failures, lastMsg = 0, ""
 		start := time.Now()
 		res := r.session(ctx, conn, l)
@@ -525,6 +530,20 @@ func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
 	if err := l.setProtocol(ctx, p); err != nil && ctx.Err() == nil {
 		r.log.Warn("outbox relay could not record its protocol version in the lease", "err", err)
 	}
+}
+
+// brokerNamer is implemented by publishers that can say which address they
+// connected to (MQTTPublisher does: one of MQTTOptions.Brokers).
+type brokerNamer interface {
+	Broker() string
+}
+
+// broker is the publisher's address, if it says.
+func (r *Relay) broker() string {
+	if bn, ok := r.pub.(brokerNamer); ok {
+		return bn.Broker()
+	}
+	return ""
 }
 
 // Protocol is the MQTT version the relay's connection speaks, as it last

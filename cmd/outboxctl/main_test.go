@@ -584,3 +584,34 @@ func TestInitSetsLimits(t *testing.T) {
 	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	require.ErrorContains(t, err, "outbox full: pending limit reached")
 }
+
+// TestRelaySeveralBrokers: --broker repeats (a cluster's nodes). It used to
+// keep only the last one: here the last is a dead address, and the events
+// still arrive, through the live one.
+func TestRelaySeveralBrokers(t *testing.T) {
+	b := startBroker(t)
+	path := filepath.Join(t.TempDir(), "shop.db")
+	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr, "--broker", "tcp://127.0.0.1:1",
+		"--client-id", "brokers-test", "--log-format", "json")
+	var stderr harness.LogBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var db *sql.DB
+	require.True(t, harness.WaitFor(10*time.Second, func() bool {
+		var err error
+		if db == nil {
+			db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+			require.NoError(t, err)
+		}
+		_, err = db.Exec(`SELECT 1 FROM outbox LIMIT 1`)
+		return err == nil
+	}), "schema never created: %s", stderr.String())
+	defer db.Close()
+	for i := range 5 {
+		_, err := db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/sales', ?)`, fmt.Sprintf(`{"sale":%d}`, i))
+		require.NoError(t, err)
+	}
+	require.True(t, harness.WaitFor(20*time.Second, func() bool { return b.count() == 5 }), "not delivered: %s", stderr.String())
+	require.Contains(t, stderr.String(), `"broker":"tcp://`+b.addr+`"`, "the log says which address it is on")
+}

@@ -14,7 +14,7 @@ import (
 
 type relayFlags struct {
 	db            dbFlags
-	broker        string
+	brokers       []string
 	clientID      string
 	topicPrefix   string
 	source        string
@@ -112,13 +112,13 @@ so they can be replaced on disk while the relay runs.`,
 			if f.statsInterval > 0 {
 				go a.logStats(cmd, relay, f.statsInterval)
 			}
-			a.logger.Info("outboxctl relay", "db", f.db.path, "broker", mopts.Broker, "client_id", mopts.ClientID)
+			a.logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
 			return relay.Run(cmd.Context())
 		},
 	}
 	f.db.register(cmd)
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required)")
+	fl.StringArrayVar(&f.brokers, "broker", nil, "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required); repeat it for the nodes of a cluster: after a failed or lost connection the relay moves to the next")
 	fl.StringVar(&f.clientID, "client-id", "", "MQTT client id, unique per broker (default outbox-HOST-PID)")
 	fl.StringVar(&f.topicPrefix, "topic-prefix", "", "park as dead, at once, any message whose topic does not start with this (e.g. acme/till-7/)")
 	fl.StringVar(&f.source, "source", "", "CloudEvents source naming this device (default /outbox/HOST)")
@@ -142,13 +142,13 @@ so they can be replaced on disk while the relay runs.`,
 }
 
 func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
-	if f.broker == "" {
+	if len(f.brokers) == 0 {
 		return outbox.MQTTOptions{}, errors.New("--broker is required")
 	}
 	if f.db.path == "" {
 		return outbox.MQTTOptions{}, errors.New("--db is required")
 	}
-	o := outbox.MQTTOptions{Broker: f.broker, ClientID: f.clientID, Username: f.username}
+	o := outbox.MQTTOptions{Brokers: f.brokers, ClientID: f.clientID, Username: f.username}
 	proto, err := outbox.ParseMQTTProtocol(f.mqttVersion)
 	if err != nil {
 		return o, fmt.Errorf("--mqtt-version: %w", err)
@@ -173,11 +173,18 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 	if o.Password != "" && o.Username == "" {
 		return o, errors.New("a password needs --username")
 	}
-	u, err := outbox.ParseBrokerURL(f.broker)
-	if err != nil {
-		return o, err
+	var tlsURL bool
+	for i, b := range f.brokers {
+		u, err := outbox.ParseBrokerURL(b)
+		if err != nil {
+			return o, err
+		}
+		t := map[string]bool{"ssl": true, "tls": true, "mqtts": true}[strings.ToLower(u.Scheme)]
+		if i > 0 && t != tlsURL {
+			return o, fmt.Errorf("--broker: mix of TLS and plain URLs")
+		}
+		tlsURL = t
 	}
-	tlsURL := map[string]bool{"ssl": true, "tls": true, "mqtts": true}[strings.ToLower(u.Scheme)]
 	if !tlsURL && (f.caFile != "" || f.certFile != "" || f.keyFile != "") {
 		return o, fmt.Errorf("--ca-file, --cert-file and --key-file need a TLS URL (ssl://, tls:// or mqtts://)")
 	}

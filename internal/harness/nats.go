@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -58,3 +59,86 @@ mqtt {
 	})
 	return n
 }
+
+// NATSCluster is a cluster of NATS servers with JetStream clustered and an
+// MQTT listener on each node, owned by a test: each node with its own
+// configuration, store and loopback ports, routes to every other node.
+type NATSCluster struct {
+	Nodes []*NATSNode
+}
+
+// NATSNode is one node of a NATSCluster.
+type NATSNode struct {
+	Name     string
+	MQTTAddr string
+	proc     *process
+}
+
+// StartNATSCluster starts n nodes (3 for a JetStream quorum that survives
+// one node), skipping tb if nats-server is not installed, and waits until
+// JetStream has a metadata leader and every MQTT listener is up.
+func StartNATSCluster(tb TB, n int) *NATSCluster {
+	tb.Helper()
+	bin := natsBinary()
+	if bin == "" {
+		tb.Skipf("nats-server is not installed: apt-get install -y nats-server")
+	}
+	ports := freePorts(tb, 3*n) // client, cluster, mqtt per node
+	var routes []string
+	for i := range n {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3*i+1]))
+	}
+	c := &NATSCluster{}
+	var logs []string
+	for i := range n {
+		dir := tb.TempDir()
+		name := fmt.Sprintf("node-%d", i+1)
+		conf := filepath.Join(dir, "nats.conf")
+		must(tb, os.WriteFile(conf, []byte(fmt.Sprintf(`server_name: %s
+listen: 127.0.0.1:%d
+jetstream { store_dir: %q }
+cluster {
+  name: outbox_test
+  listen: 127.0.0.1:%d
+  routes: [%s]
+}
+mqtt { listen: 127.0.0.1:%d }
+`, name, ports[3*i], filepath.Join(dir, "js"), ports[3*i+1], strings.Join(routes, ", "), ports[3*i+2])), 0o600), "nats.conf")
+		logFile := filepath.Join(dir, "nats.log")
+		logs = append(logs, logFile)
+		p := startProcess(tb, "nats-server "+name, logFile, "", nil, 10*time.Second, bin, "-c", conf)
+		c.Nodes = append(c.Nodes, &NATSNode{Name: name, MQTTAddr: loopback(ports[3*i+2]), proc: p})
+	}
+	for _, node := range c.Nodes {
+		node.proc.waitReady(tb, 30*time.Second, func(log []byte) bool {
+			return strings.Contains(string(log), "Listening for MQTT clients") && listening(node.MQTTAddr)
+		})
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		leader := false
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			leader = leader || strings.Contains(string(b), "JetStream cluster new metadata leader") || strings.Contains(string(b), "Self is new JetStream cluster metadata leader")
+		}
+		if leader {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("NATS cluster: no JetStream metadata leader after 30 s:\n%s", tail(logs[0], 40))
+		}
+		time.Sleep(50 * time.Millisecond) // polling the logs, bounded by the deadline
+	}
+	return c
+}
+
+// Kill ends the node at once (SIGKILL), as a crashed machine would.
+func (n *NATSNode) Kill() {
+	_ = n.proc.cmd.Process.Kill()
+	<-n.proc.exited
+}
+
+// Pause stops the node (SIGSTOP): its sockets stay open and say nothing,
+// as a hung machine's would. Resume lets it go on.
+func (n *NATSNode) Pause()  { _ = n.proc.cmd.Process.Signal(syscall.SIGSTOP) }
+func (n *NATSNode) Resume() { _ = n.proc.cmd.Process.Signal(syscall.SIGCONT) }

@@ -166,9 +166,10 @@ func (g *durableGate) syncLoop(stop <-chan struct{}, failed func(error)) {
 		if g.settled.Load() <= g.durable.Load() {
 			continue // nothing new: the next mark asks again
 		}
-		err := g.syncNow()
+		// Counted before it begins, so that a count of all syncs less
+		// this one never takes a mark's sync for a batch read's.
 		g.count.Add(1)
-		if err != nil {
+		if err := g.syncNow(); err != nil {
 			failed(err)
 			select {
 			case <-time.After(100 * time.Millisecond):

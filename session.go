@@ -422,6 +422,17 @@ func (s *session) dispatch() error {
 					return nil
 				}
 			}
+			if left, ok := r.expiryLeft(m); ok {
+				// At its turn, not when its batch was read: the window
+				// may have kept it waiting.
+				if left <= 0 {
+					if !s.expire(m, -left) {
+						return nil
+					}
+					continue
+				}
+				m.props.MessageExpiry = left
+			}
 			tok := s.publish(m)
 			r.inFlight.Add(1)
 			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe}
@@ -436,6 +447,21 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
+}
+
+// expire parks m, whose expiry ran out late ago, instead of handing it off,
+// and gives back the slot and the admission it had taken; false means the
+// session must end (m stays pending, and nothing after it may be marked).
+func (s *session) expire(m *row, late time.Duration) bool {
+	err := s.r.markExpired(s.conn, m, late)
+	<-s.slots
+	if err != nil {
+		s.r.writeFailed(err)
+		s.setFail(failure{seq: m.seq, err: err, notSent: true})
+		return false
+	}
+	s.gate.settle(1)
+	return true
 }
 
 // batch is one read of the outbox.

@@ -572,9 +572,12 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 		default:
 			lastMsg = ""
 			// Riding on the renewal's timer: writers in other processes
-			// stamp expiries with the stored outbox clock.
-			if err := r.storeClockIfDue(ctx, l.conn); err != nil && ctx.Err() == nil {
-				r.log.Debug("outbox relay could not store the outbox clock", "err", err)
+			// stamp expiries with the stored outbox clock. Not on a full
+			// disk: its page would take the space the marks need.
+			if !r.diskFull.Load() {
+				if err := r.storeClockIfDue(ctx, l.conn); err != nil && ctx.Err() == nil {
+					r.log.Debug("outbox relay could not store the outbox clock", "err", err)
+				}
 			}
 		}
 		quick = next == 0

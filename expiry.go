@@ -67,6 +67,13 @@ func (c *outboxClock) due() (int64, bool) {
 	return t, t-c.stored >= outboxClockStoreEvery.Milliseconds()
 }
 
+// ahead is how far, in ms, the clock is ahead of the stored one.
+func (c *outboxClock) ahead() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.base + c.elapsed().Milliseconds() - c.stored
+}
+
 // catchUp notes the stored clock and moves this clock forward to it when
 // another process stored a later tick; it never moves it back.
 func (c *outboxClock) catchUp(stored int64) {

@@ -333,3 +333,41 @@ func TestExpiryFromPlainSQL(t *testing.T) {
 	require.Equal(t, 1, countState(t, ob, "expired"))
 	checkCounters(t, ob.DB())
 }
+
+// TestExpiryClockStoredByEnqueue: an Enqueue of a message with an expiry
+// stores the outbox clock once it runs 10 s ahead of the stored one, and an
+// Outbox whose own clock lags the stored one (it was opened before another
+// process stored a later tick) stamps its expiries from the stored clock:
+// a lagging clock must not shorten a message's life.
+func TestExpiryClockStoredByEnqueue(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	elA, elB := &fakeElapsed{}, &fakeElapsed{}
+	a, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elA.elapsed})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	b, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elB.elapsed})
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	stored := func() (ms int64) {
+		require.NoError(t, a.DB().QueryRow(`SELECT clock_ms FROM outbox_state WHERE id = 1`).Scan(&ms))
+		return ms
+	}
+	lastExpiry := func() (ms int64) {
+		require.NoError(t, a.DB().QueryRow(`SELECT expires_at FROM outbox ORDER BY seq DESC LIMIT 1`).Scan(&ms))
+		return ms
+	}
+	elA.advance(5 * time.Second)
+	enqueueExpiring(t, a, "t", 1, time.Minute)
+	require.Zero(t, stored(), "5 s ahead: not stored yet")
+	require.EqualValues(t, 65_000, lastExpiry())
+	elA.advance(6 * time.Second)
+	enqueueExpiring(t, a, "t", 2, 0)
+	require.Zero(t, stored(), "a message without an expiry stores nothing")
+	enqueueExpiring(t, a, "t", 3, time.Minute)
+	require.EqualValues(t, 11_000, stored())
+	require.EqualValues(t, 71_000, lastExpiry())
+
+	enqueueExpiring(t, b, "t", 4, time.Minute+time.Microsecond)
+	require.EqualValues(t, 71_001, lastExpiry(), "from the stored clock, not b's (0); rounded up to the millisecond")
+}

@@ -285,8 +285,9 @@ func (o *Outbox) Close() error {
 	o.relayWG.Wait()
 	o.inUse.Lock()
 	defer o.inUse.Unlock()
-	if !o.readOnly {
-		// So that the time this outbox ran counts after a restart too.
+	if !o.readOnly && o.clock.ahead() >= time.Second.Milliseconds() {
+		// So that the time this outbox ran counts after a restart too; not
+		// for an Outbox that lived less than a second (outboxctl's).
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if err := o.storeClock(ctx, o.db); err != nil {
 			o.log.Warn("outbox could not store its clock on close", "err", err)

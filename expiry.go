@@ -128,6 +128,33 @@ func (r *Relay) expiryLeft(m *row) (left time.Duration, ok bool) {
 	return time.Duration(m.expires.Int64-r.ob.clock.tick()) * time.Millisecond, true
 }
 
+// atItsTurn looks at m's expiry just before it is handed off — at its
+// turn, not when its batch was read, since the window may have kept it
+// waiting. With time left, it gives what is left to an MQTT 5 connection
+// (the Message Expiry Interval) and says publish. With none, it parks m
+// instead and gives back the slot and the admission m had taken; ok false
+// means that failed and the session must end (m stays pending, and nothing
+// after it may be marked).
+func (s *session) atItsTurn(m *row) (publish, ok bool) {
+	left, expires := s.r.expiryLeft(m)
+	if !expires {
+		return true, true
+	}
+	if left > 0 {
+		m.props.MessageExpiry = left
+		return true, true
+	}
+	err := s.r.markExpired(s.conn, m, -left)
+	<-s.slots
+	if err != nil {
+		s.r.writeFailed(err)
+		s.setFail(failure{seq: m.seq, err: err, notSent: true})
+		return false, false
+	}
+	s.gate.settle(1)
+	return false, true
+}
+
 // markExpired parks a message whose expiry ran out before its turn: dead_at
 // set, as for a dead message (it leaves the pending counters the same way),
 // and expired, which tells the two apart. It charges no attempt.

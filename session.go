@@ -422,16 +422,10 @@ func (s *session) dispatch() error {
 					return nil
 				}
 			}
-			if left, ok := r.expiryLeft(m); ok {
-				// At its turn, not when its batch was read: the window
-				// may have kept it waiting.
-				if left <= 0 {
-					if !s.expire(m, -left) {
-						return nil
-					}
-					continue
-				}
-				m.props.MessageExpiry = left
+			if publish, ok := s.atItsTurn(m); !ok {
+				return nil
+			} else if !publish {
+				continue // parked expired (expiry.go)
 			}
 			tok := s.publish(m)
 			r.inFlight.Add(1)
@@ -447,21 +441,6 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
-}
-
-// expire parks m, whose expiry ran out late ago, instead of handing it off,
-// and gives back the slot and the admission it had taken; false means the
-// session must end (m stays pending, and nothing after it may be marked).
-func (s *session) expire(m *row, late time.Duration) bool {
-	err := s.r.markExpired(s.conn, m, late)
-	<-s.slots
-	if err != nil {
-		s.r.writeFailed(err)
-		s.setFail(failure{seq: m.seq, err: err, notSent: true})
-		return false
-	}
-	s.gate.settle(1)
-	return true
 }
 
 // batch is one read of the outbox.
@@ -613,12 +592,4 @@ func (s *session) settled(f flight) {
 		s.r.suspect = 0
 		close(s.probeOK)
 	}
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -18,6 +18,10 @@ const (
 	StatePending State = "pending" // waiting to be published
 	StateSent    State = "sent"    // acknowledged by the broker, kept for the retention period
 	StateDead    State = "dead"    // failed by itself too often; kept until requeued or purged
+	// StateExpired: its Message.Expiry ran out before its turn, so it was
+	// not published; kept until requeued (without its expiry) or purged,
+	// as a dead message is.
+	StateExpired State = "expired"
 )
 
 // Stats describes what is in the outbox.
@@ -26,6 +30,7 @@ type Stats struct {
 	PendingBytes  int64     // their payload bytes
 	OldestPending time.Time // creation time of the oldest pending message; zero if none
 	Dead          int64     // dead messages
+	Expired       int64     // messages parked as expired (not counted in Dead)
 	Sent          int64     // sent messages still within retention
 	// MaxPendingMessages and MaxPendingBytes are the stored limits; 0 means none.
 	MaxPendingMessages int64
@@ -63,6 +68,15 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
+	if s.SchemaVersion >= 5 {
+		// Read apart, as below. Expired rows are parked like dead ones
+		// (dead_at set), few, and found through the outbox_dead index.
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND expired`).Scan(&s.Expired)
+		if err != nil {
+			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		}
+		s.Dead -= s.Expired
+	}
 	if s.SchemaVersion >= 4 && s.LeaseOwner != "" {
 		// Read apart: a file of an older schema, read as it is, has no
 		// such column.
@@ -88,7 +102,7 @@ type Record struct {
 	LastError   string
 	CreatedAt   time.Time
 	SentAt      time.Time // zero unless sent: when the relay recorded the acknowledgement
-	DeadAt      time.Time // zero unless dead
+	DeadAt      time.Time // zero unless dead or expired: when it was parked
 }
 
 // ListOptions selects rows for List.
@@ -111,8 +125,10 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 		where = `seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL`
 	case StateSent:
 		where = `seq > ? AND seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL`
-	case StateDead:
-		where = `dead_at IS NOT NULL AND seq > ?`
+	case StateDead, StateExpired:
+		// state is the view's: a file of an older schema, read as it is,
+		// has no expired column, and no expired row.
+		where = `dead_at IS NOT NULL AND state = '` + string(state) + `' AND seq > ?`
 	default:
 		return nil, fmt.Errorf("outbox: list: unknown state %q", state)
 	}
@@ -170,10 +186,11 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	return r, nil
 }
 
-// Requeue makes the dead messages with the given ids pending again and
-// wakes the relay. A requeued message keeps its id, payload and creation
-// time, gets a new sequence number — it goes out after everything pending
-// now, as the relay only moves forward — and starts again with no attempts.
+// Requeue makes the dead or expired messages with the given ids pending
+// again and wakes the relay. A requeued message keeps its id, payload and
+// creation time, gets a new sequence number — it goes out after everything
+// pending now, as the relay only moves forward — and starts again with no
+// attempts and no expiry.
 // The outbox's limits apply: when it is full, Requeue fails with ErrFull and
 // requeues nothing. It returns how many were requeued.
 func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
@@ -200,12 +217,24 @@ func (o *Outbox) Requeue(ctx context.Context, ids ...string) (int64, error) {
 	return total, nil
 }
 
-// RequeueDead makes every dead message pending again; see Requeue.
+// RequeueDead makes every dead message pending again; see Requeue. Expired
+// messages stay as they are (RequeueExpired).
 func (o *Outbox) RequeueDead(ctx context.Context) (int64, error) {
 	if o.readOnly {
 		return 0, ErrReadOnly
 	}
-	n, err := o.requeue(ctx, `dead_at IS NOT NULL`)
+	n, err := o.requeue(ctx, `dead_at IS NOT NULL AND NOT expired`)
+	o.wake.notify()
+	return n, err
+}
+
+// RequeueExpired makes every expired message pending again, without its
+// expiry: it will be published however late; see Requeue.
+func (o *Outbox) RequeueExpired(ctx context.Context) (int64, error) {
+	if o.readOnly {
+		return 0, ErrReadOnly
+	}
+	n, err := o.requeue(ctx, `dead_at IS NOT NULL AND expired`)
 	o.wake.notify()
 	return n, err
 }
@@ -237,7 +266,8 @@ func (o *Outbox) requeue(ctx context.Context, where string, args ...any) (int64,
 		if maxBytes > 0 && pendingBytes+bytes > maxBytes {
 			return fmt.Errorf("%w: %d bytes pending and %d to requeue, limit %d bytes", ErrFull, pendingBytes, bytes, maxBytes)
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE outbox SET seq = r.new_seq, dead_at = NULL, attempts = 0, last_error = NULL
+		res, err := tx.ExecContext(ctx, `UPDATE outbox SET seq = r.new_seq, dead_at = NULL, attempts = 0, last_error = NULL,
+			expires_at = NULL, expired = 0
 			FROM (SELECT seq AS old_seq, row_number() OVER (ORDER BY seq)
 					+ (SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) FROM outbox_state WHERE id = 1) AS new_seq
 				FROM outbox WHERE `+where+`) AS r
@@ -254,7 +284,7 @@ func (o *Outbox) requeue(ctx context.Context, where string, args ...any) (int64,
 	return n, nil
 }
 
-// PurgeDead deletes every dead message and returns how many.
+// PurgeDead deletes every dead or expired message and returns how many.
 func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
 	if o.readOnly {
 		return 0, ErrReadOnly

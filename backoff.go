@@ -97,3 +97,11 @@ func every(ctx context.Context, d time.Duration, wake <-chan struct{}, fn func()
 		fn()
 	}
 }
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -61,6 +61,10 @@
 // kept, listed ([Outbox.List]) and requeueable ([Outbox.Requeue]), never
 // dropped — and the queue flows on; a row that can never be published (a
 // topic that is not UTF-8, a message too large for MQTT) is dead at once.
+// A message whose Message.Expiry ran out before its turn is parked as
+// expired ([StateExpired]), not published; expiry is measured on a stored
+// outbox clock that only monotonic time moves, so a wall-clock jump cannot
+// expire a backlog. Under MQTT 5 the broker is given what is left.
 //
 // A lease lets one relay, goroutine or process, drain a database at a time;
 // its expiry never compares wall clocks. Sent rows are deleted once

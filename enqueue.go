@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 )
 
@@ -25,6 +26,15 @@ type Message struct {
 	ContentType string
 	// ID is the event's unique id. Empty means a new id from NewID.
 	ID string
+	// Expiry, if positive, is how long the message may wait to be
+	// published: a message whose expiry ran out before its turn is parked
+	// as expired (StateExpired), not published, and under MQTT 5 the broker
+	// is given what is left as the Message Expiry Interval. It is measured
+	// on the outbox clock — time during which an outbox ran on this
+	// database, by the monotonic clock — so a wall-clock jump cannot expire
+	// a backlog, and time the device was off does not count. Zero means
+	// none; negative is refused with ErrInvalidMessage.
+	Expiry time.Duration
 }
 
 // Enqueue writes msgs into the outbox inside tx, the caller's transaction:
@@ -55,6 +65,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	defer stmt.Close()
 	now := o.now()
 	created := now.UnixMilli()
+	tick, storeClock := o.clock.due()
+	expiring := false
 	for i := range msgs {
 		m := &msgs[i]
 		id := m.ID
@@ -65,9 +77,19 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if payload == nil {
 			payload = []byte{} // NOT NULL: an empty payload is a valid event
 		}
-		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created); err != nil {
+		life := expiryMillis(m.Expiry)
+		expiring = expiring || life > 0
+		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life); err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
+	}
+	if expiring && storeClock {
+		// Another process (a relay sidecar) measures this message's expiry
+		// from the stored clock: keep it close to this one's.
+		if _, err := tx.ExecContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1`, tick); err != nil {
+			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
+		}
+		o.clock.catchUp(tick)
 	}
 	return nil
 }
@@ -87,6 +109,9 @@ func (o *Outbox) validate(msgs []Message) error {
 		}
 		if m.ID != "" && (len(m.ID) > maxIDBytes || !utf8.ValidString(m.ID)) {
 			return fmt.Errorf("message %d: %w: id must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxIDBytes)
+		}
+		if m.Expiry < 0 {
+			return fmt.Errorf("message %d: %w: negative Expiry %s", i, ErrInvalidMessage, m.Expiry)
 		}
 		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
 			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)

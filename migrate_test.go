@@ -165,7 +165,7 @@ func TestMigrationLeaseProtocol(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "old-relay", st.LeaseOwner)
 	require.Empty(t, st.LeaseProtocol)
-	require.Equal(t, 4, st.SchemaVersion)
+	require.Equal(t, SchemaVersion, st.SchemaVersion)
 }
 
 // schemaObjects describes a database's schema for comparison: every table's

@@ -61,8 +61,14 @@ type Options struct {
 	// Logger receives the outbox's and its relays' logs. Nil means
 	// slog.Default(). Payloads and credentials are never logged.
 	Logger *slog.Logger
-	// Now is the clock. Nil means time.Now. Order never depends on it.
+	// Now is the clock. Nil means time.Now. Order never depends on it, nor
+	// does expiry (Message.Expiry runs on the outbox clock, which only
+	// monotonic time moves).
 	Now func() time.Time
+
+	// elapsed, set by tests, replaces the monotonic time since Open that
+	// moves the outbox clock, so that it moves only when the test says so.
+	elapsed func() time.Duration
 }
 
 // Outbox writes messages into the outbox table and manages what is there.
@@ -78,6 +84,7 @@ type Outbox struct {
 	prefix     string
 	log        *slog.Logger
 	now        func() time.Time
+	clock      *outboxClock // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
 
 	mu      sync.Mutex
@@ -159,7 +166,7 @@ func openInspector(ctx context.Context, path string, opts Options) (*Outbox, err
 		db.Close()
 		return nil, err
 	}
-	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, relays: make(map[*Relay]struct{})}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, clock: newOutboxClock(0, opts.elapsed), relays: make(map[*Relay]struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -193,7 +200,14 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {
 		return nil, fmt.Errorf("outbox: limits: %w", err)
 	}
-	insert, err := db.PrepareContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`)
+	stored, err := readOutboxClock(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: clock: %w", err)
+	}
+	// An expiry runs from the later of this Outbox's clock and the stored
+	// one: a clock that lags another process's must not shorten it.
+	insert, err := db.PrepareContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END)`)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
@@ -215,6 +229,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		prefix:     opts.TopicPrefix,
 		log:        opts.Logger,
 		now:        opts.Now,
+		clock:      newOutboxClock(stored, opts.elapsed),
 		relays:     make(map[*Relay]struct{}),
 	}
 	if o.maxPayload == 0 {
@@ -270,6 +285,15 @@ func (o *Outbox) Close() error {
 	o.relayWG.Wait()
 	o.inUse.Lock()
 	defer o.inUse.Unlock()
+	if !o.readOnly && o.clock.ahead() >= time.Second.Milliseconds() {
+		// So that the time this outbox ran counts after a restart too; not
+		// for an Outbox that lived less than a second (outboxctl's).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := o.storeClock(ctx, o.db); err != nil {
+			o.log.Warn("outbox could not store its clock on close", "err", err)
+		}
+		cancel()
+	}
 	if o.insert != nil {
 		o.insert.Close()
 	}

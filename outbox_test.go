@@ -35,6 +35,7 @@ func TestEnqueueValidation(t *testing.T) {
 		{"payload over limit", Message{Topic: "t", Payload: make([]byte, 1025)}, ErrPayloadTooLarge},
 		{"bad id", Message{Topic: "t", ID: strings.Repeat("x", 200)}, ErrInvalidMessage},
 		{"bad type", Message{Topic: "t", Type: "\xff"}, ErrInvalidMessage},
+		{"negative expiry", Message{Topic: "t", Expiry: -time.Second}, ErrInvalidMessage},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -187,6 +188,7 @@ type Relay struct {
 	inFlight  atomic.Int64
 	sent      atomic.Int64
 	dead      atomic.Int64
+	expired   atomic.Int64
 
 	// suspect is the sequence number of the first message that was in
 	// flight when the last connection failed; zero if none. The next
@@ -279,6 +281,8 @@ type RelayStats struct {
 	// connected (MQTTOptions.Brokers: a cluster's node), without
 	// credentials; empty for a publisher that does not say.
 	Broker string
+	// ExpiredSince counts the messages parked as expired since Run started.
+	ExpiredSince int64
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -298,6 +302,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	rs.WALSyncs = r.wal.syncs.Load()
 	rs.MarkSyncs = r.markSyncs.Load()
 	rs.Broker = r.broker()
+	rs.ExpiredSince = r.expired.Load()
 	if r.lastErr != nil {
 		rs.LastError = r.lastErr.Error()
 	}
@@ -411,6 +416,9 @@ func (r *Relay) run(ctx context.Context) error {
 		// The context is done by now; releasing needs a fresh one.
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
+		if err := conn.do(func(c *sql.Conn) error { return r.ob.storeClock(rctx, c) }); err != nil {
+			r.log.Warn("outbox relay could not store the outbox clock", "err", err)
+		}
 		if err := l.release(rctx); err != nil {
 			r.log.Warn("outbox relay could not release its lease", "err", err)
 		}
@@ -603,6 +611,14 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 			}
 		default:
 			lastMsg = ""
+			// Riding on the renewal's timer: writers in other processes
+			// stamp expiries with the stored outbox clock. Not on a full
+			// disk: its page would take the space the marks need.
+			if !r.diskFull.Load() {
+				if err := r.storeClockIfDue(ctx, l.conn); err != nil && ctx.Err() == nil {
+					r.log.Debug("outbox relay could not store the outbox clock", "err", err)
+				}
+			}
 		}
 		quick = next == 0
 		t.Reset(next)

@@ -145,6 +145,9 @@ type row struct {
 	wire   []byte
 	props  PublishProperties // MQTT 5 only: given when the session carries them
 	encErr error
+	// expires is when the message expires, on the outbox clock (NULL:
+	// never).
+	expires sql.NullInt64
 }
 
 // fetch reads up to limit pending rows after cursor, with the data_version
@@ -160,7 +163,7 @@ func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit 
 		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
 			return err
 		}
-		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts
+		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
 			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
 			ORDER BY seq LIMIT ?`)
 		if err != nil {
@@ -175,7 +178,7 @@ func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit 
 		for rows.Next() {
 			var m row
 			var payload sql.RawBytes
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts); err != nil {
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires); err != nil {
 				return err
 			}
 			m.payload = payload

@@ -422,6 +422,11 @@ func (s *session) dispatch() error {
 					return nil
 				}
 			}
+			if publish, ok := s.atItsTurn(m); !ok {
+				return nil
+			} else if !publish {
+				continue // parked expired (expiry.go)
+			}
 			tok := s.publish(m)
 			r.inFlight.Add(1)
 			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe}
@@ -587,12 +592,4 @@ func (s *session) settled(f flight) {
 		s.r.suspect = 0
 		close(s.probeOK)
 	}
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -1,4 +1,4 @@
--- The outbox schema, version 4: what a new database gets, in one step.
+-- The outbox schema, version 5: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
@@ -9,8 +9,9 @@
 -- not the next one), never update rows, and never write outbox_state.
 
 -- One row per message. A row is sent when seq <= outbox_state.sent_seq and
--- dead_at is NULL, dead when dead_at is set, pending otherwise. Nothing else
--- is written per message: no state column, no index on the hot path.
+-- dead_at is NULL, dead when dead_at is set (expired when expired = 1 too),
+-- pending otherwise. Nothing else is written per message: no state column,
+-- no index on the hot path.
 CREATE TABLE outbox (
 	seq          INTEGER PRIMARY KEY,
 	-- A UUIDv7 built in plain SQL (milliseconds, then random bits), so rows
@@ -24,7 +25,14 @@ CREATE TABLE outbox (
 	created_at   INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)),
 	attempts     INTEGER NOT NULL DEFAULT 0,
 	last_error   TEXT,
-	dead_at      INTEGER
+	dead_at      INTEGER,
+	-- When the message expires, in milliseconds on the outbox clock
+	-- (outbox_state.clock_ms), never by a wall clock; NULL: never. A writer
+	-- sets it to clock_ms + the message's life.
+	expires_at   INTEGER,
+	-- Set, with dead_at, by the relay for a message whose time was up at
+	-- its turn: parked, not published.
+	expired      INTEGER NOT NULL DEFAULT 0
 );
 
 -- The relay's progress and the limits, in one row.
@@ -50,7 +58,12 @@ CREATE TABLE outbox_state (
 	-- writer set recursive_triggers, so outbox_replacing notes it before the
 	-- insert and outbox_inserted counts it out after.
 	replacing_seq     INTEGER NOT NULL DEFAULT 0,
-	replacing_bytes   INTEGER NOT NULL DEFAULT 0
+	replacing_bytes   INTEGER NOT NULL DEFAULT 0,
+	-- The outbox clock that expiry is measured on: milliseconds of monotonic
+	-- time during which an outbox ran on this database (downtime does not
+	-- count), stored now and then by the relay, and by Enqueue and Close;
+	-- it only grows, and a wall-clock jump cannot move it.
+	clock_ms          INTEGER NOT NULL DEFAULT 0
 );
 INSERT INTO outbox_state (id) VALUES (1);
 
@@ -210,10 +223,12 @@ BEGIN
 	WHERE id = 1;
 END;
 
--- Schema 1's columns, state and sent_at derived, for readers and tools.
+-- Schema 1's columns, state and sent_at derived, for readers and tools;
+-- since schema 5 state may also be 'expired'.
 CREATE VIEW outbox_messages AS
 SELECT o.seq, o.id, o.topic, o.payload, o.type, o.content_type, o.created_at,
-	CASE WHEN o.dead_at IS NOT NULL THEN 'dead' WHEN o.seq <= st.sent_seq THEN 'sent' ELSE 'pending' END AS state,
+	CASE WHEN o.dead_at IS NOT NULL THEN CASE WHEN o.expired THEN 'expired' ELSE 'dead' END
+		WHEN o.seq <= st.sent_seq THEN 'sent' ELSE 'pending' END AS state,
 	o.attempts, o.last_error,
 	CASE WHEN o.dead_at IS NULL AND o.seq <= st.sent_seq
 		THEN (SELECT l.sent_at FROM outbox_sent_log l WHERE l.seq >= o.seq ORDER BY l.seq LIMIT 1) END AS sent_at,

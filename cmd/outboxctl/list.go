@@ -36,7 +36,7 @@ func (a *app) listCmd() *cobra.Command {
 	var after int64
 	var asJSON, payload bool
 	cmd := &cobra.Command{
-		Use:   "list --db PATH [--state pending|dead|sent] [--limit N] [--json]",
+		Use:   "list --db PATH [--state pending|dead|expired|sent] [--limit N] [--json]",
 		Short: "List messages in an outbox",
 		Long: `list prints messages in sequence order: sequence number, id, topic, type,
 size, age, attempts and last error. Payloads are shown only with --payload.
@@ -44,15 +44,17 @@ Like status, it never writes anything.
 
 --json prints an array of objects with these keys: seq, id, topic, type,
 content_type, size, state, attempts, last_error, created_at, age_seconds,
-sent_at, dead_at, and payload_base64 with --payload.`,
+sent_at, dead_at (for a dead or expired message: when it was parked), and
+payload_base64 with --payload.`,
 		Example: `  outboxctl list --db till.db
   outboxctl list --db till.db --state dead --json
+  outboxctl list --db till.db --state expired
   outboxctl list --db till.db --after 1500 --limit 50 --payload`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st := outbox.State(state)
-			if st != outbox.StatePending && st != outbox.StateDead && st != outbox.StateSent {
-				return usageError{fmt.Errorf("--state %q: want pending, dead or sent", state)}
+			if st != outbox.StatePending && st != outbox.StateDead && st != outbox.StateExpired && st != outbox.StateSent {
+				return usageError{fmt.Errorf("--state %q: want pending, dead, expired or sent", state)}
 			}
 			if limit < 1 {
 				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
@@ -101,7 +103,7 @@ sent_at, dead_at, and payload_base64 with --payload.`,
 		},
 	}
 	db.register(cmd)
-	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead or sent")
+	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead, expired or sent")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many messages")
 	cmd.Flags().Int64Var(&after, "after", 0, "only messages with a larger sequence number (for paging)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

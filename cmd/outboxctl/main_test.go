@@ -169,6 +169,7 @@ func TestUsageErrors(t *testing.T) {
 		{"list", "--db", path, "--limit", "0"},
 		{"requeue", "--db", path},
 		{"requeue", "--db", path, "--id", "x", "--all-dead"},
+		{"requeue", "--db", path, "--all-dead", "--all-expired"},
 		{"purge", "--db", path},
 		{"purge", "--db", path, "--dead", "--sent-before", "1h"},
 		{"relay", "--db", path},
@@ -288,6 +289,63 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "requeued 0 message(s)")
 	require.Len(t, recsOf(t, path, "pending"), 2, "pending messages are never purged")
+}
+
+// TestStatusListRequeueExpired: status counts expired messages apart from
+// dead ones, list shows them, and requeue brings them back by id or all at
+// once (--all-expired), never with --all-dead.
+func TestStatusListRequeueExpired(t *testing.T) {
+	path, ob := newOutbox(t)
+	enqueue(t, ob,
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":1}`), Expiry: time.Minute},
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":2}`), Expiry: time.Minute},
+		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":3}`)},
+	)
+	// What a relay leaves: seq 1 and 2 expired, 3 dead.
+	_, err := ob.DB().Exec(`UPDATE outbox SET last_error = 'expired (not published): its expiry ran out 5s before its turn', dead_at = 2000, expired = 1 WHERE seq IN (1, 2)`)
+	require.NoError(t, err)
+	_, err = ob.DB().Exec(`UPDATE outbox SET attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq = 3`)
+	require.NoError(t, err)
+
+	r := ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.EqualValues(t, 2, st["expired"])
+	require.EqualValues(t, 1, st["dead"])
+	require.EqualValues(t, 0, st["pending"])
+	r = ctl(t, "status", "--db", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^expired +2$`, r.stdout)
+	require.Regexp(t, `(?m)^dead +1$`, r.stdout)
+
+	r = ctl(t, "list", "--db", path, "--state", "expired", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	require.Len(t, recs, 2)
+	require.Equal(t, "expired", recs[0]["state"])
+	require.Contains(t, recs[0]["last_error"], "not published")
+	r = ctl(t, "list", "--db", path, "--state", "expired")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "expired (not published)")
+	require.Len(t, recsOf(t, path, "dead"), 1)
+
+	r = ctl(t, "requeue", "--db", path, "--all-dead")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Len(t, recsOf(t, path, "expired"), 2, "--all-dead leaves expired messages alone")
+	r = ctl(t, "requeue", "--db", path, "--id", recs[0]["id"].(string))
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	r = ctl(t, "requeue", "--db", path, "--all-expired")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Len(t, recsOf(t, path, "pending"), 3)
+	require.Empty(t, recsOf(t, path, "expired"))
+	var expiring int
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox WHERE expires_at IS NOT NULL`).Scan(&expiring))
+	require.Zero(t, expiring, "requeued without their expiry")
 }
 
 func recsOf(t *testing.T, path, state string) []string {

@@ -16,7 +16,8 @@ func (a *app) purgeCmd() *cobra.Command {
 		Use:   "purge --db PATH (--sent-before DURATION | --dead)",
 		Short: "Delete sent or dead messages",
 		Long: `purge deletes sent messages acknowledged more than DURATION ago (the relay
-does this by itself after its retention period), or every dead message.
+does this by itself after its retention period), or every dead message
+(expired ones too).
 Pending messages are never deleted. Deletes run in bounded batches so that
 writers are not held up.`,
 		Example: `  outboxctl purge --db till.db --sent-before 24h

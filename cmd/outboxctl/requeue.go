@@ -12,19 +12,28 @@ import (
 func (a *app) requeueCmd() *cobra.Command {
 	var db dbFlags
 	var ids []string
-	var allDead bool
+	var allDead, allExpired bool
 	cmd := &cobra.Command{
-		Use:   "requeue --db PATH (--id ID... | --all-dead)",
-		Short: "Make dead messages pending again",
-		Long: `requeue makes dead messages pending again, with their attempts reset; the
-relay publishes them on its next pass. Every --id must name a dead message,
-or nothing is changed.`,
+		Use:   "requeue --db PATH (--id ID... | --all-dead | --all-expired)",
+		Short: "Make dead or expired messages pending again",
+		Long: `requeue makes dead or expired messages pending again, with their attempts
+reset and without their expiry (a requeued expired message is published
+however late); the relay publishes them on its next pass. Every --id must
+name a dead or expired message, or nothing is changed. --all-dead leaves
+expired messages alone, --all-expired dead ones.`,
 		Example: `  outboxctl requeue --db till.db --id 019ad2f4-5c1e-7a3b-9f00-3c5e8d1b2a47
-  outboxctl requeue --db till.db --all-dead`,
+  outboxctl requeue --db till.db --all-dead
+  outboxctl requeue --db till.db --all-expired`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if (len(ids) == 0) == !allDead {
-				return usageError{errors.New("give either --id (one or more) or --all-dead")}
+			given := 0
+			for _, g := range []bool{len(ids) > 0, allDead, allExpired} {
+				if g {
+					given++
+				}
+			}
+			if given != 1 {
+				return usageError{errors.New("give one of --id (one or more), --all-dead or --all-expired")}
 			}
 			ob, err := db.open(cmd.Context(), a, existing)
 			if err != nil {
@@ -32,16 +41,19 @@ or nothing is changed.`,
 			}
 			defer ob.Close()
 			var n int64
-			if allDead {
+			switch {
+			case allDead:
 				n, err = ob.RequeueDead(cmd.Context())
-			} else {
+			case allExpired:
+				n, err = ob.RequeueExpired(cmd.Context())
+			default:
 				for _, id := range ids {
 					r, err := ob.Get(cmd.Context(), id)
 					if err != nil {
 						return db.explain(err)
 					}
-					if r.State != outbox.StateDead {
-						return fmt.Errorf("message %s is %s, not dead; nothing requeued", id, r.State)
+					if r.State != outbox.StateDead && r.State != outbox.StateExpired {
+						return fmt.Errorf("message %s is %s, not dead or expired; nothing requeued", id, r.State)
 					}
 				}
 				n, err = ob.Requeue(cmd.Context(), ids...)
@@ -54,7 +66,8 @@ or nothing is changed.`,
 		},
 	}
 	db.register(cmd)
-	cmd.Flags().StringSliceVar(&ids, "id", nil, "id of a dead message (repeat or comma-separate)")
+	cmd.Flags().StringSliceVar(&ids, "id", nil, "id of a dead or expired message (repeat or comma-separate)")
 	cmd.Flags().BoolVar(&allDead, "all-dead", false, "requeue every dead message")
+	cmd.Flags().BoolVar(&allExpired, "all-expired", false, "requeue every expired message, without its expiry")
 	return cmd
 }

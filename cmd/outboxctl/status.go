@@ -19,6 +19,7 @@ type statusJSON struct {
 	OldestPendingAt    *time.Time `json:"oldest_pending_at"`
 	OldestPendingAgeS  *float64   `json:"oldest_pending_age_seconds"`
 	Dead               int64      `json:"dead"`
+	Expired            int64      `json:"expired"`
 	Sent               int64      `json:"sent"`
 	MaxPendingMessages int64      `json:"max_pending_messages"`
 	MaxPendingBytes    int64      `json:"max_pending_bytes"`
@@ -36,14 +37,15 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status --db PATH [--json]",
 		Short: "Show what is in an outbox",
 		Long: `status shows the pending messages (count, bytes, age of the oldest), dead
-messages, sent messages still kept, the limits, the relay lease, the schema
+messages, expired ones (not published: their expiry ran out before their
+turn), sent messages still kept, the limits, the relay lease, the schema
 version and the file sizes. It never writes anything: no schema is created
 or migrated (a file of the previous schema version is read as it is; an
 older one gets a line saying that init migrates it), no disk reserve is
 written, and a database closed cleanly gets no -wal or -shm file.
 
 --json prints one object with these keys: db, schema_version, pending,
-pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, sent,
+pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, expired, sent,
 max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
 mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
 null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
@@ -59,7 +61,7 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 			out := statusJSON{
 				DB: db.path, SchemaVersion: st.SchemaVersion,
 				Pending: st.Pending, PendingBytes: st.PendingBytes,
-				Dead: st.Dead, Sent: st.Sent,
+				Dead: st.Dead, Expired: st.Expired, Sent: st.Sent,
 				MaxPendingMessages: st.MaxPendingMessages, MaxPendingBytes: st.MaxPendingBytes,
 				LeaseOwner: st.LeaseOwner,
 				FileBytes:  fileSize(db.path), WALBytes: fileSize(db.path + "-wal"),
@@ -90,6 +92,7 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				fmt.Fprintf(w, "oldest pending\t-\n")
 			}
 			fmt.Fprintf(w, "dead\t%d\n", out.Dead)
+			fmt.Fprintf(w, "expired\t%d\n", out.Expired)
 			fmt.Fprintf(w, "sent (kept)\t%d\n", out.Sent)
 			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
 			if out.LeaseOwner != "" {

@@ -199,6 +199,8 @@ type Relay struct {
 	wal       *walSyncer
 	syncWAL   func() error
 	markSyncs atomic.Int64 // RelayStats.MarkSyncs
+
+	metrics relayMetrics // Metrics
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -380,6 +382,8 @@ func (r *Relay) run(ctx context.Context) error {
 		}
 		return err
 	}
+	r.metrics.leaseHeld.Store(true)
+	defer r.metrics.leaseHeld.Store(false)
 	r.log.Info("outbox relay started", "envelope", r.opts.Envelope.String(), "window", r.opts.Window)
 	defer func() {
 		// The context is done by now; releasing needs a fresh one.
@@ -416,7 +420,10 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	var failures int
 	var lastWarn time.Time
 	var lastMsg string
+	r.metrics.setConnected(false, true, time.Now())
+	defer func() { r.metrics.setConnected(false, false, time.Now()) }()
 	for ctx.Err() == nil {
+		r.metrics.attempts.Add(1)
 		if err := r.pub.Connect(ctx); err != nil {
 			if ctx.Err() != nil {
 				break
@@ -437,6 +444,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			continue
 		}
 		r.connected.Store(true)
+		r.metrics.setConnected(true, true, time.Now())
 		r.noteProtocol(ctx, l)
 		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol())
 		failures, lastMsg = 0, ""
@@ -455,6 +463,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 		}
 		r.pub.Disconnect()
 		r.connected.Store(false)
+		r.metrics.setConnected(false, true, time.Now())
 		if res.fatal != nil {
 			return res.fatal
 		}
@@ -563,6 +572,7 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 			}
 		default:
 			lastMsg = ""
+			r.metrics.writeFailed.Store(false)
 		}
 		quick = next == 0
 		t.Reset(next)

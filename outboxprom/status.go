@@ -64,13 +64,13 @@ table{border-collapse:collapse;width:100%} td,th{border-bottom:1px solid #eee;pa
 {{if .HasRelay}}
 <p><span id="state" data-connected="{{.Connected}}" class="state {{if .Connected}}up">Connected to the broker{{else}}down">NOT connected to the broker{{end}}</span>
 <span class="muted" id="since">{{if .Since}}since {{.Since}}{{end}}{{if not .Connected}}; {{.Attempts}} connection attempts so far{{end}}</span></p>
-<p id="mqtt">MQTT version: <b>{{if .Protocol}}{{.Protocol}}{{else}}not known yet{{end}}</b>.
+<p id="mqtt">MQTT version (of the last connection): <b>{{if .Protocol}}{{.Protocol}}{{else}}not known yet{{end}}</b>.
 {{if .Ready}}<span class="err" id="ready">Not ready: {{.Ready}}</span>{{else}}<span id="ready">Ready: holds the lease, last database write succeeded.</span>{{end}}</p>
 {{else}}<p id="state" data-connected="unknown">No relay runs in this process.</p>{{end}}
 <div class="grid">
 <div class="card"><div class="muted">Waiting to be sent</div><div class="big" id="pending">{{.Pending}}</div>
 <div class="muted" id="oldest">{{if .Oldest}}oldest waits for {{.Oldest}}{{else}}nothing waits{{end}}</div></div>
-<div class="card"><div class="muted">Backlog, last hour</div>{{.Spark}}</div>
+<div class="card"><div class="muted">Backlog</div>{{.Spark}}</div>
 <div class="card"><div class="muted">Sent since start</div><div class="big" id="published">{{.Published}}</div></div>
 <div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">{{.DeadCount}}</div></div>
 </div>
@@ -158,8 +158,15 @@ func sparkline(pts []sample, now time.Time) template.HTML {
 	}
 	top := max(peak, 1)
 	var b strings.Builder
+	// An hour, or what there is of it since start-up (10 s at least):
+	// a device that just started shows its backlog's shape, not a line at
+	// the right edge.
+	span := time.Hour
+	if len(pts) > 0 {
+		span = min(max(now.Sub(pts[0].at), 10*time.Second), time.Hour)
+	}
 	for i, p := range pts {
-		x := w - now.Sub(p.at).Seconds()/time.Hour.Seconds()*w
+		x := w - now.Sub(p.at).Seconds()/span.Seconds()*w
 		y := h - float64(p.pending)/float64(top)*(h-2) - 1
 		if i > 0 {
 			b.WriteByte(' ')
@@ -169,7 +176,7 @@ func sparkline(pts []sample, now time.Time) template.HTML {
 	// Every value here is a number this code formatted.
 	return template.HTML(fmt.Sprintf(`<svg id="sparkline" xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="backlog over the last hour, at most %d">`+
 		`<rect width="%g" height="%g" fill="#f6f6f6"/><polyline fill="none" stroke="#2563eb" stroke-width="2" points="%s"/></svg>`+
-		`<div class="muted" id="peak">peak %d</div>`, w, h, w, h, peak, w, h, b.String(), peak))
+		`<div class="muted" id="peak">peak %d over the last %s</div>`, w, h, w, h, peak, w, h, b.String(), peak, ago(span)))
 }
 
 // ago says a duration in words a technician reads at a glance.
@@ -184,4 +191,11 @@ func ago(d time.Duration) string {
 		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
 	}
 	return fmt.Sprintf("%d days", int(d.Hours()/24))
+}
+
+// sampleCount is how many backlog samples the sparkline has (for tests).
+func (e *Exporter) sampleCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.samples)
 }

@@ -9,19 +9,23 @@ import (
 	"time"
 )
 
-// HistogramBounds are the upper bounds, in seconds, of the buckets of the
-// relay's histograms (RelayMetrics.PublishAck and CommitAck): from half a
-// millisecond on loopback to a day of backlog after an outage.
-var HistogramBounds = [...]float64{
+// histBounds are the upper bounds, in seconds, of the buckets of the
+// relay's histograms: from half a millisecond on loopback to a day of
+// backlog after an outage.
+var histBounds = [...]float64{
 	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 	1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400,
 }
 
+// HistogramBounds returns the upper bounds, in seconds, of the buckets of
+// the relay's histograms (RelayMetrics.PublishAck and CommitAck), ascending.
+func HistogramBounds() []float64 { return append([]float64(nil), histBounds[:]...) }
+
 // Histogram is a snapshot of one of the relay's histograms.
 type Histogram struct {
-	// Counts[i] is how many observations were at most HistogramBounds[i]
+	// Counts[i] is how many observations were at most histBounds[i]
 	// seconds (cumulative, as Prometheus wants them).
-	Counts [len(HistogramBounds)]uint64
+	Counts [len(histBounds)]uint64
 	Count  uint64  // every observation, those above the last bound too
 	Sum    float64 // seconds
 }
@@ -29,7 +33,7 @@ type Histogram struct {
 // hist is a fixed-bucket histogram that an observation updates with a few
 // atomic adds: no lock and no allocation on the acknowledgement path.
 type hist struct {
-	buckets [len(HistogramBounds) + 1]atomic.Uint64 // the last one: above every bound
+	buckets [len(histBounds) + 1]atomic.Uint64 // the last one: above every bound
 	sumNS   atomic.Int64
 }
 
@@ -37,7 +41,7 @@ func (h *hist) observe(d time.Duration) {
 	d = max(d, 0)
 	s := d.Seconds()
 	i := 0
-	for i < len(HistogramBounds) && s > HistogramBounds[i] {
+	for i < len(histBounds) && s > histBounds[i] {
 		i++
 	}
 	h.buckets[i].Add(1)
@@ -47,11 +51,11 @@ func (h *hist) observe(d time.Duration) {
 func (h *hist) snapshot() Histogram {
 	var out Histogram
 	var n uint64
-	for i := range HistogramBounds {
+	for i := range histBounds {
 		n += h.buckets[i].Load()
 		out.Counts[i] = n
 	}
-	out.Count = n + h.buckets[len(HistogramBounds)].Load()
+	out.Count = n + h.buckets[len(histBounds)].Load()
 	out.Sum = float64(h.sumNS.Load()) / 1e9
 	return out
 }

@@ -13,12 +13,12 @@ import (
 
 // bucketOf returns the index of the first bound that holds d.
 func bucketOf(d time.Duration) int {
-	for i, b := range HistogramBounds {
+	for i, b := range HistogramBounds() {
 		if d.Seconds() <= b {
 			return i
 		}
 	}
-	return len(HistogramBounds)
+	return len(HistogramBounds())
 }
 
 // TestRelayMetrics checks the relay's own counters: connection attempts

@@ -146,6 +146,9 @@ func (e *Exporter) background(ctx context.Context) {
 }
 
 func (e *Exporter) refresh(ctx context.Context) {
+	if g, err := e.ob.Gauges(ctx); err == nil && g.PendingBytesKnown {
+		return // the counters have it: no scan
+	}
 	s, err := e.ob.Stats(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -286,8 +289,9 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 }
 
 func constHistogram(d *prometheus.Desc, h outbox.Histogram) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(outbox.HistogramBounds))
-	for i, b := range outbox.HistogramBounds {
+	bounds := outbox.HistogramBounds()
+	buckets := make(map[float64]uint64, len(bounds))
+	for i, b := range bounds {
 		buckets[b] = h.Counts[i]
 	}
 	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum, buckets)

@@ -198,3 +198,23 @@ func BenchmarkScrape100k(b *testing.B) {
 		}
 	})
 }
+
+// TestPendingBytesRefreshed: without a byte limit the pending bytes are
+// counted in the background, every RefreshInterval.
+func TestPendingBytesRefreshed(t *testing.T) {
+	r := startRig(t, rigOptions{exporter: Options{RefreshInterval: 50 * time.Millisecond}})
+	r.proxy.Down()
+	harness.Eventually(t, 10*time.Second, "disconnected", func() bool { return !r.relay.Metrics().Connected })
+	r.commit(t, 3) // {"n":0}, {"n":1}, {"n":2}: 7 bytes each
+	harness.Eventually(t, 10*time.Second, "21 pending bytes", func() bool {
+		_, text := r.get(t, "/metrics")
+		return strings.Contains(text, "\noutbox_pending_bytes 21\n")
+	})
+	_, text := r.get(t, "/metrics")
+	require.Equal(t, "3", metricValue(t, text, "outbox_pending_messages"))
+	require.NoError(t, r.proxy.Up())
+	harness.Eventually(t, 10*time.Second, "0 pending bytes", func() bool {
+		_, text := r.get(t, "/metrics")
+		return strings.Contains(text, "\noutbox_pending_bytes 0\n")
+	})
+}

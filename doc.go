@@ -72,6 +72,13 @@
 // (Options.ReserveBytes) keeps the relay able to mark and delete rows on a
 // full disk, so that the backlog drains and the space comes back.
 //
+// [Relay.Stats] and [Outbox.Stats] count the rows; [Relay.Metrics] and
+// [Outbox.Gauges] read what an exporter scrapes without a scan: counters,
+// histograms of publish-to-PUBACK and commit-to-PUBACK, the backlog from
+// the maintained counters. Package outboxprom exports them to Prometheus
+// and serves health endpoints and a status page; this package does not link
+// Prometheus.
+//
 // # The consumer side
 //
 // An [Inbox] applies each event once, in the consumer's own SQLite

@@ -118,6 +118,7 @@ func (r *Relay) markFailed(err error) bool {
 // noteWriteErr records err and, when it is a full disk, gives the reserve up.
 func (r *Relay) noteWriteErr(err error) (full, freed bool) {
 	r.setErr(err)
+	r.metrics.writeFailed.Store(true)
 	if !errors.Is(err, ErrDiskFull) {
 		return false, false
 	}

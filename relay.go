@@ -212,6 +212,7 @@ type Relay struct {
 	// longest a watching relay goes without looking (walSafetyPoll).
 	watchWAL   func(path string) (*walSubscription, error)
 	safetyPoll time.Duration
+	metrics relayMetrics // Metrics
 }
 
 // NewRelay returns a relay that drains this outbox to pub.
@@ -411,6 +412,8 @@ func (r *Relay) run(ctx context.Context) error {
 		}
 		return err
 	}
+	r.metrics.leaseHeld.Store(true)
+	defer r.metrics.leaseHeld.Store(false)
 	r.log.Info("outbox relay started", "envelope", r.opts.Envelope.String(), "window", r.opts.Window)
 	defer func() {
 		// The context is done by now; releasing needs a fresh one.
@@ -450,7 +453,10 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	var failures int
 	var lastWarn time.Time
 	var lastMsg string
+	r.metrics.setConnected(false, true, time.Now())
+	defer func() { r.metrics.setConnected(false, false, time.Now()) }()
 	for ctx.Err() == nil {
+		r.metrics.attempts.Add(1)
 		if err := r.pub.Connect(ctx); err != nil {
 			if ctx.Err() != nil {
 				break
@@ -471,6 +477,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			continue
 		}
 		r.connected.Store(true)
+		r.metrics.setConnected(true, true, time.Now())
 		r.noteProtocol(ctx, l)
 		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol(), "broker", r.broker())
 		failures, lastMsg = 0, ""
@@ -489,6 +496,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 		}
 		r.pub.Disconnect()
 		r.connected.Store(false)
+		r.metrics.setConnected(false, true, time.Now())
 		if res.fatal != nil {
 			return res.fatal
 		}
@@ -619,6 +627,7 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 					r.log.Debug("outbox relay could not store the outbox clock", "err", err)
 				}
 			}
+			r.metrics.writeFailed.Store(false)
 		}
 		quick = next == 0
 		t.Reset(next)

@@ -315,6 +315,7 @@ func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
 		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
 	}
 	r.sent.Add(int64(n))
+	r.metrics.writeFailed.Store(false)
 	r.mu.Lock()
 	r.lastAck = r.ob.now()
 	r.mu.Unlock()
@@ -335,6 +336,7 @@ func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
 		return fmt.Errorf("outbox: mark dead: %w", err)
 	}
 	r.dead.Add(1)
+	r.metrics.charged.Add(1)
 	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
 	return nil
 }
@@ -358,6 +360,7 @@ func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, d
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
 	}
+	r.metrics.charged.Add(1)
 	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
 	if dead {
 		r.dead.Add(1)

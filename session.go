@@ -106,6 +106,9 @@ type flight struct {
 	tok   Token
 	sent  time.Time
 	probe bool
+	// created is the row's created_at (Unix ms), for the commit-to-PUBACK
+	// histogram.
+	created int64
 }
 
 // failure is the first thing that went wrong in a session.
@@ -429,7 +432,7 @@ func (s *session) dispatch() error {
 			}
 			tok := s.publish(m)
 			r.inFlight.Add(1)
-			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe}
+			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt}
 			if probe {
 				select {
 				case <-s.probeOK:
@@ -548,6 +551,7 @@ func (s *session) ackLoop() {
 			continue
 		}
 		if err == nil {
+			r.acked(f.sent, f.created)
 			// Waits while markSlots acknowledged messages are not yet
 			// recorded: marks that lag hold back publishing.
 			s.unmarked <- struct{}{}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/outboxprom"
 )
 
 type relayFlags struct {
@@ -34,6 +38,8 @@ type relayFlags struct {
 	maxAttempts   int
 	shutdown      time.Duration
 	statsInterval time.Duration
+	metricsListen string
+	tokenFile     string
 }
 
 func (a *app) relayCmd() *cobra.Command {
@@ -53,13 +59,19 @@ waits (bounded) for in-flight acknowledgements and exits 0.
 
 The password is never a flag value (ps would show it): use --password-file
 or --password-env. Certificates and keys are read again at every connection,
-so they can be replaced on disk while the relay runs.`,
+so they can be replaced on disk while the relay runs.
+
+--metrics-listen ADDR serves, on ADDR, /metrics (Prometheus), /healthz,
+/readyz and a status page at /. It is off unless asked; bind it to loopback
+unless the LAN is trusted (SECURITY.md). The status page can requeue dead
+messages only with --admin-token-file: without one it is read-only.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
   outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
       --client-id store42-till7 --source /stores/42/tills/7 \
       --username till7 --password-file /etc/till/mqtt-password \
       --ca-file /etc/till/ca.pem --cert-file /etc/till/till.pem --key-file /etc/till/till.key
-  MQTT_PASSWORD=secret outboxctl relay --db till.db --broker tcp://broker:1883 --username till7 --password-env MQTT_PASSWORD --log-format json`,
+  MQTT_PASSWORD=secret outboxctl relay --db till.db --broker tcp://broker:1883 --username till7 --password-env MQTT_PASSWORD --log-format json
+  outboxctl relay --db till.db --broker tcp://127.0.0.1:1883 --metrics-listen 127.0.0.1:9464 --admin-token-file /etc/till/outbox-admin-token`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			mopts, err := f.mqttOptions()
@@ -83,6 +95,20 @@ so they can be replaced on disk while the relay runs.`,
 			if f.topicPrefix != "" {
 				if err := outbox.ValidateTopic(f.topicPrefix); err != nil {
 					return usageError{fmt.Errorf("--topic-prefix: %w", err)}
+				}
+			}
+			var token string
+			if f.tokenFile != "" {
+				if f.metricsListen == "" {
+					return usageError{errors.New("--admin-token-file needs --metrics-listen")}
+				}
+				b, err := os.ReadFile(f.tokenFile)
+				if err != nil {
+					return usageError{fmt.Errorf("--admin-token-file: %w", err)}
+				}
+				token = strings.TrimRight(string(b), "\r\n")
+				if len(token) < 8 {
+					return usageError{errors.New("--admin-token-file: the token must have at least 8 characters")}
 				}
 			}
 			pub, err := outbox.NewMQTTPublisher(mopts)
@@ -112,6 +138,13 @@ so they can be replaced on disk while the relay runs.`,
 			if f.statsInterval > 0 {
 				go a.logStats(cmd, relay, f.statsInterval)
 			}
+			if f.metricsListen != "" {
+				stop, err := a.serveMetrics(f.metricsListen, ob, relay, token)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			a.logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
 			return relay.Run(cmd.Context())
 		},
@@ -138,6 +171,8 @@ so they can be replaced on disk while the relay runs.`,
 	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "failures of a message by itself before it is parked as dead")
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 5*time.Second, "wait for in-flight acknowledgements when stopping")
 	fl.DurationVar(&f.statsInterval, "stats-interval", time.Minute, "log the relay's counters this often (0: never)")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz, /readyz and the status page on this address, e.g. 127.0.0.1:9464 (default: off)")
+	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's requeue button, with the token in this file (default: read-only page)")
 	return cmd
 }
 
@@ -211,4 +246,29 @@ func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration)
 		a.logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
 			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
+}
+
+// serveMetrics serves the exporter's endpoints on addr until stop.
+func (a *app) serveMetrics(addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	exp := outboxprom.New(ob, outboxprom.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.logger})
+	srv := &http.Server{Handler: exp.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.logger.Error("outboxctl relay: the metrics listener failed", "err", err)
+		}
+	}()
+	a.logger.Info("outboxctl relay: serving metrics and the status page", "addr", ln.Addr().String(), "requeue", token != "")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+		exp.Close()
+	}, nil
 }

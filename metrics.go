@@ -1,0 +1,226 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// histBounds are the upper bounds, in seconds, of the buckets of the
+// relay's histograms: from half a millisecond on loopback to a day of
+// backlog after an outage.
+var histBounds = [...]float64{
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400,
+}
+
+// HistogramBounds returns the upper bounds, in seconds, of the buckets of
+// the relay's histograms (RelayMetrics.PublishAck and CommitAck), ascending.
+func HistogramBounds() []float64 { return append([]float64(nil), histBounds[:]...) }
+
+// Histogram is a snapshot of one of the relay's histograms.
+type Histogram struct {
+	// Counts[i] is how many observations were at most histBounds[i]
+	// seconds (cumulative, as Prometheus wants them).
+	Counts [len(histBounds)]uint64
+	Count  uint64  // every observation, those above the last bound too
+	Sum    float64 // seconds
+}
+
+// hist is a fixed-bucket histogram that an observation updates with a few
+// atomic adds: no lock and no allocation on the acknowledgement path.
+type hist struct {
+	buckets [len(histBounds) + 1]atomic.Uint64 // the last one: above every bound
+	sumNS   atomic.Int64
+}
+
+func (h *hist) observe(d time.Duration) {
+	d = max(d, 0)
+	s := d.Seconds()
+	i := 0
+	for i < len(histBounds) && s > histBounds[i] {
+		i++
+	}
+	h.buckets[i].Add(1)
+	h.sumNS.Add(int64(d))
+}
+
+func (h *hist) snapshot() Histogram {
+	var out Histogram
+	var n uint64
+	for i := range histBounds {
+		n += h.buckets[i].Load()
+		out.Counts[i] = n
+	}
+	out.Count = n + h.buckets[len(histBounds)].Load()
+	out.Sum = float64(h.sumNS.Load()) / 1e9
+	return out
+}
+
+// relayMetrics holds what RelayMetrics reports beyond RelayStats: counters
+// the relay bumps where things happen, read without the database.
+type relayMetrics struct {
+	attempts    atomic.Int64 // connection attempts
+	charged     atomic.Int64 // attempts charged against messages
+	publishAck  hist         // hand-off to PUBACK, monotonic
+	commitAck   hist         // commit to PUBACK, wall clock
+	leaseHeld   atomic.Bool
+	writeFailed atomic.Bool // the last database write failed
+
+	mu        sync.Mutex
+	draining  bool      // drain is running: time without a connection counts
+	connected bool      // as the relay last said
+	since     time.Time // when connected last changed (or drain started)
+	down      time.Duration
+}
+
+// setConnected records a change of the connection's state at now; drain
+// calls it when it starts (false), connects, disconnects and ends.
+func (m *relayMetrics) setConnected(connected, draining bool, now time.Time) {
+	m.mu.Lock()
+	if m.draining && !m.connected {
+		m.down += now.Sub(m.since)
+	}
+	if m.connected != connected || m.draining != draining || m.since.IsZero() {
+		m.since = now
+	}
+	m.connected, m.draining = connected, draining
+	m.mu.Unlock()
+}
+
+// acked records a PUBACK seen at now for a message handed over at sent and
+// committed at createdMS (Unix ms by the writer's clock).
+func (r *Relay) acked(sent time.Time, createdMS int64) {
+	r.metrics.publishAck.observe(time.Since(sent))
+	r.metrics.commitAck.observe(time.Duration(r.ob.now().UnixMilli()-createdMS) * time.Millisecond)
+}
+
+// RelayMetrics is what an exporter reads from a relay (outboxprom does),
+// from memory only: no database read, cheap enough for every scrape.
+type RelayMetrics struct {
+	Running   bool // Run is running
+	Connected bool
+	// Since is when Connected last changed, or when the relay started
+	// trying to connect; zero before that.
+	Since time.Time
+	// ConnectionAttempts counts calls to Publisher.Connect, the ones that
+	// succeeded too.
+	ConnectionAttempts int64
+	// Disconnected is the time spent draining without a connection: the
+	// current outage included, the wait for the lease not.
+	Disconnected time.Duration
+	Published    int64 // messages acknowledged (RelayStats.SentSince)
+	DeadLettered int64 // messages parked as dead (RelayStats.DeadSince)
+	// AttemptsCharged counts the failed attempts charged against messages
+	// by the isolation rule (each adds one to a row's attempts).
+	AttemptsCharged int64
+	InFlight        int64
+	// HoldsLease says whether this relay holds the relay lease now.
+	HoldsLease bool
+	// LastWriteOK says whether the relay's last database write (a mark, a
+	// lease renewal) succeeded; true before any.
+	LastWriteOK bool
+	// PublishAck is the time from handing a message to the publisher to its
+	// acknowledgement, by the monotonic clock.
+	PublishAck Histogram
+	// CommitAck is the time from a message's commit (its created_at, by the
+	// writer's wall clock) to its acknowledgement (by Options.Now): it
+	// includes every wait in the outbox, outages too. A clock that jumps
+	// shifts it; what would be negative counts as 0.
+	CommitAck   Histogram
+	Protocol    string
+	Source      string // RelayOptions.Source
+	LastError   string
+	LastErrorAt time.Time
+}
+
+// Metrics returns the relay's counters without reading the database.
+func (r *Relay) Metrics() RelayMetrics {
+	m := &r.metrics
+	out := RelayMetrics{
+		ConnectionAttempts: m.attempts.Load(),
+		Published:          r.sent.Load(),
+		DeadLettered:       r.dead.Load(),
+		AttemptsCharged:    m.charged.Load(),
+		InFlight:           r.inFlight.Load(),
+		HoldsLease:         m.leaseHeld.Load(),
+		LastWriteOK:        !m.writeFailed.Load(),
+		PublishAck:         m.publishAck.snapshot(),
+		CommitAck:          m.commitAck.snapshot(),
+		Source:             r.opts.Source,
+	}
+	now := time.Now()
+	m.mu.Lock()
+	out.Connected, out.Since, out.Disconnected = m.connected, m.since, m.down
+	if m.draining && !m.connected {
+		out.Disconnected += now.Sub(m.since)
+	}
+	m.mu.Unlock()
+	r.mu.Lock()
+	out.Running, out.Protocol = r.running, r.protocol
+	if r.lastErr != nil {
+		out.LastError, out.LastErrorAt = r.lastErr.Error(), r.errAt
+	}
+	r.mu.Unlock()
+	return out
+}
+
+// Gauges are the outbox's figures that need no scan of the table: a read of
+// outbox_state, two seeks and the dead rows' index, whatever the backlog
+// (BenchmarkGauges100k), where Stats counts rows.
+type Gauges struct {
+	// Pending is the number of pending messages. With a message limit set
+	// it comes from the counters the triggers keep, exact. Without, it is
+	// the sequence numbers above the relay's mark less the dead rows there:
+	// exact unless numbers above the mark hold no row — a requeue of a
+	// message the relay had not passed, rows deleted by hand — and then
+	// more than the truth until the relay passes them.
+	Pending int64
+	// PendingBytes is their payload bytes, known (PendingBytesKnown) only
+	// while a byte limit is set; otherwise Stats counts them.
+	PendingBytes      int64
+	PendingBytesKnown bool
+	OldestPending     time.Time // zero if none
+	Dead              int64
+	// DatabaseBytes and WALBytes are the sizes of the database file and its
+	// write-ahead log; FreeBytes is the space left to this user on their
+	// file system (FreeBytesKnown: the platform tells).
+	DatabaseBytes  int64
+	WALBytes       int64
+	FreeBytes      int64
+	FreeBytesKnown bool
+}
+
+// Gauges reads the figures that cost no scan of the table.
+func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
+	var g Gauges
+	var maxCount, maxBytes int64
+	err := o.db.QueryRowContext(ctx, `SELECT
+		CASE WHEN st.max_pending_count > 0
+			THEN max(coalesce((SELECT max(seq) FROM outbox), 0), st.seq_floor, st.sent_seq) - st.sent_seq - st.skipped
+			ELSE max(coalesce((SELECT max(seq) FROM outbox), 0), st.sent_seq) - st.sent_seq
+				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq) END,
+		st.pending_bytes, st.max_pending_count, st.max_pending_bytes,
+		(SELECT created_at FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL ORDER BY seq LIMIT 1),
+		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
+		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead)
+	if err != nil {
+		return Gauges{}, fmt.Errorf("outbox: gauges: %w", err)
+	}
+	g.Pending = max(g.Pending, 0)
+	g.PendingBytesKnown = maxBytes > 0
+	if !g.PendingBytesKnown {
+		g.PendingBytes = 0
+	}
+	if fi, err := os.Stat(o.path); err == nil {
+		g.DatabaseBytes = fi.Size()
+	}
+	if fi, err := os.Stat(o.path + "-wal"); err == nil {
+		g.WALBytes = fi.Size()
+	}
+	g.FreeBytes, g.FreeBytesKnown = freeBytes(o.path)
+	return g, nil
+}

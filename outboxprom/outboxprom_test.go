@@ -1,0 +1,220 @@
+package outboxprom
+
+import (
+	"context"
+	"database/sql"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
+)
+
+// requiredMetrics are the names issue 16 asks for.
+var requiredMetrics = []string{
+	"outbox_pending_messages", "outbox_pending_bytes", "outbox_oldest_pending_age_seconds", "outbox_dead_messages",
+	"outbox_published_total", "outbox_dead_lettered_total", "outbox_attempts_charged_total", "outbox_connected",
+	"outbox_connection_attempts_total", "outbox_disconnected_seconds_total", "outbox_publish_ack_seconds",
+	"outbox_commit_ack_seconds", "outbox_database_bytes", "outbox_wal_bytes", "outbox_info",
+}
+
+// TestMetricsExposed scrapes /metrics after some traffic and checks the
+// names, the values that traffic gives, and that promtool finds nothing
+// to say about the exposition.
+func TestMetricsExposed(t *testing.T) {
+	r := startRig(t, rigOptions{})
+	r.commit(t, 7)
+	harness.Eventually(t, 10*time.Second, "seven published", func() bool { return r.relay.Metrics().Published == 7 })
+	code, text := r.get(t, "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	for _, name := range requiredMetrics {
+		require.Contains(t, text, "# TYPE "+name+" ", name)
+	}
+	require.Equal(t, "7", metricValue(t, text, "outbox_published_total"))
+	require.Equal(t, "0", metricValue(t, text, "outbox_pending_messages"))
+	require.Equal(t, "1", metricValue(t, text, "outbox_connected"))
+	require.Equal(t, "7", metricValue(t, text, "outbox_publish_ack_seconds_count"))
+	require.Equal(t, "7", metricValue(t, text, "outbox_commit_ack_seconds_count"))
+	require.Contains(t, text, `outbox_info{mqtt_version="5",source="/test/till-7",version="`)
+	require.Contains(t, text, "# TYPE outbox_publish_ack_seconds histogram")
+	require.Contains(t, text, "# TYPE outbox_published_total counter")
+
+	promtool := harness.PromtoolBinary()
+	if promtool == "" {
+		t.Skip("promtool is not installed (Debian's prometheus package): the exposition was not linted")
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "promtool check metrics:\n%s", out)
+	require.Empty(t, strings.TrimSpace(string(out)), "promtool check metrics has something to say")
+}
+
+// TestReadyz checks /healthz and /readyz: ready only while the relay runs
+// and holds the lease.
+func TestReadyz(t *testing.T) {
+	r := startRig(t, rigOptions{})
+	code, body := r.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, code, body)
+	harness.Eventually(t, 10*time.Second, "ready", func() bool {
+		code, _ := r.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	r.stop()
+	code, body = r.get(t, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "not running")
+	code, _ = r.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, code)
+}
+
+// deadOne parks one message as dead, as the relay would, with a reason.
+func deadOne(t *testing.T, ob *outbox.Outbox, reason string) {
+	t.Helper()
+	_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload, attempts, last_error, dead_at) VALUES ('till-7/refunds', '{}', 5, ?, ?)`,
+		reason, time.Now().UnixMilli())
+	require.NoError(t, err)
+}
+
+// TestRequeueButton checks the status page's requeue: absent without a
+// token, refused from another origin or with a wrong token, done with the
+// right one from the page's own origin.
+func TestRequeueButton(t *testing.T) {
+	post := func(t *testing.T, r *rig, origin, token string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, r.srv.URL+"/requeue", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	dead := func(t *testing.T, r *rig) int64 {
+		g, err := r.ob.Gauges(context.Background())
+		require.NoError(t, err)
+		return g.Dead
+	}
+	t.Run("read-only", func(t *testing.T) {
+		r := startRig(t, rigOptions{})
+		deadOne(t, r.ob, "the broker said: not authorized")
+		_, page := r.get(t, "/")
+		require.NotContains(t, page, `action="/requeue"`)
+		require.Contains(t, page, "Read-only")
+		require.Equal(t, http.StatusForbidden, post(t, r, r.srv.URL, "").StatusCode)
+		require.Equal(t, int64(1), dead(t, r))
+	})
+	t.Run("token", func(t *testing.T) {
+		r := startRig(t, rigOptions{exporter: Options{AdminToken: "s3cret-token"}})
+		deadOne(t, r.ob, "the broker said: not authorized")
+		_, page := r.get(t, "/")
+		require.Contains(t, page, `action="/requeue"`)
+		require.Contains(t, page, "the broker said: not authorized")
+		require.Equal(t, http.StatusForbidden, post(t, r, "http://evil.example", "s3cret-token").StatusCode, "another site")
+		require.Equal(t, http.StatusForbidden, post(t, r, "", "s3cret-token").StatusCode, "no origin, no referer")
+		resp := post(t, r, r.srv.URL, "wrong")
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		require.Equal(t, "/?requeue=denied", resp.Header.Get("Location"))
+		require.Equal(t, int64(1), dead(t, r))
+		resp = post(t, r, r.srv.URL, "s3cret-token")
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		require.Equal(t, "/?requeued=1", resp.Header.Get("Location"))
+		require.Equal(t, int64(0), dead(t, r))
+		harness.Eventually(t, 10*time.Second, "the requeued message published", func() bool { return r.relay.Metrics().Published == 1 })
+	})
+}
+
+// BenchmarkScrape100k is one scrape of /metrics at a backlog of 100,000
+// pending messages (outbox.BenchmarkStats100k counts them instead: a scrape
+// must not).
+func BenchmarkScrape100k(b *testing.B) {
+	ctx := context.Background()
+	ob, err := outbox.Open(ctx, filepath.Join(b.TempDir(), "outbox.db"), outbox.Options{Synchronous: outbox.SyncNormal, ReserveBytes: -1, Logger: harness.TestLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ob.Close()
+	payload := []byte(`{"till":7,"total":1234,"items":[{"sku":"A-1","qty":2},{"sku":"B-22","qty":1}],"at":"2026-01-01T12:00:00Z"}`)
+	for i := 0; i < 100_000; {
+		var msgs []outbox.Message
+		for ; i < 100_000 && len(msgs) < 5000; i++ {
+			msgs = append(msgs, outbox.Message{Topic: "pos/1/orders", Payload: payload})
+		}
+		if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: "tcp://127.0.0.1:1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	relay, err := ob.NewRelay(pub, outbox.RelayOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := New(ob, Options{Relay: relay, RefreshInterval: time.Hour, SampleInterval: time.Hour, Logger: harness.TestLogger()})
+	defer exp.Close()
+	// The whole of /metrics, the Go runtime's and the process's metrics
+	// and gzip (as Prometheus asks for it) included.
+	b.Run("metrics", func(b *testing.B) {
+		h := exp.Handler()
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+			req.Header.Set("Accept-Encoding", "gzip")
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				b.Fatalf("scrape: %d\n%s", rec.Code, rec.Body.String())
+			}
+		}
+	})
+	// The exporter's own part.
+	b.Run("collector", func(b *testing.B) {
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(exp)
+		for b.Loop() {
+			mfs, err := reg.Gather()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "outbox_pending_messages" && mf.GetMetric()[0].GetGauge().GetValue() != 100_000 {
+					b.Fatalf("pending %v", mf.GetMetric()[0].GetGauge().GetValue())
+				}
+			}
+		}
+	})
+}
+
+// TestPendingBytesRefreshed: without a byte limit the pending bytes are
+// counted in the background, every RefreshInterval.
+func TestPendingBytesRefreshed(t *testing.T) {
+	r := startRig(t, rigOptions{exporter: Options{RefreshInterval: 50 * time.Millisecond}})
+	r.proxy.Down()
+	harness.Eventually(t, 10*time.Second, "disconnected", func() bool { return !r.relay.Metrics().Connected })
+	r.commit(t, 3) // {"n":0}, {"n":1}, {"n":2}: 7 bytes each
+	harness.Eventually(t, 10*time.Second, "21 pending bytes", func() bool {
+		_, text := r.get(t, "/metrics")
+		return strings.Contains(text, "\noutbox_pending_bytes 21\n")
+	})
+	_, text := r.get(t, "/metrics")
+	require.Equal(t, "3", metricValue(t, text, "outbox_pending_messages"))
+	require.NoError(t, r.proxy.Up())
+	harness.Eventually(t, 10*time.Second, "0 pending bytes", func() bool {
+		_, text := r.get(t, "/metrics")
+		return strings.Contains(text, "\noutbox_pending_bytes 0\n")
+	})
+}

@@ -552,7 +552,7 @@ func TestRetention(t *testing.T) {
 		r, err := ob.NewRelay(&fakePublisher{}, opts)
 		require.NoError(t, err)
 		startRelay(t, r)
-		eventually(t, 10*time.Second, "file shrinks", func() bool { return pages() < full/4 })
+		eventually(t, 60*time.Second, "file shrinks", func() bool { return pages() < full/4 })
 	})
 }
 

@@ -199,6 +199,10 @@ type Relay struct {
 	wal       *walSyncer
 	syncWAL   func() error
 	markSyncs atomic.Int64 // RelayStats.MarkSyncs
+
+	// structured: binary mode was asked for, and the last session could
+	// not carry properties (said once per fallback: carrier).
+	structured atomic.Bool
 }
 
 // NewRelay returns a relay that drains this outbox to pub.

@@ -209,3 +209,39 @@ func TestParseEnvelopeBinary(t *testing.T) {
 	_, err := ParseEnvelope("xml")
 	require.ErrorContains(t, err, "want cloudevents, binary or raw")
 }
+
+// TestDecodeEventMQTT: binary mode when the user properties carry
+// specversion, structured mode otherwise (whatever the content type), and
+// the errors of each.
+func TestDecodeEventMQTT(t *testing.T) {
+	attrs := []UserProperty{{"specversion", "1.0"}, {"id", "e1"}, {"source", "/till/1"}, {"type", "t"},
+		{"time", "2026-03-01T12:00:00.123Z"}, {"sequence", "00000000000000000042"}, {"traceparent", "x"}}
+	ev, err := DecodeEventMQTT([]byte{0xff, 0}, "application/octet-stream", attrs)
+	require.NoError(t, err)
+	require.Equal(t, Event{ID: "e1", Source: "/till/1", Type: "t", Time: time.Date(2026, 3, 1, 12, 0, 0, 123e6, time.UTC),
+		DataContentType: "application/octet-stream", Data: []byte{0xff, 0}, Sequence: 42}, ev)
+
+	doc := []byte(`{"specversion":"1.0","id":"e2","source":"/till/1","type":"t","data":{"n":1}}`)
+	for _, ct := range []string{"", "application/cloudevents+json", "application/json"} {
+		ev, err = DecodeEventMQTT(doc, ct, []UserProperty{{"traceparent", "x"}})
+		require.NoError(t, err)
+		require.Equal(t, "e2", ev.ID, "structured mode")
+		require.Equal(t, `{"n":1}`, string(ev.Data))
+	}
+
+	for _, c := range []struct {
+		user []UserProperty
+		err  string
+	}{
+		{[]UserProperty{{"specversion", "0.3"}, {"id", "1"}, {"source", "s"}, {"type", "t"}}, "unsupported specversion"},
+		{[]UserProperty{{"specversion", "1.0"}, {"source", "s"}, {"type", "t"}}, "id, source and type are required"},
+		{[]UserProperty{{"specversion", "1.0"}, {"id", "1"}, {"id", "2"}, {"source", "s"}, {"type", "t"}}, `attribute "id" given twice`},
+		{[]UserProperty{{"specversion", "1.0"}, {"id", "1"}, {"source", "s"}, {"type", "t"}, {"time", "yesterday"}}, "time"},
+		{[]UserProperty{{"specversion", "1.0"}, {"id", "1"}, {"source", "s"}, {"type", "t"}, {"sequence", "x"}}, "sequence"},
+	} {
+		_, err := DecodeEventMQTT([]byte("x"), "text/plain", c.user)
+		require.ErrorContains(t, err, c.err, "%+v", c.user)
+	}
+	_, err = DecodeEventMQTT([]byte("x"), "", nil)
+	require.ErrorContains(t, err, "decode event", "not structured mode either")
+}

@@ -116,7 +116,10 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		ClientID:   s.opts.ClientID,
 		KeepAlive:  uint16(min(s.opts.KeepAlive/time.Second, 65535)),
 		CleanStart: false,
-		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry},
+		// RequestProblemInfo true is MQTT's default (paho would send 0):
+		// mochi, told 0, strips the user properties from every PUBLISH
+		// it delivers, and CloudEvents binary mode's attributes with them.
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, RequestProblemInfo: true},
 	}
 	if s.opts.Username != "" {
 		cp.UsernameFlag, cp.Username = true, s.opts.Username
@@ -426,12 +429,13 @@ func (p *pinger5) Run(ctx context.Context, conn net.Conn, keepAlive uint16) erro
 			t.Reset(wait)
 			continue
 		}
+		// Before the write: the PINGRESP may be read before it returns.
+		pinged = time.Now()
 		// A write stuck on a dead link ends when paho closes the
 		// connection, which it does before waiting for this to return.
 		if _, err := packets.NewControlPacket(packets.PINGREQ).WriteTo(conn); err != nil {
 			return fmt.Errorf("PINGREQ: %w", err)
 		}
-		pinged = time.Now()
 		p.PacketSent()
 		t.Reset(p.timeout)
 	}

@@ -70,7 +70,10 @@ func (s *Subscriber) session5(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	raw, err := s.dial5(sctx, tlsCfg)
+	// ConnectTimeout bounds the dial and the CONNACK together.
+	cctx, cancelConnect := context.WithTimeout(sctx, s.opts.ConnectTimeout)
+	defer cancelConnect()
+	raw, err := s.dial5(cctx, tlsCfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -125,7 +128,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		cp.UsernameFlag, cp.Username = true, s.opts.Username
 		cp.PasswordFlag, cp.Password = true, []byte(s.opts.Password)
 	}
-	ca, err := c.Connect(sctx, cp)
+	ca, err := c.Connect(cctx, cp)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -245,10 +248,8 @@ func idInUse(reasons []byte) bool {
 }
 
 // dial5 opens the network connection (ALL_PROXY honoured, TLS for a TLS
-// URL) within ConnectTimeout, or until ctx ends.
+// URL) before ctx ends.
 func (s *Subscriber) dial5(ctx context.Context, tlsCfg *tls.Config) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.ConnectTimeout)
-	defer cancel()
 	d := &net.Dialer{}
 	var raw net.Conn
 	var err error

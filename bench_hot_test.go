@@ -78,6 +78,20 @@ func BenchmarkEncodeCloudEvents200(b *testing.B) {
 	benchEncode(b, encoder{source: "/outbox/device", defaultType: DefaultEventType}, benchPayload(12345))
 }
 
+// BenchmarkEncodeBinaryMode200 is CloudEvents binary mode (MQTT 5): the
+// payload copied, the attributes as user properties.
+func BenchmarkEncodeBinaryMode200(b *testing.B) {
+	enc := encoder{source: "/outbox/device", defaultType: DefaultEventType, mode: EnvelopeCloudEventsBinary}
+	m := &row{outgoing: outgoing{seq: 123456, id: NewID(), topic: "pos/1/orders", typ: "com.example.order.created", payload: benchPayload(12345), createdAt: 1700000000000}}
+	b.ReportAllocs()
+	for b.Loop() {
+		enc.encodeRow(m, true)
+		if m.encErr != nil {
+			b.Fatal(m.encErr)
+		}
+	}
+}
+
 func BenchmarkEncodeCloudEventsBinary(b *testing.B) {
 	p := make([]byte, 200)
 	for i := range p {
@@ -143,7 +157,7 @@ func BenchmarkFetchBatch(b *testing.B) {
 	msgs := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		_, rows, err := r.fetch(ctx, rc, cursor, r.opts.BatchSize)
+		_, rows, err := r.fetch(ctx, rc, cursor, r.opts.BatchSize, false)
 		if err != nil {
 			b.Fatal(err)
 		}

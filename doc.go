@@ -87,10 +87,12 @@
 // handler, for an event it applied within InboxOptions.DedupeWindow. The
 // window is measured on an inbox clock stored in that database, which
 // wall-clock jumps do not move. A [Subscriber] receives events from an MQTT
-// broker at QoS 1 in a persistent session, applies each through an Inbox and
-// acknowledges it only once its transaction has committed; a message that is
-// not a valid event is quarantined and never blocks the ones behind it.
-// [DecodeEvent] parses the CloudEvents envelope the relay publishes.
+// broker at QoS 1 in a persistent session, over MQTT 5 or 3.1.1, applies
+// each through an Inbox and acknowledges it only once its transaction has
+// committed; a message that is not a valid event is quarantined and never
+// blocks the ones behind it. [DecodeEvent] parses the CloudEvents envelope
+// the relay publishes in structured mode, and [DecodeEventMQTT] either mode,
+// binary mode ([EnvelopeCloudEventsBinary]) too.
 //
 // # Errors
 //

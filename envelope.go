@@ -23,25 +23,41 @@ const (
 	// EnvelopeRaw publishes the payload bytes untouched. The event id is
 	// then not on the wire, so consumers cannot dedupe by it.
 	EnvelopeRaw
+	// EnvelopeCloudEventsBinary publishes CloudEvents binary content mode,
+	// which the CloudEvents MQTT binding allows for MQTT 5 only: the payload
+	// is the event data untouched, its content type is MQTT 5's Content
+	// Type, and every other attribute (specversion, id, source, type, time
+	// and the sequence extension) is a user property named by the
+	// attribute. On a connection that cannot carry properties (MQTT 3.1.1,
+	// or a Publisher that is not a PropertiesPublisher) the relay publishes
+	// structured mode instead, and logs that once per fallback.
+	// DecodeEventMQTT reads both.
+	EnvelopeCloudEventsBinary
 )
 
-// String returns "cloudevents" or "raw".
+// String returns "cloudevents", "raw" or "binary".
 func (e Envelope) String() string {
-	if e == EnvelopeRaw {
+	switch e {
+	case EnvelopeRaw:
 		return "raw"
+	case EnvelopeCloudEventsBinary:
+		return "binary"
 	}
 	return "cloudevents"
 }
 
-// ParseEnvelope parses "cloudevents" or "raw".
+// ParseEnvelope parses "cloudevents", "raw" or "binary" (CloudEvents
+// binary mode).
 func ParseEnvelope(s string) (Envelope, error) {
 	switch strings.ToLower(s) {
-	case "cloudevents", "ce", "":
+	case "cloudevents", "ce", "structured", "":
 		return EnvelopeCloudEvents, nil
 	case "raw":
 		return EnvelopeRaw, nil
+	case "binary", "cloudevents-binary", "ce-binary":
+		return EnvelopeCloudEventsBinary, nil
 	}
-	return 0, fmt.Errorf("outbox: unknown envelope %q (want cloudevents or raw)", s)
+	return 0, fmt.Errorf("outbox: unknown envelope %q (want cloudevents, binary or raw)", s)
 }
 
 // DefaultEventType is the CloudEvents type of a message written without one.
@@ -91,30 +107,83 @@ var errPermanent = errors.New("permanent")
 // sequence extension is a string compared lexicographically.
 const sequenceDigits = 20
 
+// encode builds the bytes to publish in structured mode (binary mode too:
+// encodeRow chooses binary mode where the connection carries properties) or
+// raw.
 func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
-	if err := ValidateTopic(m.topic); err != nil {
-		return nil, fmt.Errorf("%w: %w", errPermanent, err)
-	}
-	if !strings.HasPrefix(m.topic, e.prefix) {
-		return nil, fmt.Errorf("%w: %w: %q is not under %q", errPermanent, ErrTopicOutsidePrefix, m.topic, e.prefix)
+	if err := e.checkTopic(m); err != nil {
+		return nil, err
 	}
 	if e.mode == EnvelopeRaw {
 		return append(dst, m.payload...), nil
 	}
-	typ := m.typ
+	typ, err := e.attributes(m)
+	if err != nil {
+		return nil, err
+	}
+	ct, inline, str := contentTypeOf(m)
+	dst = append(dst, `{"specversion":"1.0","id":`...)
+	dst = appendJSONString(dst, m.id)
+	dst = append(dst, `,"source":`...)
+	dst = appendJSONString(dst, e.source)
+	dst = append(dst, `,"type":`...)
+	dst = appendJSONString(dst, typ)
+	dst = append(dst, `,"time":"`...)
+	dst = time.UnixMilli(m.createdAt).UTC().AppendFormat(dst, timeLayout)
+	dst = append(dst, `","datacontenttype":`...)
+	dst = appendJSONString(dst, ct)
+	dst = append(dst, `,"sequence":"`...)
+	dst = appendSequence(dst, m.seq)
+	dst = append(dst, '"')
+	switch {
+	case inline:
+		dst = append(dst, `,"data":`...)
+		dst = append(dst, m.payload...)
+	case str:
+		dst = append(dst, `,"data":`...)
+		dst = appendJSONString(dst, m.payload)
+	default:
+		dst = append(dst, `,"data_base64":"`...)
+		dst = base64.StdEncoding.AppendEncode(dst, m.payload)
+		dst = append(dst, '"')
+	}
+	return append(dst, '}'), nil
+}
+
+// checkTopic refuses a topic no envelope can publish.
+func (e *encoder) checkTopic(m *outgoing) error {
+	if err := ValidateTopic(m.topic); err != nil {
+		return fmt.Errorf("%w: %w", errPermanent, err)
+	}
+	if !strings.HasPrefix(m.topic, e.prefix) {
+		return fmt.Errorf("%w: %w: %q is not under %q", errPermanent, ErrTopicOutsidePrefix, m.topic, e.prefix)
+	}
+	return nil
+}
+
+// attributes checks the attributes that come from the row and returns the
+// event's type.
+func (e *encoder) attributes(m *outgoing) (typ string, err error) {
+	typ = m.typ
 	if typ == "" {
 		typ = e.defaultType
 	}
 	for _, s := range []string{m.id, typ, m.contentType} {
 		if !utf8.ValidString(s) {
-			return nil, fmt.Errorf("%w: id, type or content type is not valid UTF-8", errPermanent)
+			return "", fmt.Errorf("%w: id, type or content type is not valid UTF-8", errPermanent)
 		}
 	}
 	if m.id == "" {
-		return nil, fmt.Errorf("%w: empty id", errPermanent)
+		return "", fmt.Errorf("%w: empty id", errPermanent)
 	}
-	ct := m.contentType
-	inline, str := false, false
+	return typ, nil
+}
+
+// contentTypeOf is the event's datacontenttype: the row's, or for a row
+// without one what its payload is; inline says the payload goes in
+// structured mode's data as JSON, str as a JSON string.
+func contentTypeOf(m *outgoing) (ct string, inline, str bool) {
+	ct = m.contentType
 	switch {
 	case ct == "":
 		switch {
@@ -130,36 +199,69 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 	case isJSONContentType(ct):
 		inline = json.Valid(m.payload)
 	}
-	dst = append(dst, `{"specversion":"1.0","id":`...)
-	dst = appendJSONString(dst, m.id)
-	dst = append(dst, `,"source":`...)
-	dst = appendJSONString(dst, e.source)
-	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, typ)
-	dst = append(dst, `,"time":"`...)
-	dst = time.UnixMilli(m.createdAt).UTC().AppendFormat(dst, "2006-01-02T15:04:05.000Z07:00")
-	dst = append(dst, `","datacontenttype":`...)
-	dst = appendJSONString(dst, ct)
-	dst = append(dst, `,"sequence":"`...)
-	seq := strconv.AppendInt(nil, m.seq, 10)
-	for i := len(seq); i < sequenceDigits; i++ {
+	return ct, inline, str
+}
+
+// appendSequence appends the sequence extension, zero-padded.
+func appendSequence(dst []byte, seq int64) []byte {
+	var b [20]byte
+	digits := strconv.AppendInt(b[:0], seq, 10)
+	for i := len(digits); i < sequenceDigits; i++ {
 		dst = append(dst, '0')
 	}
-	dst = append(dst, seq...)
-	dst = append(dst, '"')
-	switch {
-	case inline:
-		dst = append(dst, `,"data":`...)
-		dst = append(dst, m.payload...)
-	case str:
-		dst = append(dst, `,"data":`...)
-		dst = appendJSONString(dst, m.payload)
-	default:
-		dst = append(dst, `,"data_base64":"`...)
-		dst = base64.StdEncoding.AppendEncode(dst, m.payload)
-		dst = append(dst, '"')
+	return append(dst, digits...)
+}
+
+// timeLayout is the CloudEvents time attribute as the relay writes it: the
+// commit's wall-clock time in milliseconds, UTC.
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// encodeBinary builds CloudEvents binary mode for MQTT 5: the payload
+// untouched, the datacontenttype as props' ContentType and every other
+// attribute as a user property. It sets only those two fields of props.
+func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties) ([]byte, error) {
+	if err := e.checkTopic(m); err != nil {
+		return nil, err
 	}
-	return append(dst, '}'), nil
+	typ, err := e.attributes(m)
+	if err != nil {
+		return nil, err
+	}
+	// MQTT 5 forbids U+0000 in a string property [MQTT-1.5.4-2]: a broker
+	// would close the connection on it, over and over.
+	for _, s := range []string{m.id, typ, m.contentType, e.source} {
+		if strings.IndexByte(s, 0) >= 0 {
+			return nil, fmt.Errorf("%w: binary mode: id, source, type or content type holds U+0000, which an MQTT 5 property cannot", errPermanent)
+		}
+	}
+	ct, _, _ := contentTypeOf(m)
+	props.ContentType = ct
+	props.User = []UserProperty{
+		{"specversion", "1.0"},
+		{"id", m.id},
+		{"source", e.source},
+		{"type", typ},
+		{"time", time.UnixMilli(m.createdAt).UTC().Format(timeLayout)},
+		{"sequence", string(appendSequence(make([]byte, 0, sequenceDigits), m.seq))},
+	}
+	return append(dst, m.payload...), nil
+}
+
+// encodeRow encodes m for a session whose connection carries properties
+// (carries) or not: binary mode where it can, structured mode where binary
+// mode was asked for and it cannot. A message larger than MQTT allows, as
+// it will be sent, cannot be published.
+func (e *encoder) encodeRow(m *row, carries bool) {
+	if e.mode == EnvelopeCloudEventsBinary && carries {
+		m.wire, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
+	} else {
+		m.wire, m.encErr = e.encode(make([]byte, 0, len(m.payload)*4/3+256+len(m.id)), &m.outgoing)
+	}
+	if m.encErr == nil {
+		if n := remainingLength(m.topic, len(m.wire), &m.props, carries); n > MaxMQTTPayloadBytes {
+			m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
+		}
+	}
 }
 
 func isJSONContentType(ct string) bool {
@@ -257,6 +359,75 @@ func DecodeEvent(b []byte) (Event, error) {
 		ev.Data = []byte(text)
 	case raw.Data != nil:
 		ev.Data = []byte(raw.Data)
+	}
+	return ev, nil
+}
+
+// DecodeEventMQTT parses an event received over MQTT, in either content
+// mode of the CloudEvents MQTT binding: binary mode when the user
+// properties carry specversion (the payload is the data untouched,
+// contentType its datacontenttype, and the other attributes user
+// properties named by the attribute), else structured mode, as DecodeEvent.
+// A message over MQTT 3.1.1 has no properties: pass "" and nil. Binary
+// mode's Event.Data is payload itself, not a copy. It requires specversion
+// 1.0 and non-empty id, source and type in either mode; an attribute given
+// twice is an error, and user properties that are not attributes the Event
+// holds are ignored.
+func DecodeEventMQTT(payload []byte, contentType string, user []UserProperty) (Event, error) {
+	var attrs [6]*string // specversion, id, source, type, time, sequence
+	for i := range user {
+		k := -1
+		switch user[i].Key {
+		case "specversion":
+			k = 0
+		case "id":
+			k = 1
+		case "source":
+			k = 2
+		case "type":
+			k = 3
+		case "time":
+			k = 4
+		case "sequence":
+			k = 5
+		}
+		if k < 0 {
+			continue
+		}
+		if attrs[k] != nil {
+			return Event{}, fmt.Errorf("outbox: decode event: attribute %q given twice", user[i].Key)
+		}
+		attrs[k] = &user[i].Value
+	}
+	if attrs[0] == nil {
+		return DecodeEvent(payload)
+	}
+	get := func(k int) string {
+		if attrs[k] == nil {
+			return ""
+		}
+		return *attrs[k]
+	}
+	if v := get(0); v != "1.0" {
+		return Event{}, fmt.Errorf("outbox: decode event: unsupported specversion %q", v)
+	}
+	ev := Event{ID: get(1), Source: get(2), Type: get(3), DataContentType: contentType, Data: payload}
+	if ev.ID == "" || ev.Source == "" || ev.Type == "" {
+		return Event{}, fmt.Errorf("outbox: decode event: id, source and type are required")
+	}
+	if v := get(4); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return Event{}, fmt.Errorf("outbox: decode event: time: %w", err)
+		}
+		ev.Time = t
+	}
+	if v := get(5); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return Event{}, fmt.Errorf("outbox: decode event: sequence: %w", err)
+		}
+		ev.Sequence = n
 	}
 	return ev, nil
 }

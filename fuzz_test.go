@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -92,6 +93,28 @@ func FuzzEnvelope(f *testing.F) {
 			case !bytes.Equal(ev.Data, bytes.TrimSpace(payload)):
 				t.Fatalf("inline data %q, want %q", ev.Data, payload)
 			}
+			// Binary mode: the same event, the data byte for byte.
+			enc.mode = EnvelopeCloudEventsBinary
+			var props PublishProperties
+			wire, err := enc.encodeBinary(nil, m, &props)
+			if err != nil {
+				if strings.ContainsRune(id+typ+ct, 0) {
+					continue // no MQTT 5 property may hold U+0000
+				}
+				t.Fatalf("binary mode refused what structured mode took: %v", err)
+			}
+			bev, err := DecodeEventMQTT(wire, props.ContentType, props.User)
+			if err != nil {
+				t.Fatalf("binary decode: %v (%+v)", err, props)
+			}
+			ev.Data, bev.Data = payload, wire
+			if !bytes.Equal(wire, payload) {
+				t.Fatalf("binary data %q, want %q", wire, payload)
+			}
+			ev.Time, bev.Time = ev.Time.UTC(), bev.Time.UTC()
+			if fmt.Sprint(bev) != fmt.Sprint(ev) {
+				t.Fatalf("binary mode %+v, structured %+v", bev, ev)
+			}
 		}
 	})
 }
@@ -148,6 +171,63 @@ func FuzzDecodeEvent(f *testing.F) {
 			if !bytes.Equal(ev2.Data, want) {
 				t.Fatalf("text=%v: data %q, want %q\n%s", text, ev2.Data, want, out)
 			}
+		}
+	})
+}
+
+// FuzzDecodeEventMQTT: whatever arrives over MQTT 5, DecodeEventMQTT never
+// panics, accepts no event without id, source and type, takes binary mode's
+// payload as the data untouched, and what it decoded from binary mode comes
+// back the same from the relay's binary encoding. The user properties come
+// as lines of key=value.
+func FuzzDecodeEventMQTT(f *testing.F) {
+	f.Add([]byte(`{"n":1}`), "application/json", "specversion=1.0\nid=1\nsource=/s\ntype=t\ntime=2026-01-01T00:00:00.000Z\nsequence=00000000000000000042")
+	f.Add([]byte{0, 1, 0xff}, "", "specversion=1.0\nid=1\nsource=s\ntype=t\nother=x")
+	f.Add([]byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"x":1}}`), "application/cloudevents+json", "")
+	f.Add([]byte("x"), "text/plain", "specversion=1.0\nid=1\nid=2\nsource=s\ntype=t")
+	f.Add([]byte("x"), "", "specversion=0.3\nid=1\nsource=s\ntype=t")
+	f.Fuzz(func(t *testing.T, payload []byte, ct, props string) {
+		var user []UserProperty
+		if props != "" {
+			for _, line := range strings.Split(props, "\n") {
+				k, v, _ := strings.Cut(line, "=")
+				user = append(user, UserProperty{k, v})
+			}
+		}
+		ev, err := DecodeEventMQTT(payload, ct, user)
+		if err != nil {
+			return
+		}
+		if ev.ID == "" || ev.Source == "" || ev.Type == "" {
+			t.Fatalf("accepted an event without id, source or type: %+v", user)
+		}
+		binary := false
+		for _, u := range user {
+			binary = binary || u.Key == "specversion"
+		}
+		if !binary {
+			return // structured: FuzzDecodeEvent's
+		}
+		if !bytes.Equal(ev.Data, payload) || ev.DataContentType != ct {
+			t.Fatalf("binary mode data %q (%q), want %q (%q)", ev.Data, ev.DataContentType, payload, ct)
+		}
+		if ev.Sequence < 0 || !utf8.ValidString(ev.ID+ev.Source+ev.Type+ct) || strings.ContainsRune(ev.ID+ev.Source+ev.Type+ct, 0) {
+			return // the relay never writes these
+		}
+		enc := encoder{source: ev.Source, defaultType: DefaultEventType, mode: EnvelopeCloudEventsBinary}
+		m := &outgoing{seq: ev.Sequence, id: ev.ID, topic: "t", payload: ev.Data, typ: ev.Type, contentType: ct, createdAt: ev.Time.UnixMilli()}
+		var out PublishProperties
+		wire, err := enc.encodeBinary(nil, m, &out)
+		if err != nil {
+			t.Fatalf("encode %+v: %v", ev, err)
+		}
+		ev2, err := DecodeEventMQTT(wire, out.ContentType, out.User)
+		if err != nil {
+			t.Fatalf("decode: %v (%+v)", err, out)
+		}
+		if ev2.ID != ev.ID || ev2.Source != ev.Source || ev2.Type != ev.Type || ev2.Sequence != ev.Sequence ||
+			(ct != "" && ev2.DataContentType != ct) || !bytes.Equal(ev2.Data, payload) {
+			t.Fatalf("round trip: %+v, want %+v", ev2, ev)
 		}
 	})
 }

@@ -58,3 +58,66 @@ func (s *session) publish(m *row) Token {
 	}
 	return s.r.pub.Publish(m.topic, m.wire)
 }
+
+// wireSize is how many bytes p takes in a PUBLISH's properties.
+func (p *PublishProperties) wireSize() int {
+	n := 0
+	if p.ContentType != "" {
+		n += 1 + 2 + len(p.ContentType)
+	}
+	for _, u := range p.User {
+		n += 1 + 2 + len(u.Key) + 2 + len(u.Value)
+	}
+	if p.MessageExpiry > 0 {
+		n += 1 + 4
+	}
+	return n
+}
+
+// remainingLength is the Remaining Length of the QoS 1 PUBLISH of a payload
+// of n bytes to topic, which MQTT bounds at MaxMQTTPayloadBytes: the topic
+// and its length, the packet id, and on MQTT 5 (v5) the properties and
+// their length.
+func remainingLength(topic string, n int, p *PublishProperties, v5 bool) int {
+	rem := 2 + len(topic) + 2 + n
+	if v5 {
+		props := p.wireSize()
+		rem += varintSize(props) + props
+	}
+	return rem
+}
+
+// varintSize is the size of n as an MQTT Variable Byte Integer.
+func varintSize(n int) int {
+	s := 1
+	for ; n >= 128; n >>= 7 {
+		s++
+	}
+	return s
+}
+
+// carrier returns the publisher as a PropertiesPublisher if its connection
+// carries properties, else nil. In binary mode a connection that does not
+// is logged once per fallback — when the relay first finds itself without
+// properties, and again only after a connection that had them — so that a
+// relay on 3.1.1 for good says it once, not at every reconnection.
+func (r *Relay) carrier() PropertiesPublisher {
+	pp, ok := r.pub.(PropertiesPublisher)
+	carries := ok && pp.CarriesProperties()
+	if r.opts.Envelope == EnvelopeCloudEventsBinary {
+		if carries {
+			r.structured.Store(false)
+		} else if !r.structured.Swap(true) {
+			why := "the connection speaks MQTT 3.1.1"
+			if !ok {
+				why = "the Publisher cannot send MQTT 5 properties"
+			}
+			r.log.Warn("outbox relay: CloudEvents binary mode needs MQTT 5 properties and "+why+"; publishing structured mode until a connection carries them",
+				"protocol", r.Protocol())
+		}
+	}
+	if !carries {
+		return nil
+	}
+	return pp
+}

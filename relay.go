@@ -213,6 +213,9 @@ type Relay struct {
 	watchWAL   func(path string) (*walSubscription, error)
 	safetyPoll time.Duration
 	metrics relayMetrics // Metrics
+	// structured: binary mode was asked for, and the last session could
+	// not carry properties (said once per fallback: carrier).
+	structured atomic.Bool
 }
 
 // NewRelay returns a relay that drains this outbox to pub.

@@ -151,8 +151,9 @@ type row struct {
 }
 
 // fetch reads up to limit pending rows after cursor, with the data_version
-// read before them (so a commit after the read is never missed).
-func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit int) (int64, []row, error) {
+// read before them (so a commit after the read is never missed), encoded
+// for a connection that carries MQTT 5 properties or not (carries).
+func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit int, carries bool) (int64, []row, error) {
 	var version int64
 	var out []row
 	err := conn.do(func(c *sql.Conn) error {
@@ -182,10 +183,7 @@ func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit 
 				return err
 			}
 			m.payload = payload
-			m.wire, m.encErr = r.enc.encode(make([]byte, 0, len(payload)*4/3+256+len(m.id)), &m.outgoing)
-			if m.encErr == nil && len(m.wire)+len(m.topic)+2 > MaxMQTTPayloadBytes {
-				m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
-			}
+			r.enc.encodeRow(&m, carries)
 			m.payload = nil // RawBytes is only valid until Next
 			out = append(out, m)
 			bytes += len(m.wire)

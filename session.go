@@ -200,9 +200,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		gate:     newDurableGate(r.syncWAL, &r.markSyncs, r.opts.Window),
 	}
 	s.watch, _ = r.pub.(handOffWatcher)
-	if pp, ok := r.pub.(PropertiesPublisher); ok && pp.CarriesProperties() {
-		s.props = pp
-	}
+	s.props = r.carrier()
 	var watcher sync.WaitGroup
 	defer watcher.Wait()
 	if cl, ok := r.pub.(connectionLoser); ok {
@@ -457,7 +455,7 @@ type batch struct {
 // fetch reads up to limit pending rows after cursor.
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit)
+	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
 	if b.err == nil && len(b.rows) > 0 {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo

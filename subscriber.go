@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,15 +25,23 @@ type SubscriberOptions struct {
 	// persistent session the broker keeps what is published while the
 	// consumer is away, under this id.
 	ClientID string
-	// Topics are the filters subscribed to at QoS 1. Required.
+	// Topics are the filters subscribed to at QoS 1. Required. A shared
+	// subscription, "$share/group/filter", spreads the filter's messages
+	// over the group's members (each goes to one of them): consumers that
+	// share one Inbox database then apply each event once, between them.
+	// That gives up order: two events of one device may go to two members
+	// and be applied in either order. To scale out and keep each device's
+	// order, partition devices across consumers by topic filter instead
+	// (stores/1/# to one, stores/2/# to another).
 	Topics   []string
 	Username string
 	Password string
 	// TLSConfig and TLSFiles as for MQTTOptions.
 	TLSConfig *tls.Config
 	TLSFiles  *TLSFiles
-	// Envelope is what the producer puts on the wire; CloudEvents unless set.
-	// With EnvelopeRaw there is no id, so events cannot be deduplicated:
+	// Envelope is what the producer puts on the wire; CloudEvents unless set
+	// (either content mode: binary mode arrives over MQTT 5 only, and
+	// EnvelopeCloudEventsBinary means the same here). With EnvelopeRaw there is no id, so events cannot be deduplicated:
 	// the handler gets Event{Source: RawSource, Data: payload} and runs in
 	// a transaction, unrecorded.
 	Envelope  Envelope
@@ -43,6 +52,12 @@ type SubscriberOptions struct {
 	// event is retried until it succeeds or the subscriber stops; events
 	// behind it wait, so the order holds. Defaults: 1 s initial, 1 min cap.
 	Retry Backoff
+	// Protocol is the MQTT version, as for MQTTOptions: ProtocolAuto (the
+	// default) speaks 5 and falls back to 3.1.1 for a broker without 5.
+	// Both keep a persistent session (3.1.1's clean session false; 5's
+	// Clean Start false with a session that never expires) and acknowledge
+	// a message only after its transaction committed.
+	Protocol MQTTProtocol
 	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
 	// MQTTOptions.
 	ConnectTimeout time.Duration
@@ -56,7 +71,9 @@ type SubscriberOptions struct {
 
 	// beforeAck, set by tests, runs after the transaction committed and
 	// before the PUBACK; returning false drops the acknowledgement, as a
-	// crash at that moment would.
+	// crash at that moment would (over MQTT 5, whose PUBACKs go in order,
+	// the ones behind it are then held back too: the test stops the
+	// subscriber, as the crash would).
 	beforeAck func(Event) bool
 }
 
@@ -78,8 +95,15 @@ type Subscriber struct {
 	quarantined atomic.Int64
 	failures    atomic.Int64
 
-	mu      sync.Mutex
-	lastErr error
+	mu       sync.Mutex
+	lastErr  error
+	protocol string // what the last connection spoke
+	// What auto learnt of the broker, as MQTTPublisher does: no5 once a
+	// CONNACK said it has no 5; after two bare closes in a row, 3.1.1
+	// until retry5At.
+	no5        bool
+	bareCloses int
+	retry5At   time.Time
 }
 
 // Outcome is what became of a message.
@@ -113,6 +137,9 @@ type SubscriberStats struct {
 	Quarantined   int64 // messages that were not valid events
 	HandlerErrors int64 // failed attempts (each retried)
 	LastError     string
+	// Protocol is the MQTT version the last connection spoke ("5" or
+	// "3.1.1"); empty before the first.
+	Protocol string
 }
 
 // NewSubscriber returns a subscriber that applies events with h through in.
@@ -129,6 +156,16 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	}
 	if len(opts.Topics) == 0 {
 		return nil, errors.New("outbox: subscriber: no Topics")
+	}
+	for _, t := range opts.Topics {
+		if err := validateSubscription(t); err != nil {
+			return nil, err
+		}
+	}
+	switch opts.Protocol {
+	case ProtocolAuto, Protocol5, Protocol311:
+	default:
+		return nil, fmt.Errorf("outbox: subscriber: unknown Protocol %d", int(opts.Protocol))
 	}
 	if opts.Retry == (Backoff{}) {
 		opts.Retry = Backoff{Initial: time.Second, Max: time.Minute}
@@ -159,6 +196,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 	if s.lastErr != nil {
 		st.LastError = s.lastErr.Error()
 	}
+	st.Protocol = s.protocol
 	s.mu.Unlock()
 	return st
 }
@@ -216,8 +254,8 @@ func (s *Subscriber) purgeLoop(ctx context.Context) {
 // is stuck.
 const disconnectWait = time.Second
 
-// session runs one connection until it is lost or ctx ends.
-func (s *Subscriber) session(ctx context.Context) error {
+// session311 runs one MQTT 3.1.1 connection until it is lost or ctx ends.
+func (s *Subscriber) session311(ctx context.Context) error {
 	// paho's callback may be blocked handing over a message when the
 	// session ends; cancelling sctx releases it.
 	sctx, cancel := context.WithCancel(ctx)
@@ -302,8 +340,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 			if err := st.Error(); err != nil {
 				return fmt.Errorf("outbox: subscribe: %w", err)
 			}
+			s.mu.Lock()
+			s.protocol = "3.1.1"
+			s.mu.Unlock()
 			s.connected.Store(true)
-			s.log.Info("outbox subscriber connected", "topics", s.opts.Topics)
+			s.log.Info("outbox subscriber connected", "topics", s.opts.Topics, "protocol", "3.1.1")
 		case err := <-lost:
 			return fmt.Errorf("connection lost: %w", err)
 		case m := <-queue:
@@ -314,16 +355,29 @@ func (s *Subscriber) session(ctx context.Context) error {
 	}
 }
 
+// message is one message received, over either MQTT version (paho's
+// mqtt.Message is one).
+type message interface {
+	Topic() string
+	Payload() []byte
+	Ack()
+}
+
 // process applies one message and acknowledges it once that is settled;
 // false means ctx ended first (the message stays unacknowledged and comes
 // again).
-func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
+func (s *Subscriber) process(ctx context.Context, m message) bool {
 	var ev Event
 	if s.opts.Envelope == EnvelopeRaw {
 		ev = Event{Source: s.opts.RawSource, Data: m.Payload()}
 	} else {
+		var ct string
+		var user []UserProperty
+		if m5, ok := m.(*message5); ok {
+			ct, user = m5.properties()
+		}
 		var err error
-		ev, err = DecodeEvent(m.Payload())
+		ev, err = DecodeEventMQTT(m.Payload(), ct, user)
 		if err != nil {
 			return s.quarantine(ctx, m, Event{}, err)
 		}
@@ -366,7 +420,7 @@ func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 	}
 }
 
-func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, cause error) bool {
+func (s *Subscriber) quarantine(ctx context.Context, m message, ev Event, cause error) bool {
 	retry := s.opts.Retry.newBackOff()
 	for {
 		err := s.in.Quarantine(ctx, m.Topic(), m.Payload(), cause.Error())
@@ -385,6 +439,32 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, c
 		s.opts.OnEvent(ev, Quarantined, cause)
 	}
 	return true
+}
+
+// validateSubscription checks a topic filter, and a shared subscription's
+// form: "$share/", a group name that is not empty and holds no + or #, "/"
+// and a filter.
+func validateSubscription(t string) error {
+	if t == "" {
+		return errors.New("outbox: subscriber: an empty topic filter")
+	}
+	rest, shared := strings.CutPrefix(t, "$share/")
+	if !shared {
+		if t == "$share" {
+			return fmt.Errorf("outbox: subscriber: shared subscription %q: want $share/group/filter", t)
+		}
+		return nil
+	}
+	group, filter, _ := strings.Cut(rest, "/")
+	switch {
+	case group == "":
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name is empty (want $share/group/filter)", t)
+	case strings.ContainsAny(group, "+#"):
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name %q may not hold + or #", t, group)
+	case filter == "":
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: no topic filter after the group name (want $share/group/filter)", t)
+	}
+	return nil
 }
 
 // connectAbort opens a subscriber's connection for paho and closes it if

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -297,4 +298,68 @@ func readTrimmed(path string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// keepLease renews the lease every quarter TTL; losing it stops the relay.
+// A renewal that fails is a write that failed: on a full disk it spends the
+// reserve like any other, and it is tried again soon, because the relay
+// stops publishing once it has not renewed for half a TTL.
+func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCauseFunc) {
+	t := time.NewTimer(l.ttl / 4)
+	defer t.Stop()
+	var lastWarn time.Time
+	var lastMsg string
+	quick := false // the last attempt was an immediate retry
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := l.ttl / 4
+		err := l.renew(ctx)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			r.log.Error("outbox relay lost its lease; stopping")
+			stop(ErrLeaseLost)
+			return
+		case err != nil && ctx.Err() == nil:
+			err = classifyWriteErr(err)
+			// Retried every TTL/16 on a disk that stays full: warn when it
+			// starts, when the reason changes, and once a minute.
+			level := slog.LevelDebug
+			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
+				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
+			}
+			r.log.Log(ctx, level, "outbox relay could not renew its lease", "err", err)
+			next = l.ttl / 16
+			freed := r.writeFailed(err)
+			// Each renewal appends a page to the WAL, and only a complete
+			// checkpoint lets SQLite write the WAL from its start again:
+			// an idle relay would spend the reserve in minutes, then lose
+			// its lease on a disk that stays full. So, while no marks need
+			// the space, copy the WAL into the database now, with the
+			// reserve's space; from then on renewals take none.
+			ckpt := errors.Is(err, ErrDiskFull) && !r.connected.Load() && (freed || !quick) && walCheckpointed(ctx, l.conn)
+			if ckpt {
+				r.log.Info("outbox: disk full; copied the WAL into the database, so that lease renewals need no new space")
+			}
+			if freed || ckpt {
+				next = 0
+			}
+		default:
+			lastMsg = ""
+			// Riding on the renewal's timer: writers in other processes
+			// stamp expiries with the stored outbox clock. Not on a full
+			// disk: its page would take the space the marks need.
+			if !r.diskFull.Load() {
+				if err := r.storeClockIfDue(ctx, l.conn); err != nil && ctx.Err() == nil {
+					r.log.Debug("outbox relay could not store the outbox clock", "err", err)
+				}
+			}
+			r.metrics.writeFailed.Store(false)
+		}
+		quick = next == 0
+		t.Reset(next)
+	}
 }

@@ -212,7 +212,7 @@ type Relay struct {
 	// longest a watching relay goes without looking (walSafetyPoll).
 	watchWAL   func(path string) (*walSubscription, error)
 	safetyPoll time.Duration
-	metrics relayMetrics // Metrics
+	metrics    relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool

@@ -76,9 +76,14 @@ func crashRelayOptions(owner string) outbox.RelayOptions {
 	}
 }
 
-func crashMQTTOptions(brokerURL, clientID string) outbox.MQTTOptions {
+func crashMQTTOptions(brokerURL, clientID string, proto outbox.MQTTProtocol) outbox.MQTTOptions {
 	return outbox.MQTTOptions{Broker: brokerURL, ClientID: clientID, ConnectTimeout: 5 * time.Second,
-		WriteTimeout: 5 * time.Second, KeepAlive: 5 * time.Second, PingTimeout: 5 * time.Second}
+		WriteTimeout: 5 * time.Second, KeepAlive: 5 * time.Second, PingTimeout: 5 * time.Second, Protocol: proto}
+}
+
+// childProtocol alternates the MQTT versions from child to child.
+func childProtocol(n int) outbox.MQTTProtocol {
+	return []outbox.MQTTProtocol{outbox.Protocol5, outbox.Protocol311}[n%2]
 }
 
 // crashPayload is the event data: the event's own id (so a delivery can be
@@ -171,7 +176,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	t := c.t
 	client := fmt.Sprintf("crash-child-%d", n)
 	child := startKilledChild(t, fmt.Sprintf("child %d", n), "TestCrashChild", crashEnvChild, ordersChild{
-		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64()})
+		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64(), Protocol: childProtocol(n)})
 	defer child.done(verbose)
 
 	// Most kills land while the child relays: the random delay starts once

@@ -41,6 +41,10 @@ type ordersChild struct {
 	RolledBack string // the file listing the ids rolled back on purpose
 	Seed       uint64
 	Sync       outbox.Synchronous
+	// Protocol is the MQTT version the child's relay speaks: the kill and
+	// cut tests alternate 5 and 3.1.1 from child to child, so that both
+	// run every cycle's checks, and a file goes from one to the other.
+	Protocol outbox.MQTTProtocol
 	// Report has the child print "committed <id>" on stdout as each commit
 	// returns. The write reaches the pipe before the next commit starts,
 	// and what is in a pipe when a process is killed is still read at the
@@ -106,7 +110,7 @@ func (c ordersChild) run() {
 	if err != nil {
 		die("open: %v", err)
 	}
-	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(c.Broker, c.Client))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(c.Broker, c.Client, c.Protocol))
 	if err != nil {
 		die("publisher: %v", err)
 	}
@@ -335,7 +339,7 @@ func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, cl
 		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.NoError(t, err)
 	t.Cleanup(func() { ob.Close() })
-	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(brokerURL, client))
+	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(brokerURL, client, outbox.ProtocolAuto))
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	relay, err := ob.NewRelay(pub, crashRelayOptions(client))

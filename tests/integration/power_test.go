@@ -96,7 +96,7 @@ func (p *powerRun) cycle(n int, verbose bool) (pending int) {
 	}
 	child := startKilledChild(t, client, "TestPowerLossChild", powerEnvChild, ordersChild{
 		DB: p.path, Broker: p.link.URL(), Client: client, RolledBack: p.sidePath, Seed: p.rng.Uint64(),
-		Sync: p.sync, Report: true, Checkpoint: true})
+		Sync: p.sync, Report: true, Checkpoint: true, Protocol: childProtocol(n)})
 	defer child.done(verbose)
 	switch kind {
 	case cutAtStart:

@@ -446,7 +446,10 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", name, err)
 	}
-	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: "fleet-" + run + "-" + name, Logger: quiet})
+	// Half the fleet speaks MQTT 5 and half 3.1.1, as a fleet mid-upgrade
+	// would, so that both go through every run's checks.
+	proto := []outbox.MQTTProtocol{outbox.Protocol5, outbox.Protocol311}[i%2]
+	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: "fleet-" + run + "-" + name, Protocol: proto, Logger: quiet})
 	if err != nil {
 		ob.Close()
 		return nil, err

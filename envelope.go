@@ -256,6 +256,11 @@ func (e *encoder) encodeRow(m *row, carries bool) {
 		m.wire, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
 	} else {
 		m.wire, m.encErr = e.encode(make([]byte, 0, len(m.payload)*4/3+256+len(m.id)), &m.outgoing)
+		if carries && e.mode == EnvelopeCloudEvents {
+			// The CloudEvents MQTT binding: in structured mode over MQTT 5
+			// the Content Type is the event format's media type.
+			m.props.ContentType = structuredContentType
+		}
 	}
 	if m.encErr == nil {
 		if n := remainingLength(m.topic, len(m.wire), &m.props, carries); n > MaxMQTTPayloadBytes {
@@ -263,6 +268,10 @@ func (e *encoder) encodeRow(m *row, carries bool) {
 		}
 	}
 }
+
+// structuredContentType is the media type of a CloudEvents structured-mode
+// JSON document.
+const structuredContentType = "application/cloudevents+json"
 
 func isJSONContentType(ct string) bool {
 	mt, _, _ := strings.Cut(strings.ToLower(ct), ";")

@@ -116,3 +116,22 @@ func (p *propsPublisher) PublishWithProperties(topic string, payload []byte, pro
 	p.got = append(p.got, props.ContentType)
 	return p.fakePublisher.Publish(topic, payload)
 }
+
+// TestStructuredModeContentTypeOnMQTT5: the CloudEvents MQTT binding has a
+// structured-mode event over MQTT 5 carry the event format's media type as
+// its Content Type; over 3.1.1 there is nowhere to put it.
+func TestStructuredModeContentTypeOnMQTT5(t *testing.T) {
+	forProtocols(t, func(t *testing.T, proto MQTTProtocol) {
+		h := &publishSeen{}
+		m := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{new(auth.AllowHook), h}})
+		ob := openTest(t, Options{})
+		commitOrder(t, ob, "pos/orders", 1)
+		startRelay(t, mqttRelayOn(t, ob, "tcp://"+m.Addr(), fastRelay(), proto))
+		eventually(t, 10*time.Second, "published", func() bool { return len(h.all()) == 1 })
+		want := ""
+		if proto == Protocol5 {
+			want = "application/cloudevents+json"
+		}
+		require.Equal(t, want, h.all()[0].Properties.ContentType)
+	})
+}

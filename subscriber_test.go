@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -106,15 +107,25 @@ func testSubscriberStopLeavesNoPahoGoroutine(t *testing.T, proto MQTTProtocol) {
 		eventually(t, 5*time.Second, "subscriber connected", func() bool { return s.Stats().Connected })
 		cancel()
 		require.NoError(t, <-done)
-		require.Empty(t, blockedPahoGoroutines(), "stop %d: paho goroutines outlived Run", i)
+		if proto == Protocol5 {
+			// paho.golang hands a read error to goroutines of its own
+			// (Client.error, OnClientError) that nobody joins and that
+			// may start as Run returns: they close the client, already
+			// closed, and end. They must end soon, not be absent at once.
+			eventually(t, 5*time.Second, fmt.Sprintf("stop %d: paho.golang's goroutines ended", i), func() bool {
+				return len(blockedPahoGoroutines("")) == 0
+			})
+			continue
+		}
+		require.Empty(t, blockedPahoGoroutines(""), "stop %d: paho goroutines outlived Run", i)
 	}
 }
 
 // blockedPahoGoroutines returns the headers of goroutines in paho that are
-// waiting for something. One that is runnable or running may be on its
+// waiting for something (and whose stack holds in). One that is runnable or running may be on its
 // way out (it has just closed the channel Run waited on), so it is not
 // counted.
-func blockedPahoGoroutines() []string {
+func blockedPahoGoroutines(in string) []string {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -127,7 +138,7 @@ func blockedPahoGoroutines() []string {
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		head, _, _ := strings.Cut(g, "\n")
-		if !strings.Contains(g, "github.com/eclipse/paho") ||
+		if !strings.Contains(g, "github.com/eclipse/paho") || !strings.Contains(g, in) ||
 			strings.Contains(head, "[runnable") || strings.Contains(head, "[running") {
 			continue
 		}

@@ -32,6 +32,11 @@ func (p *PublishProperties) empty() bool {
 // each Connect, and publishes a message that has properties with
 // PublishWithProperties while it is true; a Publisher without this
 // interface keeps receiving Publish, as before.
+//
+// A type that embeds *MQTTPublisher gets this interface with it: one that
+// overrides Publish to see each message must override
+// PublishWithProperties too, or messages with properties (over MQTT 5,
+// every CloudEvents one: its Content Type) go around it.
 type PropertiesPublisher interface {
 	Publisher
 	// CarriesProperties reports whether the connection made by the last

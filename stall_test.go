@@ -66,7 +66,14 @@ func (p stallPublisher) aboutToHandOff(seq int64) {
 }
 
 func (p stallPublisher) Publish(topic string, payload []byte) Token {
-	inner := p.MQTTPublisher.Publish(topic, payload)
+	return p.PublishWithProperties(topic, payload, PublishProperties{})
+}
+
+// PublishWithProperties is what the relay calls over MQTT 5 (a CloudEvents
+// message has a Content Type there): the embedded publisher's would skip
+// the delay.
+func (p stallPublisher) PublishWithProperties(topic string, payload []byte, props PublishProperties) Token {
+	inner := p.MQTTPublisher.PublishWithProperties(topic, payload, props)
 	t := &slowToken{inner: inner, done: make(chan struct{})}
 	go func() {
 		<-inner.Done()

@@ -82,8 +82,15 @@ type timedPublisher struct {
 }
 
 func (p *timedPublisher) Publish(topic string, payload []byte) outbox.Token {
+	return p.PublishWithProperties(topic, payload, outbox.PublishProperties{})
+}
+
+// PublishWithProperties is what the relay calls for a message with MQTT 5
+// properties (structured mode over 5 has a Content Type): without it the
+// embedded publisher's would be called, and nothing noted.
+func (p *timedPublisher) PublishWithProperties(topic string, payload []byte, props outbox.PublishProperties) outbox.Token {
 	n := parseN(payload)
-	tok := p.MQTTPublisher.Publish(topic, payload)
+	tok := p.MQTTPublisher.PublishWithProperties(topic, payload, props)
 	go func() {
 		<-tok.Done()
 		if tok.Error() == nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
@@ -27,15 +28,17 @@ const (
 	// consumer is away, as 3.1.1's clean session false does.
 	sessionNeverExpires = 1<<32 - 1
 	// ackInterval is how often paho sends the acknowledgements made since
-	// (in order). A stop loses those of the last interval at most: their
-	// messages come again and the inbox recognises them.
+	// (in order). A stop waits for one more round of them; a crash loses
+	// those of the last interval at most: their messages come again and
+	// the inbox recognises them.
 	ackInterval = 10 * time.Millisecond
 )
 
 // message5 is a message received over MQTT 5.
 type message5 struct {
-	pb *paho.Publish
-	c  *paho.Client
+	pb      *paho.Publish
+	c       *paho.Client
+	lastAck *atomic.Int64 // when an Ack was last made (Unix ns), for the stop
 }
 
 func (m *message5) Topic() string   { return m.pb.Topic }
@@ -44,7 +47,10 @@ func (m *message5) Payload() []byte { return m.pb.Payload }
 // Ack marks the message acknowledged; paho sends the PUBACK within
 // ackInterval. Its error (the connection is gone) means the message comes
 // again, which the inbox recognises.
-func (m *message5) Ack() { _ = m.c.Ack(m.pb) }
+func (m *message5) Ack() {
+	_ = m.c.Ack(m.pb)
+	m.lastAck.Store(time.Now().UnixNano())
+}
 
 // properties returns the message's content type and user properties, for
 // DecodeEventMQTT.
@@ -90,6 +96,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		default:
 		}
 	}
+	var lastAck atomic.Int64
 	c := paho.NewClient(paho.ClientConfig{
 		ClientID:                   s.opts.ClientID,
 		Conn:                       packets.NewThreadSafeConn(conn),
@@ -99,7 +106,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		SendAcksInterval:           ackInterval,
 		// paho calls this from one goroutine, in arrival order.
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
-			queue.push(&message5{pb: pr.Packet, c: pr.Client})
+			queue.push(&message5{pb: pr.Packet, c: pr.Client, lastAck: &lastAck})
 			return true, nil
 		}},
 		OnClientError: setLost,
@@ -145,6 +152,13 @@ func (s *Subscriber) session5(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer func() {
 		cancel() // ends the Subscribe under way
+		// paho sends the acknowledgements every ackInterval and does not
+		// send the last ones on Disconnect: on a stop, give its ticker
+		// the time to, so that what was applied is not delivered again
+		// (at most 2 × ackInterval of waiting).
+		if d := time.Until(time.Unix(0, lastAck.Load()).Add(2 * ackInterval)); d > 0 {
+			time.Sleep(min(d, 2*ackInterval))
+		}
 		_ = c.Disconnect(&paho.Disconnect{ReasonCode: 0})
 		wg.Wait()
 	}()

@@ -372,6 +372,9 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) run(ctx context.Context) error {
 	conn, err := openRelayConn(ctx, r.ob.db)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	defer conn.close()
@@ -383,6 +386,9 @@ func (r *Relay) run(ctx context.Context) error {
 	if max := r.ob.db.Stats().MaxOpenConnections; max == 0 || max >= 3 {
 		rc, err := r.ob.db.Conn(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
 		reader = &relayConn{conn: rc, busyMS: conn.busyMS}

@@ -699,3 +699,15 @@ func TestRelayLeavesNoSettingsInThePool(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestRunStoppedWhileStarting: a relay whose context ends while it opens
+// its connections returns nil, as for any stop (it returned "outbox: relay:
+// context canceled", which failed TestEndToEndKillBothSides in CI once).
+func TestRunStoppedWhileStarting(t *testing.T) {
+	ob := openTest(t, Options{})
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, r.Run(ctx))
+}

@@ -109,6 +109,30 @@ type brokerMemory struct {
 	retry5At   time.Time
 }
 
+// use311 reports whether auto speaks 3.1.1 to this broker now.
+func (m *brokerMemory) use311(now time.Time) bool { return m.no5 || now.Before(m.retry5At) }
+
+// learn records how an MQTT 5 connect to this broker ended. It returns
+// why auto falls back to 3.1.1 now, for the log, or "" to stay on 5.
+// The publisher and the Subscriber keep one each, under their own lock.
+func (m *brokerMemory) learn(err error, now time.Time) (fallback string) {
+	switch {
+	case err == nil:
+		m.bareCloses = 0
+	case errors.Is(err, errUnsupportedVersion):
+		m.no5 = true
+		return "the broker does not speak MQTT 5; speaking 3.1.1 from now on"
+	case errors.Is(err, errClosedAfterConnect):
+		m.bareCloses++
+		if m.bareCloses >= 2 {
+			m.bareCloses = 0
+			m.retry5At = now.Add(retry5After)
+			return "the broker closed two MQTT 5 CONNECTs in a row without a CONNACK; speaking 3.1.1, trying 5 again in " + retry5After.String()
+		}
+	}
+	return ""
+}
+
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
 // when the relay asks.
 func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
@@ -265,41 +289,20 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		return p.connectV5(ctx)
 	}
 	p.mu.Lock()
-	use311 := m.no5 || time.Now().Before(m.retry5At)
+	use311 := m.use311(time.Now())
 	p.mu.Unlock()
 	if use311 {
 		return p.connect311(ctx)
 	}
 	err := p.connectV5(ctx)
-	switch {
-	case err == nil:
-		p.mu.Lock()
-		m.bareCloses = 0
-		p.mu.Unlock()
-		return nil
-	case errors.Is(err, errUnsupportedVersion):
-		p.mu.Lock()
-		m.no5 = true
-		p.mu.Unlock()
-		p.opts.Logger.Info("outbox mqtt: the broker does not speak MQTT 5; speaking 3.1.1 from now on", "broker", redactURL(p.url), "err", err)
-		return p.connect311(ctx)
-	case errors.Is(err, errClosedAfterConnect):
-		p.mu.Lock()
-		m.bareCloses++
-		fallback := m.bareCloses >= 2
-		if fallback {
-			m.bareCloses = 0
-			m.retry5At = time.Now().Add(retry5After)
-		}
-		p.mu.Unlock()
-		if !fallback {
-			return err
-		}
-		p.opts.Logger.Info("outbox mqtt: the broker closed two MQTT 5 CONNECTs in a row without a CONNACK; speaking 3.1.1, trying 5 again later",
-			"broker", redactURL(p.url), "retry_5_in", retry5After)
-		return p.connect311(ctx)
+	p.mu.Lock()
+	fallback := m.learn(err, time.Now())
+	p.mu.Unlock()
+	if fallback == "" {
+		return err
 	}
-	return err
+	p.opts.Logger.Info("outbox mqtt: "+fallback, "broker", redactURL(p.url), "err", err)
+	return p.connect311(ctx)
 }
 
 // connectV5 connects with MQTT 5.

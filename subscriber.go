@@ -97,13 +97,8 @@ type Subscriber struct {
 
 	mu       sync.Mutex
 	lastErr  error
-	protocol string // what the last connection spoke
-	// What auto learnt of the broker, as MQTTPublisher does: no5 once a
-	// CONNACK said it has no 5; after two bare closes in a row, 3.1.1
-	// until retry5At.
-	no5        bool
-	bareCloses int
-	retry5At   time.Time
+	protocol string       // what the last connection spoke
+	mem      brokerMemory // what auto learnt of the broker, as MQTTPublisher does
 }
 
 // Outcome is what became of a message.

@@ -351,42 +351,29 @@ func (s *Subscriber) session(ctx context.Context) error {
 		return s.session5(ctx)
 	}
 	s.mu.Lock()
-	use311 := s.no5 || time.Now().Before(s.retry5At)
+	use311 := s.mem.use311(time.Now())
 	s.mu.Unlock()
 	if use311 {
 		return s.session311(ctx)
 	}
 	err := s.session5(ctx)
-	switch {
-	case errors.Is(err, errUnsupportedVersion):
-		s.mu.Lock()
-		s.no5 = true
-		s.mu.Unlock()
-		s.log.Info("outbox subscriber: the broker does not speak MQTT 5; speaking 3.1.1 from now on", "broker", redactURL(s.url), "err", err)
-		return s.session311(ctx)
-	case errors.Is(err, errClosedAfterConnect):
-		s.mu.Lock()
-		s.bareCloses++
-		fallback := s.bareCloses >= 2
-		if fallback {
-			s.bareCloses = 0
-			s.retry5At = time.Now().Add(retry5After)
-		}
-		s.mu.Unlock()
-		if !fallback {
-			return err
-		}
-		s.log.Info("outbox subscriber: the broker closed two MQTT 5 CONNECTs in a row without a CONNACK; speaking 3.1.1, trying 5 again later",
-			"broker", redactURL(s.url), "retry_5_in", retry5After)
-		return s.session311(ctx)
+	if err == nil {
+		return nil // a stop; a connection that spoke 5 was recorded by spoke5
 	}
-	return err
+	s.mu.Lock()
+	fallback := s.mem.learn(err, time.Now())
+	s.mu.Unlock()
+	if fallback == "" {
+		return err
+	}
+	s.log.Info("outbox subscriber: "+fallback, "broker", redactURL(s.url), "err", err)
+	return s.session311(ctx)
 }
 
 // spoke5 records a connection that speaks 5.
 func (s *Subscriber) spoke5() {
 	s.mu.Lock()
-	s.bareCloses = 0
+	s.mem.learn(nil, time.Now())
 	s.protocol = "5"
 	s.mu.Unlock()
 }

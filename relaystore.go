@@ -268,20 +268,18 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 // committed reports whether another connection committed since version was
 // read; ok is false when ctx ended.
 func (r *Relay) committed(ctx context.Context, conn *relayConn, version int64) (changed, ok bool) {
-	{
-		var v int64
-		err := conn.do(func(c *sql.Conn) error {
-			dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
-			if err != nil {
-				return err
-			}
-			return dv.QueryRowContext(ctx).Scan(&v)
-		})
-		if err != nil || v != version {
-			return true, ctx.Err() == nil
+	var v int64
+	err := conn.do(func(c *sql.Conn) error {
+		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+		if err != nil {
+			return err
 		}
-		return false, true
+		return dv.QueryRowContext(ctx).Scan(&v)
+	})
+	if err != nil || v != version {
+		return true, ctx.Err() == nil
 	}
+	return false, true
 }
 
 // markSent records that every message up to and including seq is settled

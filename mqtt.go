@@ -136,22 +136,9 @@ func (m *brokerMemory) learn(err error, now time.Time) (fallback string) {
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
 // when the relay asks.
 func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
-	addrs := opts.Brokers
-	switch {
-	case opts.Broker != "" && len(opts.Brokers) > 0:
-		return nil, fmt.Errorf("outbox: mqtt: set Broker or Brokers, not both")
-	case opts.Broker != "":
-		addrs = []string{opts.Broker}
-	case len(addrs) == 0:
-		addrs = []string{""} // ParseBrokerURL says what is missing
-	}
-	var urls []*url.URL
-	for _, a := range addrs {
-		u, err := ParseBrokerURL(a)
-		if err != nil {
-			return nil, err
-		}
-		urls = append(urls, u)
+	urls, err := parseBrokers("mqtt", opts.Broker, opts.Brokers)
+	if err != nil {
+		return nil, err
 	}
 	if opts.ClientID == "" {
 		host, _ := os.Hostname()
@@ -190,12 +177,7 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	// The first address by the client id: FNV-1a, stable across restarts.
-	h := uint32(2166136261)
-	for i := 0; i < len(opts.ClientID); i++ {
-		h = (h ^ uint32(opts.ClientID[i])) * 16777619
-	}
-	first := int(h % uint32(len(urls)))
+	first := firstBroker(opts.ClientID, len(urls))
 	return &MQTTPublisher{opts: opts, urls: urls, mem: make([]brokerMemory, len(urls)), next: first, url: urls[first], at: first}, nil
 }
 

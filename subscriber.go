@@ -19,8 +19,16 @@ import (
 
 // SubscriberOptions configures a Subscriber.
 type SubscriberOptions struct {
-	// Broker is the broker's URL, as for MQTTOptions. Required.
+	// Broker is the broker's URL, as for MQTTOptions. Broker or Brokers is
+	// required.
 	Broker string
+	// Brokers are a clustered broker's nodes, as for MQTTOptions: each
+	// connection attempt after the first moves to the next address, and
+	// the first is chosen by ClientID. Set this or Broker, not both. A
+	// persistent session lives on the broker: on a node that lost it, the
+	// messages it held for this consumer are gone for it (a cluster that
+	// shares sessions among its nodes, as NATS's does, keeps them).
+	Brokers []string
 	// ClientID is required and must stay the same across restarts: with a
 	// persistent session the broker keeps what is published while the
 	// consumer is away, under this id.
@@ -86,7 +94,7 @@ type Subscriber struct {
 	in   *Inbox
 	h    Handler
 	opts SubscriberOptions
-	url  *url.URL
+	urls []*url.URL
 	log  *slog.Logger
 
 	connected   atomic.Bool
@@ -97,8 +105,11 @@ type Subscriber struct {
 
 	mu       sync.Mutex
 	lastErr  error
-	protocol string       // what the last connection spoke
-	mem      brokerMemory // what auto learnt of the broker, as MQTTPublisher does
+	protocol string         // what the last connection spoke
+	mem      []brokerMemory // per address, what auto learnt, as MQTTPublisher does
+	next     int            // the address the next connection tries
+	url      *url.URL       // the address of the current (or last) connection; set under mu by Run's goroutine
+	at       int            // its index
 }
 
 // Outcome is what became of a message.
@@ -135,6 +146,10 @@ type SubscriberStats struct {
 	// Protocol is the MQTT version the last connection spoke ("5" or
 	// "3.1.1"); empty before the first.
 	Protocol string
+	// Broker is the address of the current connection, or of the one
+	// being tried (SubscriberOptions.Brokers: a cluster's node), without
+	// credentials.
+	Broker string
 }
 
 // NewSubscriber returns a subscriber that applies events with h through in.
@@ -142,7 +157,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if in == nil || h == nil {
 		return nil, errors.New("outbox: subscriber: nil Inbox or Handler")
 	}
-	u, err := ParseBrokerURL(opts.Broker)
+	urls, err := parseBrokers("subscriber", opts.Broker, opts.Brokers)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +193,9 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if log == nil {
 		log = in.log
 	}
-	return &Subscriber{in: in, h: h, opts: opts, url: u, log: log.With("subscriber", opts.ClientID)}, nil
+	first := firstBroker(opts.ClientID, len(urls))
+	return &Subscriber{in: in, h: h, opts: opts, urls: urls, log: log.With("subscriber", opts.ClientID),
+		mem: make([]brokerMemory, len(urls)), next: first, url: urls[first], at: first}, nil
 }
 
 // Stats returns the subscriber's counters.
@@ -192,6 +209,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		st.LastError = s.lastErr.Error()
 	}
 	st.Protocol = s.protocol
+	st.Broker = redactURL(s.url)
 	s.mu.Unlock()
 	return st
 }
@@ -339,7 +357,7 @@ func (s *Subscriber) session311(ctx context.Context) error {
 			s.protocol = "3.1.1"
 			s.mu.Unlock()
 			s.connected.Store(true)
-			s.log.Info("outbox subscriber connected", "topics", s.opts.Topics, "protocol", "3.1.1")
+			s.log.Info("outbox subscriber connected", "broker", redactURL(s.url), "topics", s.opts.Topics, "protocol", "3.1.1")
 		case err := <-lost:
 			return fmt.Errorf("connection lost: %w", err)
 		case m := <-queue:

@@ -202,7 +202,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 				return fmt.Errorf("outbox: subscribe: %w", err)
 			}
 			s.connected.Store(true)
-			s.log.Info("outbox subscriber connected", "topics", s.opts.Topics, "protocol", "5")
+			s.log.Info("outbox subscriber connected", "broker", redactURL(s.url), "topics", s.opts.Topics, "protocol", "5")
 		case err := <-lost:
 			return fmt.Errorf("connection lost: %w", err)
 		case <-queue.ready:
@@ -344,6 +344,11 @@ func (c *firstBytes) classify(ca *paho.Connack, err error) error {
 // CONNACK says it does not speak 5 (for the Subscriber's life), or for
 // retry5After after two MQTT 5 CONNECTs in a row closed without a CONNACK.
 func (s *Subscriber) session(ctx context.Context) error {
+	s.mu.Lock()
+	s.at, s.url = s.next, s.urls[s.next]
+	s.next = (s.next + 1) % len(s.urls)
+	m := &s.mem[s.at]
+	s.mu.Unlock()
 	switch s.opts.Protocol {
 	case Protocol311:
 		return s.session311(ctx)
@@ -351,7 +356,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 		return s.session5(ctx)
 	}
 	s.mu.Lock()
-	use311 := s.mem.use311(time.Now())
+	use311 := m.use311(time.Now())
 	s.mu.Unlock()
 	if use311 {
 		return s.session311(ctx)
@@ -361,7 +366,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 		return nil // a stop; a connection that spoke 5 was recorded by spoke5
 	}
 	s.mu.Lock()
-	fallback := s.mem.learn(err, time.Now())
+	fallback := m.learn(err, time.Now())
 	s.mu.Unlock()
 	if fallback == "" {
 		return err
@@ -373,7 +378,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 // spoke5 records a connection that speaks 5.
 func (s *Subscriber) spoke5() {
 	s.mu.Lock()
-	s.mem.learn(nil, time.Now())
+	s.mem[s.at].learn(nil, time.Now())
 	s.protocol = "5"
 	s.mu.Unlock()
 }

@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"database/sql"
+	"hash/fnv"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +22,10 @@ import (
 // its sockets open and silent, as a hung machine's). The relay moves to the
 // next node; every committed event reaches a subscriber on a surviving node
 // (another than the relay's first), in commit order, none dead,
-// duplicates only from the messages in flight when the node went.
+// duplicates only from the messages in flight when the node went. A
+// consumer (Subscriber and Inbox) given the three nodes, on the relay's
+// node, moves too and applies every event once: its session lives in the
+// cluster's JetStream, not on the node.
 func TestNATSClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs a three-node NATS cluster")
@@ -70,6 +76,8 @@ func testNATSClusterFailover(t *testing.T, fault string) {
 	sub := harness.StartSubscriber(t, c.Nodes[y].MQTTAddr, harness.SubscriberOptions{ClientID: "cluster-consumer", Filter: "orders/#"}, eventIDSeq)
 	t.Logf("relay on %s, subscriber on %s; fault: %s", c.Nodes[x].Name, c.Nodes[y].Name, fault)
 
+	inbox := startClusterConsumer(t, urls, x)
+
 	var committed atomic.Int64
 	stopWriter := make(chan struct{})
 	var wg sync.WaitGroup
@@ -115,5 +123,62 @@ func testNATSClusterFailover(t *testing.T, fault string) {
 	// One lost connection (and the failed attempts on the dead node
 	// after it, which carry nothing): at most the window goes again.
 	require.LessOrEqual(t, rec.Duplicates, 2*64, "duplicates only from what was in flight")
+	require.True(t, harness.WaitFor(60*time.Second, func() bool { return inbox.applied() == total }),
+		"the consumer on the failed node applied every event: %d of %d", inbox.applied(), total)
+	require.Equal(t, total, inbox.distinct(), "each applied once")
+	cs := inbox.s.Stats()
+	require.NotEqual(t, urls[x], cs.Broker, "the consumer moved off the failed node")
+	t.Logf("consumer: applied %d, duplicates skipped %d, now on %s", cs.Applied, cs.Duplicates, cs.Broker)
 	t.Logf("committed %d, delivered %d (duplicates %d), subscriber reconnects %d", total, rec.Deliveries, rec.Duplicates, sub.Reconnects())
+}
+
+type clusterConsumer struct {
+	t  *testing.T
+	db *sql.DB
+	s  *outbox.Subscriber
+}
+
+// startClusterConsumer runs a Subscriber given every node, whose client id
+// makes it start on node x, applying through an Inbox.
+func startClusterConsumer(t *testing.T, urls []string, x int) *clusterConsumer {
+	const id = "cluster-inbox"
+	// The Subscriber's first address is FNV-1a of the client id modulo the
+	// number of addresses; order the list so that this is node x.
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	k := int(h.Sum32() % uint32(len(urls)))
+	brokers := make([]string, len(urls))
+	for i := range urls {
+		brokers[(k+i)%len(urls)] = urls[(x+i)%len(urls)]
+	}
+	db, err := outbox.OpenDB(filepath.Join(t.TempDir(), "consumer.db"), outbox.DBOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	_, err = db.Exec(`CREATE TABLE applied (id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	in, err := outbox.NewInbox(ctx, db, outbox.InboxOptions{Logger: testLogger()})
+	require.NoError(t, err)
+	s, err := outbox.NewSubscriber(in, func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO applied (id) VALUES (?)`, ev.ID)
+		return err
+	}, outbox.SubscriberOptions{Brokers: brokers, ClientID: id, Topics: []string{"orders/#"},
+		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
+		KeepAlive: 2 * time.Second, PingTimeout: time.Second, ConnectTimeout: 2 * time.Second, Logger: testLogger()})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.True(t, harness.WaitFor(30*time.Second, func() bool { st := s.Stats(); return st.Connected && st.Broker == urls[x] }),
+		"the consumer connected to the relay's node: %+v", s.Stats())
+	return &clusterConsumer{t: t, db: db, s: s}
+}
+
+func (c *clusterConsumer) applied() int  { return c.count(`SELECT count(*) FROM applied`) }
+func (c *clusterConsumer) distinct() int { return c.count(`SELECT count(DISTINCT id) FROM applied`) }
+
+func (c *clusterConsumer) count(q string) int {
+	var n int
+	require.NoError(c.t, c.db.QueryRow(q).Scan(&n))
+	return n
 }

@@ -179,7 +179,13 @@ func (l *lease) read(ctx context.Context) (owner string, token int64, where hold
 func (l *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
 	var n int64
 	err := l.conn.do(func(c *sql.Conn) error {
-		res, err := c.ExecContext(ctx, query, args...)
+		// Prepared once per connection: a renewal every TTL/4 is most of
+		// what an idle relay does (outboxctl fleet --idle).
+		st, err := l.conn.stmt(ctx, c, query)
+		if err != nil {
+			return err
+		}
+		res, err := st.ExecContext(ctx, args...)
 		if err != nil {
 			return err
 		}

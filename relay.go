@@ -212,7 +212,11 @@ type Relay struct {
 	// longest a watching relay goes without looking (walSafetyPoll).
 	watchWAL   func(path string) (*walSubscription, error)
 	safetyPoll time.Duration
-	metrics    relayMetrics // Metrics
+	// walIdx, while Run runs and watches, reads SQLite's WAL index so that
+	// a look need not be a query (walindex.go); nil: every look asks.
+	walIdx  *walIndex
+	looks   atomic.Int64 // data_version queries while waiting, for tests
+	metrics relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
@@ -395,11 +399,15 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
-	r.walEvents = nil
+	r.walEvents, r.walIdx = nil, nil
 	if r.ob.path != "" {
 		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
 			defer sub.Close()
 			r.walEvents = sub.C
+			if idx, err := openWALIndex(r.ob.path); err == nil {
+				defer idx.close()
+				r.walIdx = idx
+			}
 		} else {
 			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
 		}

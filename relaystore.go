@@ -237,10 +237,17 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 	// visible to the read that followed; no other event comes for it.
 	// Without this, about 1 % of a sidecar's commits waited for a late
 	// look (commit → PUBACK p99 101–543 ms in outboxctl bench section 3).
+	//
+	// With the WAL index (walindex.go) a look is two reads of files, not a
+	// query: data_version is asked only when the index changed, and the
+	// fast looks stop as soon as no commit is under way, so that an idle
+	// relay whose own writes (lease renewals) wake it does not keep
+	// looking for a second after each. The safety look always asks.
 	gap := min(walFirstLook, r.safetyPoll)
 	t := time.NewTimer(gap)
 	defer t.Stop()
 	for {
+		safety := false
 		select {
 		case <-ctx.Done():
 			return false
@@ -255,7 +262,18 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 				}
 			}
 		case <-t.C:
+			safety = gap >= r.safetyPoll
 			gap = min(gap+gap/2, r.safetyPoll)
+		}
+		if idx := r.walIdx; idx != nil && !safety {
+			changed, pending := idx.look()
+			if !pending {
+				gap = r.safetyPoll // until the next event
+			}
+			if !changed {
+				t.Reset(gap)
+				continue
+			}
 		}
 		changed, ok := r.committed(ctx, conn, version)
 		if changed || !ok {
@@ -269,6 +287,7 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 // read; ok is false when ctx ended.
 func (r *Relay) committed(ctx context.Context, conn *relayConn, version int64) (changed, ok bool) {
 	var v int64
+	r.looks.Add(1)
 	err := conn.do(func(c *sql.Conn) error {
 		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"text/tabwriter"
 	"time"
@@ -23,6 +24,8 @@ type fleetFlags struct {
 	broker, dir      string
 	initial, maxWait time.Duration
 	asJSON, quiet    bool
+	idle             time.Duration
+	cpuProfile       string
 }
 
 func (a *app) fleetCmd() *cobra.Command {
@@ -50,10 +53,17 @@ then the same without — and prints the two side by side with the ratio of
 their peaks.
 
 The exit status is 1 if any event was lost or phantom, or the recovery did
-not finish in time.`,
+not finish in time.
+
+With --idle it measures instead what the devices' relays cost while there is
+nothing to send: every relay on the library's defaults (watching its WAL
+where the OS can), connected, and the process's CPU (user and system) over
+the window, with lease renewals and garbage collections per second;
+--cpuprofile writes a CPU profile of the window for the breakdown.`,
 		Example: `  outboxctl fleet
   outboxctl fleet --devices 100 --outage 10s --jitter on
-  outboxctl fleet --broker tcp://127.0.0.1:1883 --json`,
+  outboxctl fleet --broker tcp://127.0.0.1:1883 --json
+  outboxctl fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.devices < 1 || f.devices > 10000 {
@@ -83,6 +93,9 @@ not finish in time.`,
 				if _, err := outbox.ParseBrokerURL(f.broker); err != nil {
 					return usageError{err}
 				}
+			}
+			if f.idle != 0 || f.cpuProfile != "" {
+				return a.fleetIdle(cmd, f)
 			}
 			var reports []fleet.Report
 			for _, j := range jitters {
@@ -136,7 +149,50 @@ not finish in time.`,
 	cmd.Flags().DurationVar(&f.maxWait, "reconnect-max", or(def.Max, 30*time.Second), "cap on one reconnection wait")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print the reports as JSON")
 	cmd.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	cmd.Flags().DurationVar(&f.idle, "idle", 0, "measure the CPU of idle relays over this window instead of the outage scenario")
+	cmd.Flags().StringVar(&f.cpuProfile, "cpuprofile", "", "with --idle: write a CPU profile of the window to this file")
 	return cmd
+}
+
+// fleetIdle runs the idle measurement (--idle).
+func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
+	if f.idle < time.Second {
+		return usageError{fmt.Errorf("--idle %s: give a window of at least 1s", f.idle)}
+	}
+	cfg := fleet.IdleConfig{Devices: f.devices, Measure: f.idle, Broker: f.broker, Dir: f.dir}
+	if f.cpuProfile != "" {
+		file, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer file.Close()
+		cfg.CPUProfile = file
+	}
+	if !f.quiet {
+		cfg.Progress = func(format string, args ...any) { fmt.Fprintf(a.stderr, "fleet (idle): "+format+"\n", args...) }
+	}
+	rep, err := fleet.RunIdle(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	broker := "an embedded broker in this process (its CPU counted)"
+	if f.broker != "" {
+		broker = "broker " + f.broker
+	}
+	fmt.Fprintf(a.stdout, "fleet idle: %d relays, library defaults, %s, %d CPUs, window %s\n\n", rep.Devices, broker, runtime.NumCPU(), rep.Window)
+	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "CPU, all relays\t%.1f %% of one core\t\n", rep.CoreFraction*100)
+	fmt.Fprintf(tw, "user / system\t%.2f s / %.2f s\t\n", rep.UserSeconds, rep.SysSeconds)
+	fmt.Fprintf(tw, "per relay\t%.1f µs/s\t\n", rep.CPUSeconds/time.Duration(rep.Window).Seconds()/float64(rep.Devices)*1e6)
+	fmt.Fprintf(tw, "lease renewals\t%.1f /s\t\n", rep.LeaseRenewalsPerS)
+	fmt.Fprintf(tw, "garbage collections\t%.2f /s\t\n", rep.GCPerS)
+	fmt.Fprintf(tw, "goroutines\t%d\t\n", rep.Goroutines)
+	return tw.Flush()
 }
 
 func or(d, def time.Duration) time.Duration {

@@ -431,6 +431,16 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 }
 
 func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, error) {
+	// Commits from this process wake the relay at once; the poll is for
+	// other processes where the WAL cannot be watched, and hundreds of
+	// relays polling every 2 ms would take this machine's CPU.
+	return openDeviceWith(dir, prefix, run, broker, i, outbox.RelayOptions{
+		Reconnect: cfg.Reconnect, PollInterval: 250 * time.Millisecond, Retention: -1})
+}
+
+// openDeviceWith opens device i with its relay on ro (its Source,
+// TopicPrefix and Owner are the device's).
+func openDeviceWith(dir, prefix, run, broker string, i int, ro outbox.RelayOptions) (*device, error) {
 	name := fmt.Sprintf("dev-%04d", i)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	// NORMAL: hundreds of simulated devices share this one disk, where a
@@ -454,17 +464,8 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 		ob.Close()
 		return nil, err
 	}
-	relay, err := ob.NewRelay(pub, outbox.RelayOptions{
-		Source:      "/fleet/" + name,
-		TopicPrefix: own,
-		Reconnect:   cfg.Reconnect,
-		// Commits from this process wake the relay at once; the poll is
-		// for other processes, and hundreds of relays polling every 2 ms
-		// would take this machine's CPU.
-		PollInterval: 250 * time.Millisecond,
-		Retention:    -1,
-		Owner:        name,
-	})
+	ro.Source, ro.TopicPrefix, ro.Owner = "/fleet/"+name, own, name
+	relay, err := ob.NewRelay(pub, ro)
 	if err != nil {
 		ob.Close()
 		pub.Close()

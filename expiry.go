@@ -104,15 +104,6 @@ func (o *Outbox) storeClock(ctx context.Context, db querier) error {
 	return nil
 }
 
-// storeClockIfDue is storeClock when the clock ran outboxClockStoreEvery
-// ahead of the stored one.
-func (r *Relay) storeClockIfDue(ctx context.Context, conn *relayConn) error {
-	if _, due := r.ob.clock.due(); !due {
-		return nil
-	}
-	return conn.do(func(c *sql.Conn) error { return r.ob.storeClock(ctx, c) })
-}
-
 // expiryMillis is d in whole milliseconds, rounded up, so that a message
 // never lives less than its Expiry.
 func expiryMillis(d time.Duration) int64 {

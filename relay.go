@@ -212,11 +212,20 @@ type Relay struct {
 	// longest a watching relay goes without looking (walSafetyPoll).
 	watchWAL   func(path string) (*walSubscription, error)
 	safetyPoll time.Duration
+	// openWALIndex is openWALIndex unless a test replaces it.
+	openWALIndex func(dbPath string) (*walIndex, error)
 	// walIdx, while Run runs and watches, reads SQLite's WAL index so that
 	// a look need not be a query (walindex.go); nil: every look asks.
-	walIdx  *walIndex
-	looks   atomic.Int64 // data_version queries while waiting, for tests
-	metrics relayMetrics // Metrics
+	walIdx *walIndex
+	looks  atomic.Int64 // data_version queries while waiting, for tests
+	// ownStarted and ownDone count the relay's own commits that
+	// waitForWAL may discount: lease renewals, each of which commits when
+	// it succeeds (it changes a row). Started is counted before the
+	// statement and taken back when it fails; done after it returned.
+	// Counting what did not commit could hide another process's commit
+	// until the next safety query; so nothing else is counted.
+	ownStarted, ownDone atomic.Int64
+	metrics             relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
@@ -245,7 +254,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
 	r.syncWAL = r.wal.sync
-	r.watchWAL, r.safetyPoll = watchWAL, walSafetyPoll
+	r.watchWAL, r.safetyPoll, r.openWALIndex = watchWAL, walSafetyPoll, openWALIndex
 	return r, nil
 }
 
@@ -404,7 +413,7 @@ func (r *Relay) run(ctx context.Context) error {
 		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
 			defer sub.Close()
 			r.walEvents = sub.C
-			if idx, err := openWALIndex(r.ob.path); err == nil {
+			if idx, err := r.openWALIndex(r.ob.path); err == nil {
 				defer idx.close()
 				r.walIdx = idx
 			}

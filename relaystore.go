@@ -227,6 +227,7 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 const (
 	walFirstLook  = 100 * time.Microsecond
 	walSafetyPoll = time.Second
+	walAskEvery   = 5 // safety looks per data_version query, with the WAL index
 )
 
 // waitForWAL is waitForWork for a relay that watches its WAL.
@@ -239,15 +240,38 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 	// look (commit → PUBACK p99 101–543 ms in outboxctl bench section 3).
 	//
 	// With the WAL index (walindex.go) a look is two reads of files, not a
-	// query: data_version is asked only when the index changed, and the
-	// fast looks stop as soon as no commit is under way, so that an idle
-	// relay whose own writes (lease renewals) wake it does not keep
-	// looking for a second after each. The safety look always asks.
+	// query. It counts the commits since the wait began, and data_version
+	// is asked only when some were not the relay's own (its lease
+	// renewals, counted in ownCommits); the fast looks stop once no commit
+	// is under way. So an idle relay, whose own writes wake it every few
+	// seconds, neither queries nor reads its outbox for them (500 relays in
+	// one process: outboxctl fleet --idle). Every walAskEvery-th safety
+	// look asks data_version anyway, and a commit the index did not show
+	// turns the index off.
+	//
+	// The counts are read in an order that can only overstate others'
+	// commits: the base of commits before the base of own ones started,
+	// and at each look own ones done before commits; the query at entry
+	// comes after both bases, for what committed since the batch read.
+	idx := r.walIdx
+	var base uint32
+	var ownBase int64
+	if idx != nil {
+		var ok bool
+		if base, _, ok = idx.look(); !ok {
+			idx = nil
+		}
+		ownBase = r.ownStarted.Load()
+		if changed, ok := r.committed(ctx, conn, version); changed || !ok {
+			return ok
+		}
+	}
 	gap := min(walFirstLook, r.safetyPoll)
 	t := time.NewTimer(gap)
 	defer t.Stop()
+	safeties := 0
 	for {
-		safety := false
+		ask := idx == nil
 		select {
 		case <-ctx.Done():
 			return false
@@ -262,22 +286,41 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 				}
 			}
 		case <-t.C:
-			safety = gap >= r.safetyPoll
+			if gap >= r.safetyPoll {
+				safeties++
+				ask = ask || safeties%walAskEvery == 0
+			}
 			gap = min(gap+gap/2, r.safetyPoll)
 		}
-		if idx := r.walIdx; idx != nil && !safety {
-			changed, pending := idx.look()
-			if !pending {
-				gap = r.safetyPoll // until the next event
-			}
-			if !changed {
+		others := true
+		if idx != nil {
+			done := r.ownDone.Load()
+			commits, pending, ok := idx.look()
+			others = !ok || int64(commits-base) > done-ownBase
+			if others && ok && r.ownStarted.Load() > r.ownDone.Load() {
+				// Most likely a renewal that committed and has not
+				// returned yet: look again soon rather than ask.
 				t.Reset(gap)
 				continue
 			}
+			if !pending {
+				gap = r.safetyPoll // until the next event
+			}
+			ask = ask || others
 		}
-		changed, ok := r.committed(ctx, conn, version)
-		if changed || !ok {
-			return ok
+		if ask {
+			changed, ok := r.committed(ctx, conn, version)
+			if changed && idx != nil {
+				// What committed came after the base (the query at entry
+				// saw nothing), and is visible: the index must have moved.
+				if commits, _, ok := idx.look(); ok && commits == base {
+					r.log.Warn("outbox relay: SQLite's WAL index did not show a commit; looking with queries from now on")
+					r.walIdx = nil
+				}
+			}
+			if changed || !ok {
+				return ok
+			}
 		}
 		t.Reset(gap)
 	}

@@ -10,15 +10,13 @@ import (
 // WAL-index header at the start of the -shm file (which every connection,
 // in any process, maps into memory; a read of the file sees the same page)
 // and the frame after the last committed one in the WAL. It tells a
-// watching relay whether anything committed since its last look, and
-// whether a commit is under way (its frames written, the header not yet
+// watching relay how many commits there were (so that it can tell its own
+// from others'), and whether a commit is under way (its frames written, the header not yet
 // updated: at FULL, the fsync in between). PRAGMA data_version stays the
 // authority; this only spares the relay that query, and its wake-ups, while
 // nothing is happening. See waitForWAL.
 type walIndex struct {
 	shm, wal *os.File
-	last     [walIndexHdrSize]byte
-	known    bool
 }
 
 // The WAL-index header (SQLite's WalIndexHdr, in the machine's byte order),
@@ -48,23 +46,22 @@ func (w *walIndex) close() {
 	w.wal.Close()
 }
 
-// look reads the header. changed: it differs from the last look's (or
-// could not be read whole): something may have committed, ask SQLite.
-// pending: the WAL holds a frame of the current generation after the last
-// committed one, or that could not be told: a commit may be under way.
-func (w *walIndex) look() (changed, pending bool) {
+// look reads the header: commits counts the commits to this database so
+// far, by any connection (SQLite's iChange, which every commit, and
+// nothing else, moves on by one; it wraps); pending says that the WAL holds
+// a frame of the current generation after the last committed one, or that
+// this could not be told: a commit may be under way. ok is false when the
+// header could not be read whole, or a writer was updating it: ask SQLite.
+func (w *walIndex) look() (commits uint32, pending, ok bool) {
 	var two [2 * walIndexHdrSize]byte
 	if n, _ := w.shm.ReadAt(two[:], 0); n != len(two) || !bytes.Equal(two[:walIndexHdrSize], two[walIndexHdrSize:]) {
-		w.known = false
-		return true, true
+		return 0, true, false
 	}
 	hdr := two[:walIndexHdrSize]
-	changed = !w.known || !bytes.Equal(hdr, w.last[:])
-	copy(w.last[:], hdr)
-	w.known = true
 	if hdr[12] == 0 { // isInit: no connection has read the WAL yet
-		return changed, true
+		return 0, true, false
 	}
+	commits = binary.NativeEndian.Uint32(hdr[8:])
 	size := int64(binary.NativeEndian.Uint16(hdr[14:]))
 	if size == 1 {
 		size = 65536
@@ -76,7 +73,7 @@ func (w *walIndex) look() (changed, pending bool) {
 	var frame [walFrameHdrSize]byte
 	n, _ := w.wal.ReadAt(frame[:], walHdrSize+mxFrame*(size+walFrameHdrSize))
 	if n != len(frame) {
-		return changed, false // nothing written after the last commit
+		return commits, false, true // nothing written after the last commit
 	}
-	return changed, bytes.Equal(frame[8:16], hdr[32:40])
+	return commits, bytes.Equal(frame[8:16], hdr[32:40]), true
 }

@@ -243,3 +243,30 @@ func TestInboxRetriesSerializationFailures(t *testing.T) {
 		require.EqualValues(t, 1, runs.Load(), "a unique violation is not retried")
 	})
 }
+
+// TestInboxPostgresText: what PostgreSQL's text cannot hold (NUL, invalid
+// UTF-8) makes an event invalid, to be quarantined, not retried for ever;
+// a quarantine row keeps a readable form of such a topic and reason.
+func TestInboxPostgresText(t *testing.T) {
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
+		require.NoError(t, err)
+		err = in.Apply(ctx, Event{Source: "/s", ID: "e1", Type: "order\x00placed"}, d.record)
+		if d.dialect == DialectPostgres {
+			require.ErrorIs(t, err, ErrInvalidMessage)
+			require.Zero(t, d.count(t, db))
+		} else {
+			require.NoError(t, err, "SQLite's text holds a NUL")
+		}
+		require.NoError(t, in.Quarantine(ctx, "t\x00x", []byte{0, 0xff}, "bad \xff\x00 reason"))
+		var topic, reason string
+		var payload []byte
+		require.NoError(t, db.QueryRow(`SELECT topic, reason, payload FROM inbox_quarantine`).Scan(&topic, &reason, &payload))
+		require.Equal(t, []byte{0, 0xff}, payload, "the payload is kept as it came")
+		if d.dialect == DialectPostgres {
+			require.Equal(t, []string{"t\uFFFDx", "bad \uFFFD\uFFFD reason"}, []string{topic, reason})
+		}
+	})
+}

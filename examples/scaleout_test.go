@@ -341,3 +341,72 @@ func TestConsumersThroughput(t *testing.T) {
 			float64(events)/took.Seconds(), strings.Join(strings.Fields(string(load0))[:3], " "), strings.Join(strings.Fields(string(load1))[:3], " "))
 	}
 }
+
+// TestConsumersPartitioned: the other way to scale out, which keeps each
+// till's order. Two consumers on one PostgreSQL inbox, each given its own
+// tills' topics (--topics): every event reaches the one consumer of its
+// till, and each till's events are applied in the order it committed them.
+func TestConsumersPartitioned(t *testing.T) {
+	consumerBin := build(t, "consumer")
+	pg := harness.StartPostgres(t, harness.PostgresOptions{})
+	dsn := pg.NewDatabase(t)
+	mq := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	dir := t.TempDir()
+	partitions := map[string]string{"part-a": "stores/1/#", "part-b": "stores/2/#,stores/3/#"}
+	owner := map[string]string{"/stores/1/tills/1": "part-a", "/stores/2/tills/1": "part-b", "/stores/3/tills/1": "part-b"}
+	for id, topics := range partitions {
+		log := filepath.Join(dir, id+".log")
+		p := harness.StartProgram(t, id, log, consumerBin, "--broker", mq.URL(), "--postgres", dsn, "--topics", topics, "--client-id", id)
+		harness.Eventually(t, 60*time.Second, id+" subscribed", func() bool {
+			if p.Exited() {
+				b, _ := os.ReadFile(log)
+				t.Fatalf("%s exited at start-up:\n%s", id, b)
+			}
+			b, _ := os.ReadFile(log)
+			return strings.Contains(string(b), "subscribed to "+topics+" ")
+		})
+	}
+
+	ctx := context.Background()
+	const perTill = 150
+	for s := 1; s <= 3; s++ {
+		ob, err := outbox.Open(ctx, filepath.Join(dir, fmt.Sprintf("till-%d.db", s)), outbox.Options{Logger: harness.TestLogger()})
+		require.NoError(t, err)
+		t.Cleanup(func() { ob.Close() })
+		pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: mq.URL(), ClientID: fmt.Sprintf("till-%d", s)})
+		require.NoError(t, err)
+		t.Cleanup(func() { pub.Close() })
+		relay, err := ob.NewRelay(pub, outbox.RelayOptions{Source: fmt.Sprintf("/stores/%d/tills/1", s)})
+		require.NoError(t, err)
+		harness.RunInBackground(t, fmt.Sprintf("relay %d", s), relay)
+		for n := 1; n <= perTill; n++ {
+			require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+				return ob.Enqueue(ctx, tx, outbox.Message{Topic: fmt.Sprintf("stores/%d/orders", s), Payload: fmt.Appendf(nil, `{"n":%d}`, n)})
+			}))
+		}
+	}
+
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	harness.Eventually(t, 60*time.Second, "every event applied", func() bool {
+		var c int
+		return db.QueryRow(`SELECT count(*) FROM orders_seen`).Scan(&c) == nil && c >= 3*perTill
+	})
+	rows, err := db.Query(`SELECT consumer, source, seq FROM orders_seen ORDER BY n`)
+	require.NoError(t, err)
+	defer rows.Close()
+	last := map[string]int64{} // source -> seq applied last
+	count := map[string]int{}
+	for rows.Next() {
+		var consumer, source string
+		var seq int64
+		require.NoError(t, rows.Scan(&consumer, &source, &seq))
+		require.Equal(t, owner[source], consumer, "the event of %s went to its partition's consumer", source)
+		require.Greater(t, seq, last[source], "%s: seq %d applied after %d", source, seq, last[source])
+		last[source] = seq
+		count[source]++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]int{"/stores/1/tills/1": perTill, "/stores/2/tills/1": perTill, "/stores/3/tills/1": perTill}, count)
+}

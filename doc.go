@@ -81,8 +81,9 @@
 //
 // # The consumer side
 //
-// An [Inbox] applies each event once, in the consumer's own SQLite
-// database: [Inbox.Apply] runs a [Handler] and records the event's source
+// An [Inbox] applies each event once, in the consumer's own database,
+// SQLite or PostgreSQL ([DialectPostgres], through pgx's stdlib driver,
+// which the library does not import): [Inbox.Apply] runs a [Handler] and records the event's source
 // and id in one transaction, and returns [ErrDuplicate], without running the
 // handler, for an event it applied within InboxOptions.DedupeWindow. The
 // window is measured on an inbox clock stored in that database, which

@@ -38,7 +38,13 @@ type InboxOptions struct {
 	// Inbox on this database was running, which a wall-clock jump cannot
 	// shorten (downtime does not count).
 	DedupeWindow time.Duration
-	Logger       *slog.Logger
+	// Dialect is the SQL dialect of the database: DialectSQLite or
+	// DialectPostgres; empty (the default) detects it from db's driver
+	// (PostgreSQL for github.com/jackc/pgx/v5/stdlib, SQLite otherwise).
+	// Give it for another PostgreSQL driver, or a driver wrapped by
+	// another package.
+	Dialect Dialect
+	Logger  *slog.Logger
 	// Now is the wall clock; only the times shown (applied_at,
 	// received_at) depend on it.
 	Now func() time.Time
@@ -50,10 +56,12 @@ type InboxOptions struct {
 
 // Inbox makes at-least-once delivery safe for a consumer: it runs the
 // consumer's handler and records the event's (source, id) in ONE transaction
-// of the consumer's own SQLite database, so an event is applied once however
-// often it is delivered.
+// of the consumer's own database, SQLite or PostgreSQL, so an event is
+// applied once however often it is delivered. On PostgreSQL, consumers in
+// several processes may share the database and apply at once.
 type Inbox struct {
 	db      *sql.DB
+	dialect *inboxDialect
 	window  time.Duration
 	log     *slog.Logger
 	now     func() time.Time
@@ -65,6 +73,9 @@ type Inbox struct {
 }
 
 // NewInbox creates or migrates the inbox schema in db and returns an Inbox.
+// For PostgreSQL, open db with the github.com/jackc/pgx/v5/stdlib driver
+// (sql.Open("pgx", dsn)); the library does not import it, so a device's
+// binary does not carry it.
 func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error) {
 	if db == nil {
 		return nil, errors.New("outbox: inbox: nil *sql.DB")
@@ -72,14 +83,18 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 	if opts.DedupeWindow < 0 {
 		return nil, fmt.Errorf("outbox: inbox: negative DedupeWindow")
 	}
-	if err := migrateSet(ctx, db, "inbox_schema", inboxMigrations, ""); err != nil {
+	dialect, err := dialectFor(db, opts.Dialect)
+	if err != nil {
+		return nil, err
+	}
+	if err := dialect.migrate(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: inbox schema: %w", err)
 	}
 	var stored int64
 	if err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT elapsed_ms FROM inbox_clock WHERE id = 1), 0)`).Scan(&stored); err != nil {
 		return nil, fmt.Errorf("outbox: inbox clock: %w", err)
 	}
-	in := &Inbox{db: db, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now, elapsed: opts.elapsed, base: stored, stored: stored}
+	in := &Inbox{db: db, dialect: dialect, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now, elapsed: opts.elapsed, base: stored, stored: stored}
 	if in.elapsed == nil {
 		// time.Since reads the monotonic clock, which NTP and RTC resets
 		// do not move.
@@ -152,22 +167,21 @@ func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 	if len(ev.ID) > maxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
 		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", ErrInvalidMessage)
 	}
-	err := runTx(ctx, in.db, func(tx *sql.Tx) error {
+	err := runTxRetrying(ctx, in.db, in.dialect.retry, func(tx *sql.Tx) error {
 		persisted = 0
 		if ev.ID != "" {
 			// The insert comes first: it takes the write lock at once and
 			// tells a duplicate before the handler runs.
 			tick, persist := in.applyTick()
-			res, err := tx.ExecContext(ctx, `INSERT INTO inbox (source, id, type, sequence, applied_at, applied_tick) VALUES (?, ?, ?, ?, ?, `+tickSQL+`)
-				ON CONFLICT (source, id) DO NOTHING`, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli(), tick)
+			res, err := tx.ExecContext(ctx, in.dialect.insertApplied, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli(), tick)
 			if err != nil {
-				return err
+				return in.dialect.insertErr(err)
 			}
 			if n, _ := res.RowsAffected(); n == 0 {
 				return ErrDuplicate
 			}
 			if persist {
-				if _, err := tx.ExecContext(ctx, `UPDATE inbox_clock SET elapsed_ms = max(elapsed_ms, ?) WHERE id = 1`, tick); err != nil {
+				if _, err := tx.ExecContext(ctx, in.dialect.bumpClock, tick); err != nil {
 					return err
 				}
 				persisted = tick
@@ -188,8 +202,8 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := in.db.ExecContext(ctx, `INSERT INTO inbox_quarantine (topic, payload, reason, received_at, received_tick) VALUES (?, ?, ?, ?, `+tickSQL+`)`,
-		topic, payload, reason, in.now().UnixMilli(), in.tick())
+	_, err := in.db.ExecContext(ctx, in.dialect.quarantine,
+		in.dialect.text(topic), payload, in.dialect.text(reason), in.now().UnixMilli(), in.tick())
 	if err != nil {
 		return fmt.Errorf("outbox: quarantine: %w", classifyWriteErr(err))
 	}
@@ -201,22 +215,18 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 // returns how many applied events it forgot. It also stores the inbox
 // clock, so that inbox time survives a restart.
 func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
-	// max(): several processes may share the database, and one whose clock
-	// lags must not move the stored clock back; it catches up instead.
 	var stored int64
-	err := in.db.QueryRowContext(ctx, `INSERT INTO inbox_clock (id, elapsed_ms) VALUES (1, ?)
-		ON CONFLICT (id) DO UPDATE SET elapsed_ms = max(elapsed_ms, excluded.elapsed_ms)
-		RETURNING elapsed_ms`, in.tick()).Scan(&stored)
+	err := in.db.QueryRowContext(ctx, in.dialect.storeClock, in.tick()).Scan(&stored)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: inbox clock: %w", classifyWriteErr(err))
 	}
 	in.catchUp(stored)
 	before := stored - in.window.Milliseconds()
-	n, err := purgeBatches(ctx, in.db, `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_tick < ? LIMIT ?)`, before, purgeBatch)
+	n, err := purgeBatches(ctx, in.db, in.dialect.purgeApplied, before, purgeBatch)
 	if err != nil {
 		return n, err
 	}
-	_, err = purgeBatches(ctx, in.db, `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_tick < ? LIMIT ?)`, before, purgeBatch)
+	_, err = purgeBatches(ctx, in.db, in.dialect.purgeQuarantine, before, purgeBatch)
 	return n, err
 }
 

@@ -39,66 +39,71 @@ func appliedCount(t *testing.T, db *sql.DB) int {
 }
 
 func TestInboxAppliesOnce(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "consumer.db")
-	db := consumerDB(t, path)
-	in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
-	require.NoError(t, err)
-	ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created", Sequence: 7, Data: []byte(`{}`)}
-	require.NoError(t, in.Apply(ctx, ev, recordApplied))
-	require.ErrorIs(t, in.Apply(ctx, ev, recordApplied), ErrDuplicate)
-	// The same id from another source is another event.
-	other := ev
-	other.Source = "/stores/2"
-	require.NoError(t, in.Apply(ctx, other, recordApplied))
-	require.Equal(t, 2, appliedCount(t, db))
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
+		require.NoError(t, err)
+		ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created", Sequence: 7, Data: []byte(`{}`)}
+		require.NoError(t, in.Apply(ctx, ev, d.record))
+		require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate)
+		// The same id from another source is another event.
+		other := ev
+		other.Source = "/stores/2"
+		require.NoError(t, in.Apply(ctx, other, d.record))
+		require.Equal(t, 2, d.count(t, db))
 
-	// Across a restart.
-	db.Close()
-	db = consumerDB(t, path)
-	in, err = NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
-	require.NoError(t, err)
-	require.ErrorIs(t, in.Apply(ctx, ev, recordApplied), ErrDuplicate)
-	require.Equal(t, 2, appliedCount(t, db))
+		// Across a restart.
+		db.Close()
+		db = d.open(t)
+		in, err = NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
+		require.NoError(t, err)
+		require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate)
+		require.Equal(t, 2, d.count(t, db))
+	})
 }
 
 func TestInboxHandlerErrorRollsBack(t *testing.T) {
-	ctx := context.Background()
-	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
-	in, err := NewInbox(ctx, db, InboxOptions{})
-	require.NoError(t, err)
-	ev := Event{Source: "/s", ID: "e1", Type: "t"}
-	boom := errors.New("stock service down")
-	err = in.Apply(ctx, ev, func(ctx context.Context, tx *sql.Tx, ev Event) error {
-		if err := recordApplied(ctx, tx, ev); err != nil {
-			return err
-		}
-		return boom
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		in, err := NewInbox(ctx, db, InboxOptions{})
+		require.NoError(t, err)
+		ev := Event{Source: "/s", ID: "e1", Type: "t"}
+		boom := errors.New("stock service down")
+		err = in.Apply(ctx, ev, func(ctx context.Context, tx *sql.Tx, ev Event) error {
+			if err := d.record(ctx, tx, ev); err != nil {
+				return err
+			}
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.Zero(t, d.count(t, db), "the handler's writes rolled back")
+		require.NoError(t, in.Apply(ctx, ev, d.record), "not recorded as applied, so it is retried")
+		require.Equal(t, 1, d.count(t, db))
 	})
-	require.ErrorIs(t, err, boom)
-	require.Zero(t, appliedCount(t, db), "the handler's writes rolled back")
-	require.NoError(t, in.Apply(ctx, ev, recordApplied), "not recorded as applied, so it is retried")
-	require.Equal(t, 1, appliedCount(t, db))
 }
 
 func TestInboxValidationAndSchema(t *testing.T) {
-	ctx := context.Background()
-	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
-	in, err := NewInbox(ctx, db, InboxOptions{})
-	require.NoError(t, err)
-	require.ErrorIs(t, in.Apply(ctx, Event{ID: "x"}, recordApplied), ErrInvalidMessage)
-	require.ErrorIs(t, in.Apply(ctx, Event{Source: "s", ID: "\xff"}, recordApplied), ErrInvalidMessage)
-	// Without an id (raw envelope) the handler runs every time.
-	require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, recordApplied))
-	require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, recordApplied))
-	require.Equal(t, 2, appliedCount(t, db))
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		in, err := NewInbox(ctx, db, InboxOptions{})
+		require.NoError(t, err)
+		require.ErrorIs(t, in.Apply(ctx, Event{ID: "x"}, d.record), ErrInvalidMessage)
+		require.ErrorIs(t, in.Apply(ctx, Event{Source: "s", ID: "\xff"}, d.record), ErrInvalidMessage)
+		// Without an id (raw envelope) the handler runs every time.
+		require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, d.record))
+		require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, d.record))
+		require.Equal(t, 2, d.count(t, db))
 
-	_, err = NewInbox(ctx, db, InboxOptions{})
-	require.NoError(t, err, "migrations are idempotent")
-	_, err = db.Exec(`INSERT INTO inbox_schema (version) VALUES (99)`)
-	require.NoError(t, err)
-	_, err = NewInbox(ctx, db, InboxOptions{})
-	require.ErrorIs(t, err, ErrSchemaTooNew)
+		_, err = NewInbox(ctx, db, InboxOptions{})
+		require.NoError(t, err, "migrations are idempotent")
+		_, err = db.Exec(`INSERT INTO inbox_schema (version) VALUES (99)`)
+		require.NoError(t, err)
+		_, err = NewInbox(ctx, db, InboxOptions{})
+		require.ErrorIs(t, err, ErrSchemaTooNew)
+	})
 }
 
 // fakeElapsed stands in for an Inbox's monotonic clock: inbox time moves
@@ -134,172 +139,171 @@ func storedInboxClock(t *testing.T, db *sql.DB) time.Duration {
 }
 
 func TestInboxDedupeWindow(t *testing.T) {
-	ctx := context.Background()
-	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
-	clock := &jumpyClock{}
-	el := &fakeElapsed{}
-	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.now, elapsed: el.elapsed})
-	require.NoError(t, err)
-	for i := 0; i < 2500; i++ { // more than one purge batch
-		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: fmt.Sprint(i)}, recordApplied))
-	}
-	require.NoError(t, in.Quarantine(ctx, "t", []byte("junk"), "not an event"))
-	// The wall clock says two hours passed; the inbox clock did not move.
-	clock.jump(2 * time.Hour)
-	n, err := in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n, "a wall-clock jump purges nothing")
-	el.advance(30 * time.Minute)
-	n, err = in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n, "still within the window")
-	el.advance(31 * time.Minute)
-	n, err = in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 2500, n)
-	st, err := in.Stats(ctx)
-	require.NoError(t, err)
-	require.Zero(t, st.Quarantined, "quarantined messages are kept for the window too, not for ever")
-	// Past the window a duplicate is no longer caught (documented).
-	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "0"}, recordApplied))
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		clock := &jumpyClock{}
+		el := &fakeElapsed{}
+		in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.now, elapsed: el.elapsed})
+		require.NoError(t, err)
+		for i := 0; i < 2500; i++ { // more than one purge batch
+			require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: fmt.Sprint(i)}, d.record))
+		}
+		require.NoError(t, in.Quarantine(ctx, "t", []byte("junk"), "not an event"))
+		// The wall clock says two hours passed; the inbox clock did not move.
+		clock.jump(2 * time.Hour)
+		n, err := in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "a wall-clock jump purges nothing")
+		el.advance(30 * time.Minute)
+		n, err = in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "still within the window")
+		el.advance(31 * time.Minute)
+		n, err = in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 2500, n)
+		st, err := in.Stats(ctx)
+		require.NoError(t, err)
+		require.Zero(t, st.Quarantined, "quarantined messages are kept for the window too, not for ever")
+		// Past the window a duplicate is no longer caught (documented).
+		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "0"}, d.record))
+	})
 }
 
 // TestInboxClockJumpForward: a consumer that booted with its clock near
 // 1970 applies an event, then NTP sets the clock to 2026. The purge must
 // not forget the event, in the same Inbox or after a restart.
 func TestInboxClockJumpForward(t *testing.T) {
-	ctx := context.Background()
-	boot := time.Date(1970, 1, 1, 0, 5, 0, 0, time.UTC)
-	synced := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created"}
-	setup := func(t *testing.T) (string, *sql.DB, *fixedClock, *Inbox) {
-		path := filepath.Join(t.TempDir(), "consumer.db")
-		db := consumerDB(t, path)
-		clock := &fixedClock{t: boot}
-		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
-		require.NoError(t, err)
-		require.NoError(t, in.Apply(ctx, ev, recordApplied))
-		require.NoError(t, in.Quarantine(ctx, "pos/orders", []byte("junk"), "not an event"))
-		clock.set(synced)
-		return path, db, clock, in
-	}
-	check := func(t *testing.T, db *sql.DB, in *Inbox) {
-		n, err := in.PurgeExpired(ctx)
-		require.NoError(t, err)
-		require.Zero(t, n, "the clock jump made the purge forget an applied event")
-		require.ErrorIs(t, in.Apply(ctx, ev, recordApplied), ErrDuplicate, "the redelivery must be recognised")
-		require.Equal(t, 1, appliedCount(t, db))
-		st, err := in.Stats(ctx)
-		require.NoError(t, err)
-		require.Equal(t, InboxStats{Applied: 1, Quarantined: 1}, st)
-	}
-	t.Run("same inbox", func(t *testing.T) {
-		_, db, _, in := setup(t)
-		check(t, db, in)
-	})
-	t.Run("after a restart", func(t *testing.T) {
-		path, db, clock, _ := setup(t)
-		require.NoError(t, db.Close())
-		db = consumerDB(t, path)
-		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
-		require.NoError(t, err)
-		check(t, db, in)
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		boot := time.Date(1970, 1, 1, 0, 5, 0, 0, time.UTC)
+		synced := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created"}
+		setup := func(t *testing.T) (*dialectDB, *sql.DB, *fixedClock, *Inbox) {
+			d := d.fresh(t)
+			db := d.open(t)
+			clock := &fixedClock{t: boot}
+			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+			require.NoError(t, err)
+			require.NoError(t, in.Apply(ctx, ev, d.record))
+			require.NoError(t, in.Quarantine(ctx, "pos/orders", []byte("junk"), "not an event"))
+			clock.set(synced)
+			return d, db, clock, in
+		}
+		check := func(t *testing.T, d *dialectDB, db *sql.DB, in *Inbox) {
+			n, err := in.PurgeExpired(ctx)
+			require.NoError(t, err)
+			require.Zero(t, n, "the clock jump made the purge forget an applied event")
+			require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate, "the redelivery must be recognised")
+			require.Equal(t, 1, d.count(t, db))
+			st, err := in.Stats(ctx)
+			require.NoError(t, err)
+			require.Equal(t, InboxStats{Applied: 1, Quarantined: 1}, st)
+		}
+		t.Run("same inbox", func(t *testing.T) {
+			d, db, _, in := setup(t)
+			check(t, d, db, in)
+		})
+		t.Run("after a restart", func(t *testing.T) {
+			d, db, clock, _ := setup(t)
+			require.NoError(t, db.Close())
+			db = d.open(t)
+			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+			require.NoError(t, err)
+			check(t, d, db, in)
+		})
 	})
 }
 
 // TestInboxClockPersists: inbox time carries over a restart, from the last
 // purge and from an Apply that found the stored clock behind.
 func TestInboxClockPersists(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "consumer.db")
-	db := consumerDB(t, path)
-	el := &fakeElapsed{}
-	opts := InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed}
-	in, err := NewInbox(ctx, db, opts)
-	require.NoError(t, err)
-	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, recordApplied))
-	el.advance(40 * time.Minute)
-	n, err := in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n)
-	require.Equal(t, 40*time.Minute, storedInboxClock(t, db))
-	el.advance(5 * time.Minute)
-	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, recordApplied))
-	require.Equal(t, 45*time.Minute, storedInboxClock(t, db), "an Apply persists a clock that is minutes ahead")
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db := d.open(t)
+		el := &fakeElapsed{}
+		opts := InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed}
+		in, err := NewInbox(ctx, db, opts)
+		require.NoError(t, err)
+		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, d.record))
+		el.advance(40 * time.Minute)
+		n, err := in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, 40*time.Minute, storedInboxClock(t, db))
+		el.advance(5 * time.Minute)
+		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, d.record))
+		require.Equal(t, 45*time.Minute, storedInboxClock(t, db), "an Apply persists a clock that is minutes ahead")
 
-	// The process stops (no purge); downtime does not count.
-	require.NoError(t, db.Close())
-	db = consumerDB(t, path)
-	el = &fakeElapsed{}
-	opts.elapsed = el.elapsed
-	in, err = NewInbox(ctx, db, opts)
-	require.NoError(t, err)
-	el.advance(14 * time.Minute)
-	n, err = in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n, "59 minutes of inbox time")
-	el.advance(2 * time.Minute)
-	n, err = in.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "61 minutes of inbox time: the first event is forgotten, across the restart")
-	require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, recordApplied), ErrDuplicate)
-	require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, recordApplied))
-	require.Equal(t, 61*time.Minute, storedInboxClock(t, db))
+		// The process stops (no purge); downtime does not count.
+		require.NoError(t, db.Close())
+		db = d.open(t)
+		el = &fakeElapsed{}
+		opts.elapsed = el.elapsed
+		in, err = NewInbox(ctx, db, opts)
+		require.NoError(t, err)
+		el.advance(14 * time.Minute)
+		n, err = in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "59 minutes of inbox time")
+		el.advance(2 * time.Minute)
+		n, err = in.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "61 minutes of inbox time: the first event is forgotten, across the restart")
+		require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, d.record), ErrDuplicate)
+		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, d.record))
+		require.Equal(t, 61*time.Minute, storedInboxClock(t, db))
+	})
 }
 
 // TestInboxClockShared: two Inbox values on one database (two consumer
 // processes) share the inbox clock; it never goes backwards, and the one
 // that lags moves forward to what the other stored.
 func TestInboxClockShared(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "consumer.db")
-	db1 := consumerDB(t, path)
-	db2 := consumerDB(t, path)
-	el1, el2 := &fakeElapsed{}, &fakeElapsed{}
-	in1, err := NewInbox(ctx, db1, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el1.elapsed})
-	require.NoError(t, err)
-	in2, err := NewInbox(ctx, db2, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el2.elapsed})
-	require.NoError(t, err)
-	require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e1"}, recordApplied))
+	forDialects(t, func(t *testing.T, d *dialectDB) {
+		ctx := context.Background()
+		db1 := d.open(t)
+		db2 := d.open(t)
+		el1, el2 := &fakeElapsed{}, &fakeElapsed{}
+		in1, err := NewInbox(ctx, db1, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el1.elapsed})
+		require.NoError(t, err)
+		in2, err := NewInbox(ctx, db2, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el2.elapsed})
+		require.NoError(t, err)
+		require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e1"}, d.record))
 
-	el1.advance(50 * time.Minute)
-	n, err := in1.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n)
-	// in2 has not purged yet (its own clock says 0), but an event it
-	// applies is stamped with the later stored clock.
-	require.NoError(t, in2.Apply(ctx, Event{Source: "/s", ID: "e0"}, recordApplied))
-	require.Equal(t, 50*time.Minute, appliedTick(t, db2, "e0"))
-	el2.advance(20 * time.Minute)
-	n, err = in2.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n)
-	require.Equal(t, 50*time.Minute, storedInboxClock(t, db1), "the lagging inbox did not move the clock back")
+		el1.advance(50 * time.Minute)
+		n, err := in1.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		// in2 has not purged yet (its own clock says 0), but an event it
+		// applies is stamped with the later stored clock.
+		require.NoError(t, in2.Apply(ctx, Event{Source: "/s", ID: "e0"}, d.record))
+		require.Equal(t, 50*time.Minute, d.appliedTick(t, db2, "e0"))
+		el2.advance(20 * time.Minute)
+		n, err = in2.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, 50*time.Minute, storedInboxClock(t, db1), "the lagging inbox did not move the clock back")
 
-	// in2 now counts from 50 minutes: 11 more are past the window.
-	el2.advance(11 * time.Minute)
-	n, err = in2.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
-	// in1's own clock (50 minutes) is behind what in2 stored; its purge
-	// does not move the stored clock back either.
-	n, err = in1.PurgeExpired(ctx)
-	require.NoError(t, err)
-	require.Zero(t, n)
-	require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
-	// And in1's clock has moved forward to 61 and runs on from there.
-	el1.advance(3 * time.Minute)
-	require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e2"}, recordApplied))
-	require.Equal(t, 64*time.Minute, appliedTick(t, db1, "e2"))
-	require.Equal(t, 64*time.Minute, storedInboxClock(t, db1))
-}
-
-func appliedTick(t *testing.T, db *sql.DB, id string) time.Duration {
-	t.Helper()
-	var ms int64
-	require.NoError(t, db.QueryRow(`SELECT applied_tick FROM inbox WHERE id = ?`, id).Scan(&ms))
-	return time.Duration(ms) * time.Millisecond
+		// in2 now counts from 50 minutes: 11 more are past the window.
+		el2.advance(11 * time.Minute)
+		n, err = in2.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
+		// in1's own clock (50 minutes) is behind what in2 stored; its purge
+		// does not move the stored clock back either.
+		n, err = in1.PurgeExpired(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
+		// And in1's clock has moved forward to 61 and runs on from there.
+		el1.advance(3 * time.Minute)
+		require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e2"}, d.record))
+		require.Equal(t, 64*time.Minute, d.appliedTick(t, db1, "e2"))
+		require.Equal(t, 64*time.Minute, storedInboxClock(t, db1))
+	})
 }
 
 // TestInboxMigrationFromSchema1: a version 1 inbox keeps its rows and does

@@ -293,6 +293,12 @@ func isFullTrigger(err error) bool {
 // database busy, it rolls back and runs fn again, a few times, after a
 // short random pause.
 func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	return runTxRetrying(ctx, db, isBusy, fn)
+}
+
+// runTxRetrying is runTx with another database's idea of which failures a
+// new attempt may cure.
+func runTxRetrying(ctx context.Context, db *sql.DB, retry func(error) bool, fn func(tx *sql.Tx) error) error {
 	const attempts = 8
 	var err error
 	for i := 0; i < attempts; i++ {
@@ -305,7 +311,7 @@ func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 			}
 		}
 		err = txOnce(ctx, db, fn)
-		if err == nil || !isBusy(err) {
+		if err == nil || !retry(err) {
 			return err
 		}
 	}

@@ -28,6 +28,33 @@
 //	applied 3, duplicates 1, malformed 1
 //
 // The library logs (a quarantined message, a lost connection) go to stderr.
+//
+// # PostgreSQL, and several consumers
+//
+// With --postgres DSN the database is PostgreSQL (opened with the pgx
+// stdlib driver, which this program imports and the library does not)
+// instead of a SQLite file, and several consumers may share it: the Inbox
+// applies each event once between them. There are two ways to spread the
+// events over them:
+//
+//   - A shared subscription, --share GROUP: every consumer subscribes to
+//     $share/GROUP/<topic> and the broker hands each message to one member
+//     of the group. Any number of consumers, no configuration per consumer,
+//     and a consumer that is away leaves its share to the others, but it
+//     gives up order: two events of one till may go to two consumers and
+//     be applied in either order.
+//
+//   - Partitioning by topic, --topics given per consumer: each consumer
+//     subscribes to its own tills' topics (stores/1/#,stores/2/# to one,
+//     stores/3/# to another). Each till's events reach one consumer, in
+//     the order the till committed them; the price is that the partition
+//     is configuration, and a consumer that is away holds its tills back.
+//
+//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --share backend --client-id consumer-1
+//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --topics 'stores/1/#,stores/2/#' --client-id consumer-a
+//
+// On PostgreSQL orders_seen also records which consumer applied the event,
+// and each consumer prints only its own.
 package main
 
 import (
@@ -41,9 +68,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
@@ -51,8 +81,11 @@ import (
 
 type config struct {
 	db       string // SQLite file; empty = a file in a new temporary directory
+	postgres string // PostgreSQL DSN; set, it is used instead of db
 	broker   string
 	topic    string
+	topics   string // comma-separated filters; set, they replace topic
+	share    string // shared subscription group; empty = none
 	clientID string
 	count    int
 	demo     bool
@@ -62,14 +95,17 @@ func main() {
 	var cfg config
 	flag.StringVar(&cfg.db, "db", "", "SQLite file of this consumer (default: a file in a new temporary directory, removed at the end)")
 	flag.StringVar(&cfg.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 (required unless --demo)")
+	flag.StringVar(&cfg.postgres, "postgres", "", "PostgreSQL DSN (e.g. postgres://user@host/db): the consumer's database there instead of a SQLite file; several consumers may share it")
 	flag.StringVar(&cfg.topic, "topic", "stores/#", "MQTT topic filter to subscribe to")
+	flag.StringVar(&cfg.topics, "topics", "", "comma-separated topic filters, instead of --topic: this consumer's partition of the tills (keeps each till's order)")
+	flag.StringVar(&cfg.share, "share", "", "shared subscription group: subscribe to $share/GROUP/<filter>, so that the group's consumers split the events (gives up each till's order)")
 	flag.StringVar(&cfg.clientID, "client-id", "consumer-1", "MQTT client id; keep it fixed so the broker keeps this consumer's session")
 	flag.IntVar(&cfg.count, "count", 0, "exit after this many events applied (0 = run until SIGINT/SIGTERM)")
 	flag.BoolVar(&cfg.demo, "demo", false, "start an embedded broker and publish a few demo events to it")
 	flag.Parse()
 	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" || cfg.clientID == "" ||
-		(cfg.broker == "") == !cfg.demo {
-		fmt.Fprintln(os.Stderr, "consumer: give either --broker URL or --demo")
+		(cfg.broker == "") == !cfg.demo || (cfg.db != "" && cfg.postgres != "") {
+		fmt.Fprintln(os.Stderr, "consumer: give either --broker URL or --demo, and at most one of --db and --postgres")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -89,8 +125,23 @@ func main() {
 	}
 }
 
+// filters are the topic filters to subscribe to: --topics or --topic, in
+// the shared subscription's form with --share.
+func (cfg config) filters() []string {
+	fs := []string{cfg.topic}
+	if cfg.topics != "" {
+		fs = strings.Split(cfg.topics, ",")
+	}
+	if cfg.share != "" {
+		for i, f := range fs {
+			fs[i] = "$share/" + cfg.share + "/" + f
+		}
+	}
+	return fs
+}
+
 func run(ctx context.Context, cfg config, logger *slog.Logger) error {
-	if cfg.db == "" {
+	if cfg.db == "" && cfg.postgres == "" {
 		dir, err := os.MkdirTemp("", "outbox-consumer")
 		if err != nil {
 			return err
@@ -114,20 +165,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	// The consumer's own database: its business table and, beside it, the
 	// inbox's tables, so that both are written in one transaction.
-	db, err := outbox.OpenDB(cfg.db, outbox.DBOptions{})
+	st, err := openStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	db := st.db
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders_seen (
-		source TEXT    NOT NULL,
-		id     TEXT    NOT NULL,
-		seq    INTEGER NOT NULL,
-		type   TEXT    NOT NULL,
-		data   BLOB
-	)`); err != nil {
-		return err
-	}
 	in, err := outbox.NewInbox(ctx, db, outbox.InboxOptions{Logger: logger})
 	if err != nil {
 		return err
@@ -148,9 +191,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO orders_seen (source, id, seq, type, data) VALUES (?, ?, ?, ?, ?)`,
-			ev.Source, ev.ID, ev.Sequence, ev.Type, ev.Data)
-		return err
+		return st.record(ctx, tx, ev)
 	}
 	sub, err = outbox.NewSubscriber(in, apply, outbox.SubscriberOptions{
 		Broker: cfg.broker,
@@ -158,13 +199,13 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		// the subscription and the QoS 1 messages published while this
 		// consumer is away, and delivers them when it connects again.
 		ClientID: cfg.clientID,
-		Topics:   []string{cfg.topic},
+		Topics:   cfg.filters(),
 		Logger:   logger,
 	})
 	if err != nil {
 		return err
 	}
-	rep, err := newReporter(ctx, db)
+	rep, err := newReporter(ctx, st)
 	if err != nil {
 		return err
 	}
@@ -189,7 +230,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	for ctx.Err() == nil {
 		st := sub.Stats()
 		if st.Connected && !connected {
-			fmt.Printf("subscribed to %s at %s as %s\n", cfg.topic, cfg.broker, cfg.clientID)
+			fmt.Printf("subscribed to %s at %s as %s\n", strings.Join(cfg.filters(), ","), cfg.broker, cfg.clientID)
 			if cfg.demo && !published {
 				if err := publishDemo(srv); err != nil {
 					return err
@@ -214,29 +255,119 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := rep.print(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	st := sub.Stats()
-	fmt.Printf("applied %d, duplicates %d, malformed %d\n", st.Applied, st.Duplicates, st.Quarantined)
+	stats := sub.Stats()
+	fmt.Printf("applied %d, duplicates %d, malformed %d\n", stats.Applied, stats.Duplicates, stats.Quarantined)
 	return nil
 }
 
-// reporter prints the rows of orders_seen committed since it last looked:
-// each applied event exactly once, and never one whose transaction failed.
-// Transactions commit one after another and a new row's rowid is the
-// largest so far plus one, so rowid order is commit order.
-type reporter struct {
-	db   *sql.DB
-	last int64 // rowid of the last row printed
+// store is the consumer's database and how its handler writes there.
+type store struct {
+	db       *sql.DB
+	postgres bool
+	clientID string
 }
 
-// newReporter starts after the rows of earlier runs (with --db).
-func newReporter(ctx context.Context, db *sql.DB) (*reporter, error) {
-	r := &reporter{db: db}
-	err := db.QueryRowContext(ctx, `SELECT coalesce(max(rowid), 0) FROM orders_seen`).Scan(&r.last)
+// openStore opens the SQLite file or the PostgreSQL database and creates
+// orders_seen. On PostgreSQL several consumers share the table: each row
+// says which consumer applied it, and n numbers the rows.
+func openStore(ctx context.Context, cfg config) (*store, error) {
+	if cfg.postgres == "" {
+		db, err := outbox.OpenDB(cfg.db, outbox.DBOptions{})
+		if err != nil {
+			return nil, err
+		}
+		_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders_seen (
+			source TEXT    NOT NULL,
+			id     TEXT    NOT NULL,
+			seq    INTEGER NOT NULL,
+			type   TEXT    NOT NULL,
+			data   BLOB
+		)`)
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		return &store{db: db, clientID: cfg.clientID}, nil
+	}
+	db, err := sql.Open("pgx", cfg.postgres)
+	if err != nil {
+		return nil, err
+	}
+	// Consumers starting at once would fail on each other's CREATE TABLE
+	// IF NOT EXISTS; the advisory lock makes them take turns.
+	err = func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('examples/consumer'))`); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders_seen (
+			n        BIGSERIAL PRIMARY KEY,
+			consumer TEXT   NOT NULL,
+			source   TEXT   NOT NULL,
+			id       TEXT   NOT NULL,
+			seq      BIGINT NOT NULL,
+			type     TEXT   NOT NULL,
+			data     BYTEA
+		)`); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}()
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return &store{db: db, postgres: true, clientID: cfg.clientID}, nil
+}
+
+// record is the handler's write, in the Inbox's transaction.
+func (s *store) record(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
+	var err error
+	if s.postgres {
+		_, err = tx.ExecContext(ctx, `INSERT INTO orders_seen (consumer, source, id, seq, type, data) VALUES ($1, $2, $3, $4, $5, $6)`,
+			s.clientID, ev.Source, ev.ID, ev.Sequence, ev.Type, ev.Data)
+	} else {
+		_, err = tx.ExecContext(ctx, `INSERT INTO orders_seen (source, id, seq, type, data) VALUES (?, ?, ?, ?, ?)`,
+			ev.Source, ev.ID, ev.Sequence, ev.Type, ev.Data)
+	}
+	return err
+}
+
+// reporter prints the rows of orders_seen this consumer committed since it
+// last looked: each applied event exactly once, and never one whose
+// transaction failed. This consumer applies one event at a time, so its
+// rows commit one after another, each numbered (SQLite's rowid, or n on
+// PostgreSQL) above the ones before: number order is its commit order.
+type reporter struct {
+	st   *store
+	last int64 // number of the last row printed
+}
+
+// newReporter starts after the rows of earlier runs (with --db or
+// --postgres).
+func newReporter(ctx context.Context, st *store) (*reporter, error) {
+	r := &reporter{st: st}
+	var err error
+	if st.postgres {
+		err = st.db.QueryRowContext(ctx, `SELECT coalesce(max(n), 0) FROM orders_seen WHERE consumer = $1`, st.clientID).Scan(&r.last)
+	} else {
+		err = st.db.QueryRowContext(ctx, `SELECT coalesce(max(rowid), 0) FROM orders_seen`).Scan(&r.last)
+	}
 	return r, err
 }
 
 func (r *reporter) print(ctx context.Context) error {
-	rows, err := r.db.QueryContext(ctx, `SELECT rowid, source, id, seq, type FROM orders_seen WHERE rowid > ? ORDER BY rowid`, r.last)
+	var rows *sql.Rows
+	var err error
+	if r.st.postgres {
+		rows, err = r.st.db.QueryContext(ctx, `SELECT n, source, id, seq, type FROM orders_seen WHERE consumer = $1 AND n > $2 ORDER BY n`, r.st.clientID, r.last)
+	} else {
+		rows, err = r.st.db.QueryContext(ctx, `SELECT rowid, source, id, seq, type FROM orders_seen WHERE rowid > ? ORDER BY rowid`, r.last)
+	}
 	if err != nil {
 		return err
 	}

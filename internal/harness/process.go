@@ -100,3 +100,29 @@ func (p *process) waitReady(tb TB, timeout time.Duration, ready func(log []byte)
 		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
 	}
 }
+
+// Program is a program a test runs as a child process (one of the
+// repository's example programs or commands, as a user would run it),
+// known by its PID, its output appended to a log file.
+type Program struct{ p *process }
+
+// StartProgram starts argv with its output appended to logFile, in this
+// process's environment. When tb ends it is stopped (SIGTERM, then SIGKILL
+// after 10 s), and if tb failed the end of its log is logged.
+func StartProgram(tb TB, name, logFile string, argv ...string) *Program {
+	tb.Helper()
+	return &Program{startProcess(tb, name, logFile, "", nil, 10*time.Second, argv...)}
+}
+
+// Kill kills the program with SIGKILL, as a crash or a power cut would,
+// and waits until it is reaped.
+func (p *Program) Kill() {
+	_ = p.p.cmd.Process.Kill()
+	<-p.p.exited
+}
+
+// Exited says whether the program has ended.
+func (p *Program) Exited() bool { return p.p.hasExited() }
+
+// Pid is the program's process id.
+func (p *Program) Pid() int { return p.p.cmd.Process.Pid }

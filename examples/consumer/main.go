@@ -94,7 +94,7 @@ type config struct {
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.db, "db", "", "SQLite file of this consumer (default: a file in a new temporary directory, removed at the end)")
-	flag.StringVar(&cfg.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 (required unless --demo)")
+	flag.StringVar(&cfg.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883, or a cluster's nodes comma-separated (required unless --demo)")
 	flag.StringVar(&cfg.postgres, "postgres", "", "PostgreSQL DSN (e.g. postgres://user@host/db): the consumer's database there instead of a SQLite file; several consumers may share it")
 	flag.StringVar(&cfg.topic, "topic", "stores/#", "MQTT topic filter to subscribe to")
 	flag.StringVar(&cfg.topics, "topics", "", "comma-separated topic filters, instead of --topic: this consumer's partition of the tills (keeps each till's order)")
@@ -194,7 +194,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return st.record(ctx, tx, ev)
 	}
 	sub, err = outbox.NewSubscriber(in, apply, outbox.SubscriberOptions{
-		Broker: cfg.broker,
+		// Several addresses (a cluster's nodes), comma-separated: the
+		// Subscriber moves to the next one when a connection fails.
+		Brokers: strings.Split(cfg.broker, ","),
 		// A fixed client id gives a persistent session: the broker keeps
 		// the subscription and the QoS 1 messages published while this
 		// consumer is away, and delivers them when it connects again.

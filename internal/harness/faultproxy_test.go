@@ -100,7 +100,7 @@ func TestShapedProxyLatencyIsADelayLine(t *testing.T) {
 	waitFor(t, 10*time.Second, "the writes arrived", func() bool { return s.received() == writes*size })
 	var worst time.Duration
 	for i, w := range wrote {
-		took := s.arrival((i+1)*size).Sub(w)
+		took := s.arrival((i + 1) * size).Sub(w)
 		require.GreaterOrEqual(t, took, delay, "write %d arrived before the link's latency", i)
 		worst = max(worst, took)
 	}

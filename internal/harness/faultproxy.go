@@ -109,15 +109,44 @@ func StartShapedProxy(tb TB, target string, up, down int64) *FaultProxy {
 	return p
 }
 
+// LaunchShapedProxy is StartShapedProxy for a program that is not a test
+// (outboxctl bench): it lives until Close.
+func LaunchShapedProxy(target string, up, down int64) (*FaultProxy, error) {
+	p, err := launchFaultProxy(target, true)
+	if err != nil {
+		return nil, err
+	}
+	p.SetRate(ToBroker, up)
+	p.SetRate(ToClient, down)
+	return p, nil
+}
+
+// LaunchFaultProxy is StartFaultProxy for a program that is not a test: it
+// lives until Close.
+func LaunchFaultProxy(target string) (*FaultProxy, error) { return launchFaultProxy(target, false) }
+
+// Close closes the listener and every connection, and waits for them.
+func (p *FaultProxy) Close() { p.close() }
+
 func newFaultProxy(tb TB, target string, tight bool) *FaultProxy {
 	tb.Helper()
-	p := &FaultProxy{target: target, tight: tight, conns: map[*faultConn]struct{}{}}
-	ln, err := p.listen("127.0.0.1:0")
+	p, err := launchFaultProxy(target, tight)
 	must(tb, err, "fault proxy")
-	p.addr = ln.Addr().String()
-	must(tb, p.serve(ln), "fault proxy")
 	tb.Cleanup(p.close)
 	return p
+}
+
+func launchFaultProxy(target string, tight bool) (*FaultProxy, error) {
+	p := &FaultProxy{target: target, tight: tight, conns: map[*faultConn]struct{}{}}
+	ln, err := p.listen("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p.addr = ln.Addr().String()
+	if err := p.serve(ln); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // smallRcvBuf asks for the smallest receive buffer (the kernel rounds it

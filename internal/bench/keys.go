@@ -154,6 +154,8 @@ var keys = func() []keyDoc {
 		add(9, p+"bound", name+": what sets the limit", "text", "")
 		add(9, p+"msgs_per_s", name+": drain rate", "msg/s", "")
 		add(9, p+"vs_limit", name+": drain rate / the link's limit", "ratio", "≥ 0.90")
+		add(9, p+"longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+		add(9, p+"fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
 	}
 	add(9, "link_day_events", "a busy till's day offline: events of 200 B", "count", "")
 	add(9, "link_day_limit_seconds", "the day at the link's limit (window 64, structured, MQTT 5)", "s", "")
@@ -161,5 +163,6 @@ var keys = func() []keyDoc {
 	add(9, "link_day_seconds", "the day: drain time measured whole (--full only)", "s", "")
 	add(9, "link_day_msgs_per_s", "the day: drain rate measured whole (--full only)", "msg/s", "")
 	add(9, "link_day_vs_limit", "the day: drain rate / the link's limit (--full only)", "ratio", "≥ 0.90")
+	add(9, "link_day_longest_gap_ms", "the day: longest pause between two deliveries (--full only)", "ms", "")
 	return k
 }()

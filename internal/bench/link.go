@@ -153,8 +153,11 @@ func (r *runner) link(ctx context.Context) error {
 		r.rep.set(p+"msgs_per_s", res.rate)
 		r.rep.set(p+"vs_limit", res.rate/limit)
 		r.rep.check(p+"vs_limit", res.rate/limit >= 0.90)
-		r.progress("  %s window %d (effective %d): %.0f msg/s, limit %.0f (%s): %.2f of it; first delivery after %s",
-			d.enc, d.window, res.window, res.rate, limit, bound, res.rate/limit, res.first.Round(time.Millisecond))
+		r.rep.set(p+"longest_gap_ms", ms(res.gap))
+		r.rep.set(p+"fsyncs_per_1000", res.walSyncs)
+		r.progress("  %s window %d (effective %d): %.0f msg/s, limit %.0f (%s): %.2f of it; first delivery after %s, longest gap %s, %.1f fsyncs per 1,000 (%.1f for the marks)",
+			d.enc, d.window, res.window, res.rate, limit, bound, res.rate/limit, res.first.Round(time.Millisecond),
+			res.gap.Round(time.Millisecond), res.walSyncs, res.markSyncs)
 		if d.enc == "structured5" && d.window == linkDayWindow {
 			dayRun = &res
 		}
@@ -182,7 +185,9 @@ func (r *runner) link(ctx context.Context) error {
 		r.rep.set("link_day_msgs_per_s", res.rate)
 		r.rep.set("link_day_vs_limit", res.rate/dayLimit)
 		r.rep.check("link_day_vs_limit", res.rate/dayLimit >= 0.90)
-		r.progress("  the day: %d events in %s (%.0f msg/s, %.2f of the limit)", linkDayEvents, res.total.Round(100*time.Millisecond), res.rate, res.rate/dayLimit)
+		r.rep.set("link_day_longest_gap_ms", ms(res.gap))
+		r.progress("  the day: %d events in %s (%.0f msg/s, %.2f of the limit); longest gap %s, %.1f fsyncs per 1,000 (%.1f for the marks)",
+			linkDayEvents, res.total.Round(100*time.Millisecond), res.rate, res.rate/dayLimit, res.gap.Round(time.Millisecond), res.walSyncs, res.markSyncs)
 	}
 
 	s := bytesOf["structured311"]
@@ -322,6 +327,10 @@ type linkRun struct {
 	rate    float64       // deliveries per second: slope of the deliveries over time
 	first   time.Duration // Run's start → first delivery
 	total   time.Duration // Run's start → last first delivery
+	gap     time.Duration // the longest pause between two deliveries
+	// markSyncs and walSyncs are the relay's fsyncs of the WAL per 1,000
+	// events: for its marks, and all of them.
+	markSyncs, walSyncs float64
 }
 
 // linkDrain drains a copy of the template over the shaped link.
@@ -348,7 +357,7 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	b.setHandler(tr.handle)
 	defer b.setHandler(nil)
 	start := time.Now()
-	stop, _, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window)
+	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window)
 	if err != nil {
 		return linkRun{}, err
 	}
@@ -356,6 +365,10 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	werr := tr.wait(ctx, 30*time.Second+time.Duration(n)*20*time.Millisecond)
 	if werr == nil {
 		werr = waitPending(ctx, ob, 0, 30*time.Second)
+	}
+	st, serr := relay.Stats(ctx)
+	if werr == nil {
+		werr = serr
 	}
 	eff, recvMax := window, pub.MaxInFlight()
 	if recvMax > 0 && recvMax < eff {
@@ -373,11 +386,14 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 		return linkRun{}, fmt.Errorf("%d duplicates, %d out of order", tr.dups, tr.disorder)
 	}
 	return linkRun{
-		window:  eff,
-		recvMax: recvMax,
-		rate:    slope(tr.times),
-		first:   tr.first.Sub(start),
-		total:   tr.last.Sub(start),
+		window:    eff,
+		recvMax:   recvMax,
+		rate:      slope(tr.times),
+		first:     tr.first.Sub(start),
+		total:     tr.last.Sub(start),
+		gap:       longestGap(tr.times),
+		markSyncs: float64(st.MarkSyncs) * 1000 / float64(n),
+		walSyncs:  float64(st.WALSyncs) * 1000 / float64(n),
 	}, nil
 }
 
@@ -418,4 +434,12 @@ func recvMaxText(n int) string {
 		return "none"
 	}
 	return thousands(int64(n))
+}
+
+func longestGap(times []time.Time) time.Duration {
+	var g time.Duration
+	for i := 1; i < len(times); i++ {
+		g = max(g, times[i].Sub(times[i-1]))
+	}
+	return g
 }

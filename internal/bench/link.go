@@ -194,7 +194,7 @@ func (r *runner) link(ctx context.Context) error {
 	r.rep.note(9, "The link: the test harness's shaped proxy (`harness.LaunchShapedProxy` with `SetLatency`) between the relay and the in-process mochi: "+
 		"%s ms each way (%s ms round trip) and %s bytes/s (2 Mbit/s) each way; a delay line, so that a window of messages is on the wire at once. "+
 		"Bytes per event are the proxy's `Moved` counters (TCP payload: the MQTT packets, without TCP/IP headers, which a real link adds: about 40–60 B "+
-		"per segment) over %d events committed in one transaction after the connection was up, divided by the events; "+
+		"per segment) over %s events committed in one transaction after the connection was up, divided by the events; "+
 		"a PUBLISH is 1 byte of fixed header, %d of Remaining Length, 2 + %d of topic, 2 of packet id, on MQTT 5 a property length and the properties "+
 		"(Content Type `application/cloudevents+json`: 31 B; binary mode: Content Type `application/json` and the six attributes as user properties), "+
 		"then the payload (%d B of data; the structured envelope adds %d B of attributes around it). "+
@@ -204,7 +204,7 @@ func (r *runner) link(ctx context.Context) error {
 		"nor a window arriving in one burst per round trip skews. Every drain is checked for order and duplicates. "+
 		"On MQTT 5 mochi copies a PUBLISH's user properties into its PUBACK (its default; `Compatibilities.NoInheritedPropertiesOnAck` turns that off): "+
 		"hence binary mode's large PUBACK; the uplink still fills first.",
-		fmtDur(linkOneWay), fmtDur(linkRTT), thousands(linkRate), sz.linkBytesEvents,
+		fmtDur(linkOneWay), fmtDur(linkRTT), thousands(linkRate), thousands(int64(sz.linkBytesEvents)),
 		varintSize(s.payload+2+len(benchTopic)+2), len(benchTopic), payloadLen, s.payload-payloadLen, recvMaxText(recvMax))
 	day5 := "The day offline: %s events of %d B, drained by a relay with the defaults (window %d, structured mode, MQTT 5 on mochi); "
 	if sz.linkDay {

@@ -106,7 +106,9 @@ func TestShapedProxyLatencyIsADelayLine(t *testing.T) {
 	}
 	t.Logf("%d writes over %s: each arrived %s to %s after it was written", writes,
 		s.arrival(writes*size).Sub(wrote[0]).Round(time.Millisecond), delay, worst.Round(time.Millisecond))
-	require.Less(t, worst, delay+50*time.Millisecond, "the writes were delayed one after the other, not in flight together")
+	// Delayed one after the other, the last would take 64 × 75 ms; the
+	// slack is for a loaded machine's scheduling.
+	require.Less(t, worst, 2*delay, "the writes were delayed one after the other, not in flight together")
 }
 
 // TestShapedProxyLatencyAndRate: a link of 75 ms one way and 250,000 B/s
@@ -171,6 +173,6 @@ func TestShapedProxyRoundTrip(t *testing.T) {
 		rtt := time.Since(start)
 		t.Logf("round trip %d: %s", i, rtt)
 		require.GreaterOrEqual(t, rtt, 2*delay)
-		require.Less(t, rtt, 2*delay+50*time.Millisecond)
+		require.Less(t, rtt, 3*delay, "more than the two directions' latency")
 	}
 }

@@ -8,6 +8,11 @@
 //
 //	cd bench && go run ./peers            # about two minutes
 //	cd bench && go run ./peers -quick     # a smoke run
+//	cd bench && go run ./peers -json      # the same figures as one JSON object
+//
+// With -json it prints, instead of the tables, one object: the machine and
+// the run's sizes, then one key per figure (enqueue_<mode>_<variant>_tx_per_s
+// and _vs_bare, drain_<system>_events_per_s and _in_commit_order).
 //
 // It lives in a module of its own so that the library's go.mod gains
 // nothing from the peers.
@@ -17,6 +22,7 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -52,6 +58,7 @@ func main() {
 	fullTx := flag.Int("full-tx", 300, "transactions per variant per round at FULL")
 	normalTx := flag.Int("normal-tx", 2000, "transactions per variant per round at NORMAL")
 	backlog := flag.Int("backlog", 50_000, "events drained per system")
+	asJSON := flag.Bool("json", false, "print one JSON object with the figures instead of the tables")
 	flag.Parse()
 	if *quick {
 		*rounds, *fullTx, *normalTx, *backlog = 2, 30, 200, 2000
@@ -61,21 +68,46 @@ func main() {
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
 
-	fmt.Printf("# Peers: this outbox, goqite and River on SQLite\n\n")
-	fmt.Printf("%s\n\n", machine())
+	out := &report{json: *asJSON, figs: map[string]any{
+		"quick": *quick, "rounds": *rounds, "full_tx": *fullTx, "normal_tx": *normalTx, "backlog": *backlog,
+	}}
+	out.printf("# Peers: this outbox, goqite and River on SQLite\n\n")
+	out.printf("%s\n\n", out.machine())
 	for _, mode := range []struct {
 		name string
 		sync outbox.Synchronous
 		n    int
 	}{{"FULL", outbox.SyncFull, *fullTx}, {"NORMAL", outbox.SyncNormal, *normalTx}} {
-		enqueue(ctx, dir, mode.name, mode.sync, *rounds, mode.n)
+		enqueue(ctx, out, dir, mode.name, mode.sync, *rounds, mode.n)
 	}
-	drain(ctx, dir, *backlog)
+	drain(ctx, out, dir, *backlog)
+	if out.json {
+		out.figs["loadavg_end"] = loadAvg()
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		check(enc.Encode(out.figs))
+	}
 }
+
+// report gets the run's figures: printed as Markdown tables as they come,
+// or kept for one JSON object at the end (json).
+type report struct {
+	json bool
+	figs map[string]any
+}
+
+func (r *report) printf(format string, args ...any) {
+	if !r.json {
+		fmt.Printf(format, args...)
+	}
+}
+
+func (r *report) set(key string, v any) { r.figs[key] = v }
 
 // variant is one way of writing the business transaction.
 type variant struct {
 	name string
+	key  string // in the JSON keys
 	tx   func(ctx context.Context, n int) error
 }
 
@@ -127,7 +159,7 @@ func open(ctx context.Context, path string, sync outbox.Synchronous) (*outbox.Ou
 	return ob, q, rc
 }
 
-func enqueue(ctx context.Context, dir, mode string, sync outbox.Synchronous, rounds, perRound int) {
+func enqueue(ctx context.Context, out *report, dir, mode string, sync outbox.Synchronous, rounds, perRound int) {
 	ob, q, rc := open(ctx, filepath.Join(dir, "enqueue-"+strings.ToLower(mode)+".db"), sync)
 	defer ob.Close()
 	db := ob.DB()
@@ -149,18 +181,18 @@ func enqueue(ctx context.Context, dir, mode string, sync outbox.Synchronous, rou
 		}
 	}
 	variants := []variant{
-		{"business alone", inTx(func(*sql.Tx, int) error { return nil })},
-		{"+ bare row", inTx(func(tx *sql.Tx, n int) error {
+		{"business alone", "business", inTx(func(*sql.Tx, int) error { return nil })},
+		{"+ bare row", "bare", inTx(func(tx *sql.Tx, n int) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`, topic, payload(n))
 			return err
 		})},
-		{"+ outbox Enqueue", inTx(func(tx *sql.Tx, n int) error {
+		{"+ outbox Enqueue", "outbox", inTx(func(tx *sql.Tx, n int) error {
 			return ob.Enqueue(ctx, tx, outbox.Message{Topic: topic, Type: eventType, Payload: payload(n)})
 		})},
-		{"+ goqite SendTx", inTx(func(tx *sql.Tx, n int) error {
+		{"+ goqite SendTx", "goqite", inTx(func(tx *sql.Tx, n int) error {
 			return q.SendTx(ctx, tx, goqite.Message{Body: payload(n)})
 		})},
-		{"+ River InsertTx", inTx(func(tx *sql.Tx, n int) error {
+		{"+ River InsertTx", "river", inTx(func(tx *sql.Tx, n int) error {
 			_, err := rc.InsertTx(ctx, tx, orderArgs{Payload: payload(n)}, nil)
 			return err
 		})},
@@ -180,21 +212,24 @@ func enqueue(ctx context.Context, dir, mode string, sync outbox.Synchronous, rou
 		}
 	}
 	bare := median(rates["+ bare row"])
-	fmt.Printf("## Enqueue at %s\n\n%d interleaved rounds of %d transactions; median rate; ratio to the business transaction plus a bare row.\n\n", mode, rounds, perRound)
-	fmt.Printf("| variant | tx/s | / bare row |\n|---|---:|---:|\n")
+	out.printf("## Enqueue at %s\n\n%d interleaved rounds of %d transactions; median rate; ratio to the business transaction plus a bare row.\n\n", mode, rounds, perRound)
+	out.printf("| variant | tx/s | / bare row |\n|---|---:|---:|\n")
 	for _, v := range variants {
 		m := median(rates[v.name])
-		fmt.Printf("| %s | %.0f | %.2f |\n", v.name, m, m/bare)
+		out.printf("| %s | %.0f | %.2f |\n", v.name, m, m/bare)
+		p := "enqueue_" + strings.ToLower(mode) + "_" + v.key + "_"
+		out.set(p+"tx_per_s", m)
+		out.set(p+"vs_bare", m/bare)
 	}
-	fmt.Println()
+	out.printf("\n")
 }
 
 // drain measures the database side of emptying a backlog of n events, each
 // system as its users would: the relay with a publisher that acknowledges
 // at once; goqite receiving and deleting 64 messages per transaction;
 // River's workers with a 1 ms fetch cooldown.
-func drain(ctx context.Context, dir string, n int) {
-	fmt.Printf("## Draining a backlog of %d events, database side only (no broker)\n\n| system | events/s | in commit order |\n|---|---:|---|\n", n)
+func drain(ctx context.Context, out *report, dir string, n int) {
+	out.printf("## Draining a backlog of %d events, database side only (no broker)\n\n| system | events/s | in commit order |\n|---|---:|---|\n", n)
 	// The backlog is committed in one transaction, at NORMAL, before the
 	// clock starts.
 	fill := func(db *sql.DB, body func(tx *sql.Tx, i int) error) {
@@ -237,7 +272,9 @@ func drain(ctx context.Context, dir string, n int) {
 		el := time.Since(start)
 		stop()
 		check(<-done)
-		fmt.Printf("| this outbox (relay, window 64, batches of 256, marks and durable-before-publish fsyncs included) | %.0f | yes |\n", float64(n)/el.Seconds())
+		out.printf("| this outbox (relay, window 64, batches of 256, marks and durable-before-publish fsyncs included) | %.0f | yes |\n", float64(n)/el.Seconds())
+		out.set("drain_outbox_events_per_s", float64(n)/el.Seconds())
+		out.set("drain_outbox_in_commit_order", true)
 		ob.Close()
 	}
 	{ // goqite
@@ -260,7 +297,9 @@ func drain(ctx context.Context, dir string, n int) {
 			check(tx.Commit())
 		}
 		el := time.Since(start)
-		fmt.Printf("| goqite (ReceiveTx + DeleteTx, 64 per transaction) | %.0f | yes (by created time) |\n", float64(n)/el.Seconds())
+		out.printf("| goqite (ReceiveTx + DeleteTx, 64 per transaction) | %.0f | yes (by created time) |\n", float64(n)/el.Seconds())
+		out.set("drain_goqite_events_per_s", float64(n)/el.Seconds())
+		out.set("drain_goqite_in_commit_order", true)
 		ob.Close()
 	}
 	{ // River
@@ -291,10 +330,12 @@ func drain(ctx context.Context, dir string, n int) {
 		}
 		el := time.Since(start)
 		check(wc.Stop(ctx))
-		fmt.Printf("| River (riversqlite, 100 workers, FetchCooldown 1 ms) | %.0f | no (workers in parallel) |\n", float64(n)/el.Seconds())
+		out.printf("| River (riversqlite, 100 workers, FetchCooldown 1 ms) | %.0f | no (workers in parallel) |\n", float64(n)/el.Seconds())
+		out.set("drain_river_events_per_s", float64(n)/el.Seconds())
+		out.set("drain_river_in_commit_order", false)
 		ob.Close()
 	}
-	fmt.Println()
+	out.printf("\n")
 }
 
 // nopPublisher acknowledges every publish at once, and counts them.
@@ -320,19 +361,39 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func machine() string {
+// machine describes the run's machine and versions, and records them for
+// the JSON object.
+func (r *report) machine() string {
 	var deps []string
+	versions := map[string]string{}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
 			case "maragu.dev/goqite", "github.com/riverqueue/river", "github.com/riverqueue/river/riverdriver/riversqlite", "modernc.org/sqlite":
 				deps = append(deps, d.Path+" "+d.Version)
+				versions[d.Path] = d.Version
 			}
 		}
 	}
+	now, load := time.Now().UTC(), loadAvg()
+	r.set("date", now.Format(time.RFC3339))
+	r.set("nproc", runtime.NumCPU())
+	r.set("os_arch", runtime.GOOS+"/"+runtime.GOARCH)
+	r.set("go_version", runtime.Version())
+	r.set("versions", versions)
+	r.set("loadavg_start", load)
+	return fmt.Sprintf("%s, %d CPUs, %s/%s; %s; load average %s", now.Format("2006-01-02 15:04 UTC"),
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, strings.Join(deps, ", "), load)
+}
+
+// loadAvg is the machine's load average over 1, 5 and 15 minutes.
+func loadAvg() string {
 	load, _ := os.ReadFile("/proc/loadavg")
-	return fmt.Sprintf("%s, %d CPUs, %s/%s; %s; load average %s", time.Now().UTC().Format("2006-01-02 15:04 UTC"),
-		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, strings.Join(deps, ", "), strings.Join(strings.Fields(string(load))[:3], " "))
+	f := strings.Fields(string(load))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func check(err error) {

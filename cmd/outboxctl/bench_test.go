@@ -36,6 +36,8 @@ func TestBenchSmoke(t *testing.T) {
 		"memory_peak_heap_mib", "memory_peak_rss_mib",
 		"baseline_ours_steady_p50_ms", "baseline_articles_outage_attempts_charged",
 		"durable_full_backlog_msgs_per_s", "durable_normal_backlog_msgs_per_s", "durable_normal_trickle_puback_p99_ms",
+		"link_bytes_structured311_publish", "link_bytes_binary5_publish", "link_drain_structured5_w64_msgs_per_s",
+		"link_drain_structured5_w64_limit_msgs_per_s", "link_day_seconds_estimated",
 	} {
 		v, ok := rep[k].(float64)
 		require.True(t, ok, "%s = %v", k, rep[k])
@@ -53,6 +55,19 @@ func TestBenchSmoke(t *testing.T) {
 		perEvent, _ := rep["durable_"+m+"_trickle_fsyncs_per_event"].(float64)
 		require.True(t, perEvent > 0 && perEvent <= 1, "%s trickle: %v fsyncs per event", m, perEvent)
 	}
+	// The slow link: the MQTT packets counted to the byte (a PUBLISH of
+	// the 200-byte payload alone to bench/stores/42/orders is 1 + 2 + 24 +
+	// 2 + 200 bytes, its PUBACK 4; MQTT 5 structured mode adds the
+	// property length and the 31-byte Content Type), and a drain at window
+	// 64 near the link's limit: a link that delayed packets one after the
+	// other instead of together would be far below it.
+	require.EqualValues(t, 229, rep["link_bytes_raw311_publish"])
+	require.EqualValues(t, 4, rep["link_bytes_raw311_puback"])
+	require.EqualValues(t, rep["link_bytes_structured311_publish"].(float64)+32, rep["link_bytes_structured5_publish"])
+	require.Equal(t, "window", rep["link_drain_structured5_w64_bound"])
+	vs, _ := rep["link_drain_structured5_w64_vs_limit"].(float64)
+	require.True(t, vs > 0.5 && vs < 1.2, "window 64 over the slow link: %v of its limit", vs)
+	require.Nil(t, rep["link_day_seconds"], "the day is drained whole only in --full")
 
 	// The Markdown form has a table per section.
 	r = ctl(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
@@ -61,6 +76,6 @@ func TestBenchSmoke(t *testing.T) {
 	require.Contains(t, r.stdout, "| FULL: library / business alone |")
 	require.True(t, strings.Contains(r.stdout, "**met**") || strings.Contains(r.stdout, "**MISSED**"))
 
-	r = ctl(t, "bench", "--sections", "9")
+	r = ctl(t, "bench", "--sections", "10")
 	require.Equal(t, 2, r.code, r.stderr)
 }

@@ -2,8 +2,9 @@
 // machine it runs on, in one process and one run: what an enqueue costs the
 // business transaction, how fast a backlog drains compared with raw MQTT
 // publishing, latency, catch-up after an outage, memory, binary size, a
-// baseline (the polling dispatcher of the articles), and what durable
-// before publish costs. outboxctl bench runs it.
+// baseline (the polling dispatcher of the articles), what durable before
+// publish costs, and a drain over a slow cellular link beside that link's
+// limit. outboxctl bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -37,7 +38,7 @@ const (
 // Config says what to run.
 type Config struct {
 	Mode Mode
-	// Sections to run, 1..8; empty means all.
+	// Sections to run, 1..9; empty means all.
 	Sections []int
 	// Self is the command line that runs this program's child entry point
 	// (Child): the sidecar writer and the relay whose memory is measured
@@ -68,6 +69,14 @@ type sizes struct {
 	baseRate                          int
 	basePre, baseOutage, basePost     time.Duration
 	durBacklog, durTrickle            int
+	// The link profile (section 9): events per count of bytes, seconds
+	// each drain is sized for at its link's limit, whether every window
+	// and encoding drains (else window 64 only) and whether the day
+	// offline drains whole.
+	linkBytesEvents  int
+	linkDrainSeconds float64
+	linkAllDrains    bool
+	linkDay          bool
 }
 
 func sizesFor(m Mode) sizes {
@@ -83,6 +92,7 @@ func sizesFor(m Mode) sizes {
 			baseSteady: 10 * time.Second, baseRate: 10,
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
+			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
 		}
 	case Smoke:
 		return sizes{
@@ -94,6 +104,7 @@ func sizesFor(m Mode) sizes {
 			baseSteady: 500 * time.Millisecond, baseRate: 10,
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
+			linkBytesEvents: 50, linkDrainSeconds: 0.5,
 		}
 	}
 	return sizes{
@@ -106,6 +117,7 @@ func sizesFor(m Mode) sizes {
 		baseSteady: 3 * time.Second, baseRate: 10,
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
+		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
 	}
 }
 
@@ -147,7 +159,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		run func(context.Context) error
 	}{
 		{1, r.enqueue}, {2, r.drain}, {3, r.latency}, {4, r.catchup}, {5, r.memory}, {6, r.size}, {7, r.baseline},
-		{8, r.durable},
+		{8, r.durable}, {9, r.link},
 	}
 	for _, s := range sections {
 		if !r.selected(s.n) {

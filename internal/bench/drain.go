@@ -28,8 +28,13 @@ type orderTracker struct {
 	dups     int
 	disorder int
 	maxSeq   int64
+	first    time.Time // the first delivery
 	last     time.Time
 	done     chan struct{}
+	// seqOf reads a message's sequence number; parseSeq unless set.
+	seqOf func([]byte) int64
+	// times, if not nil, gets the time of each first delivery.
+	times []time.Time
 }
 
 func newOrderTracker(n int) *orderTracker {
@@ -37,7 +42,11 @@ func newOrderTracker(n int) *orderTracker {
 }
 
 func (t *orderTracker) handle(_ string, payload []byte) {
-	seq := parseSeq(payload)
+	seqOf := t.seqOf
+	if seqOf == nil {
+		seqOf = parseSeq
+	}
+	seq := seqOf(payload)
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -54,6 +63,12 @@ func (t *orderTracker) handle(_ string, payload []byte) {
 		t.disorder++
 	}
 	t.maxSeq = max(t.maxSeq, seq)
+	if t.unique == 1 {
+		t.first = now
+	}
+	if t.times != nil {
+		t.times = append(t.times, now)
+	}
 	t.last = now
 	if t.unique == t.n {
 		close(t.done)

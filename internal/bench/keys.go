@@ -135,5 +135,34 @@ var keys = func() []keyDoc {
 		add(8, p+"trickle_puback_p50_ms", m.name+": trickle: commit → PUBACK p50", "ms", "")
 		add(8, p+"trickle_puback_p99_ms", m.name+": trickle: commit → PUBACK p99", "ms", "")
 	}
+
+	// 9. A slow link used to its limit.
+	add(9, "link_rtt_ms", "link: round trip (half each way)", "ms", "")
+	add(9, "link_bytes_per_s", "link: bandwidth each way (2 Mbit/s)", "B/s", "")
+	for _, e := range linkEncodings {
+		p := "link_bytes_" + e.key + "_"
+		add(9, p+"payload", e.name+": payload of the PUBLISH", "B", "")
+		add(9, p+"publish", e.name+": MQTT bytes up per event (PUBLISH)", "B", "")
+		add(9, p+"puback", e.name+": MQTT bytes down per event (PUBACK)", "B", "")
+	}
+	for _, d := range linkDrains {
+		p := linkDrainKey(d.enc, d.window)
+		name := fmt.Sprintf("%s, window %d", linkEncodingOf(d.enc).name, d.window)
+		add(9, p+"events", name+": events drained", "count", "")
+		add(9, p+"window", name+": effective window (the broker's Receive Maximum caps it)", "count", "")
+		add(9, p+"limit_msgs_per_s", name+": the link's limit, min(window / RTT, bandwidth / bytes per event)", "msg/s", "")
+		add(9, p+"bound", name+": what sets the limit", "text", "")
+		add(9, p+"msgs_per_s", name+": drain rate", "msg/s", "")
+		add(9, p+"vs_limit", name+": drain rate / the link's limit", "ratio", "≥ 0.90")
+		add(9, p+"longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+		add(9, p+"fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
+	}
+	add(9, "link_day_events", "a busy till's day offline: events of 200 B", "count", "")
+	add(9, "link_day_limit_seconds", "the day at the link's limit (window 64, structured, MQTT 5)", "s", "")
+	add(9, "link_day_seconds_estimated", "the day: drain time estimated from the window-64 drain", "s", "")
+	add(9, "link_day_seconds", "the day: drain time measured whole (--full only)", "s", "")
+	add(9, "link_day_msgs_per_s", "the day: drain rate measured whole (--full only)", "msg/s", "")
+	add(9, "link_day_vs_limit", "the day: drain rate / the link's limit (--full only)", "ratio", "≥ 0.90")
+	add(9, "link_day_longest_gap_ms", "the day: longest pause between two deliveries (--full only)", "ms", "")
 	return k
 }()

@@ -19,6 +19,7 @@ var sectionTitles = map[int]string{
 	6: "Size",
 	7: "Baseline: the articles' polling dispatcher",
 	8: "Durable before publish",
+	9: "A slow link used to its limit",
 }
 
 // Meta describes the run: machine, versions, mode and duration.

@@ -32,8 +32,13 @@ import (
 //   - latency: bytes in one direction arrive a set time after they were
 //     sent, and what is still on the wire when the client's connection
 //     closes is lost with it, as a device that loses power loses what it
-//     had not yet sent. Latency is set before connections are made and
-//     does not combine with the other faults of its direction.
+//     had not yet sent. It is a delay line: every byte sent within the
+//     last delay is on the wire at once. With a bandwidth, bytes leave at
+//     the rate and arrive the latency after they left, as on a real link
+//     (so 75 ms each way and 2 Mbit/s carry a window of messages per
+//     150 ms round trip, at most 2 Mbit/s of them). Latency is set before
+//     connections are made and does not combine with the other faults of
+//     its direction (cut and refuse apart).
 type FaultProxy struct {
 	target string
 	addr   string
@@ -104,15 +109,44 @@ func StartShapedProxy(tb TB, target string, up, down int64) *FaultProxy {
 	return p
 }
 
+// LaunchShapedProxy is StartShapedProxy for a program that is not a test
+// (outboxctl bench): it lives until Close.
+func LaunchShapedProxy(target string, up, down int64) (*FaultProxy, error) {
+	p, err := launchFaultProxy(target, true)
+	if err != nil {
+		return nil, err
+	}
+	p.SetRate(ToBroker, up)
+	p.SetRate(ToClient, down)
+	return p, nil
+}
+
+// LaunchFaultProxy is StartFaultProxy for a program that is not a test: it
+// lives until Close.
+func LaunchFaultProxy(target string) (*FaultProxy, error) { return launchFaultProxy(target, false) }
+
+// Close closes the listener and every connection, and waits for them.
+func (p *FaultProxy) Close() { p.close() }
+
 func newFaultProxy(tb TB, target string, tight bool) *FaultProxy {
 	tb.Helper()
-	p := &FaultProxy{target: target, tight: tight, conns: map[*faultConn]struct{}{}}
-	ln, err := p.listen("127.0.0.1:0")
+	p, err := launchFaultProxy(target, tight)
 	must(tb, err, "fault proxy")
-	p.addr = ln.Addr().String()
-	must(tb, p.serve(ln), "fault proxy")
 	tb.Cleanup(p.close)
 	return p
+}
+
+func launchFaultProxy(target string, tight bool) (*FaultProxy, error) {
+	p := &FaultProxy{target: target, tight: tight, conns: map[*faultConn]struct{}{}}
+	ln, err := p.listen("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p.addr = ln.Addr().String()
+	if err := p.serve(ln); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // smallRcvBuf asks for the smallest receive buffer (the kernel rounds it
@@ -280,8 +314,9 @@ func (p *FaultProxy) pump(c *faultConn, dst, src net.Conn, dir Dir) {
 	}
 }
 
-// pumpLate copies src to dst, each chunk delay after it was read; what is
-// still on its way when src's connection ends is lost with it.
+// pumpLate copies src to dst, each chunk delay after it left at its
+// direction's rate (after it was read, with none); what is still on its way
+// when src's connection ends is lost with it.
 func (p *FaultProxy) pumpLate(c *faultConn, dst, src net.Conn, dir Dir, delay time.Duration) {
 	type chunk struct {
 		b  []byte
@@ -310,10 +345,25 @@ func (p *FaultProxy) pumpLate(c *faultConn, dst, src net.Conn, dir Dir, delay ti
 		}
 	}()
 	buf := make([]byte, 32<<10)
+	var paced time.Time // when the bytes passed so far have left
 	for {
-		n, err := src.Read(buf)
+		rate := p.rate[dir].Load()
+		b := buf
+		if rate > 0 {
+			b = buf[:min(len(buf), max(int(rate/20), 1))] // as in pump
+		}
+		n, err := src.Read(b)
 		if n > 0 {
-			wire <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now().Add(delay)}
+			left := time.Now()
+			// Waiting for the rate before the next read is what holds
+			// the sender back: the delay line itself never fills.
+			if rate > 0 && !p.pace(c, &paced, n, rate) {
+				break
+			}
+			// The pace's credit may date bytes before they were read;
+			// they cannot arrive before the latency after that.
+			left = later(left, paced)
+			wire <- chunk{b: append([]byte(nil), buf[:n]...), at: left.Add(delay)}
 		}
 		if err != nil {
 			break
@@ -322,6 +372,13 @@ func (p *FaultProxy) pumpLate(c *faultConn, dst, src net.Conn, dir Dir, delay ti
 	c.close(false) // first: what is on the wire is lost, not written
 	close(wire)
 	<-written
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // pace waits until n more bytes may pass at rate bytes per second, paced

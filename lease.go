@@ -135,6 +135,29 @@ func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 
 const renewSQL = `UPDATE outbox_lease SET token = token + 1, expires_at = ? WHERE name = ? AND owner = ?`
 
+// preparedOn runs queries as statements prepared once on the relay's
+// connection (a querier for storeClock); call it inside do.
+type preparedOn struct {
+	rc *relayConn
+	c  *sql.Conn
+}
+
+func (p preparedOn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	st, err := p.rc.stmt(ctx, p.c, q)
+	if err != nil {
+		return p.c.QueryRowContext(ctx, q, args...) // says the same error
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (p preparedOn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	st, err := p.rc.stmt(ctx, p.c, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
 // renew extends the lease; it returns ErrLeaseLost if another relay holds
 // it. also, if not nil, writes in the renewal's transaction (one commit
 // instead of two, which is most of what an idle relay costs); if it fails,
@@ -144,25 +167,38 @@ func (l *lease) renew(ctx context.Context, also func(context.Context, querier) e
 	var ok bool
 	if also != nil {
 		err = l.conn.do(func(c *sql.Conn) error {
-			tx, err := c.BeginTx(ctx, nil)
-			if err != nil {
+			// BEGIN and COMMIT as prepared statements of the connection,
+			// not a *sql.Tx: each statement of a Tx is prepared again.
+			run := func(q string, args ...any) (sql.Result, error) {
+				st, err := l.conn.stmt(ctx, c, q)
+				if err != nil {
+					return nil, err
+				}
+				return st.ExecContext(ctx, args...)
+			}
+			if _, err := run(`BEGIN IMMEDIATE`); err != nil {
 				return err
 			}
-			defer tx.Rollback()
-			res, err := tx.ExecContext(ctx, renewSQL, l.expiresMillis(), leaseName, l.owner)
+			committed := false
+			defer func() {
+				if !committed {
+					c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+				}
+			}()
+			res, err := run(renewSQL, l.expiresMillis(), leaseName, l.owner)
 			if err != nil {
 				return err
 			}
 			if n, err := res.RowsAffected(); err != nil || n != 1 {
 				return err // not ours: the plain renewal below says so
 			}
-			if alsoErr = also(ctx, tx); alsoErr != nil {
+			if alsoErr = also(ctx, preparedOn{l.conn, c}); alsoErr != nil {
 				return nil
 			}
-			if err := tx.Commit(); err != nil {
+			if _, err := run(`COMMIT`); err != nil {
 				return err
 			}
-			ok = true
+			committed, ok = true, true
 			return nil
 		})
 		if err == nil && ok {

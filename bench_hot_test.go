@@ -182,6 +182,7 @@ func benchMarkSent(b *testing.B, batch int) {
 	r, rc := relayConnFor(b, ob)
 	next := int64(1)
 	marked := 0
+	acked := make([]int64, batch)
 	b.ReportAllocs()
 	for b.Loop() {
 		if next+int64(batch) > n+1 {
@@ -192,8 +193,11 @@ func benchMarkSent(b *testing.B, batch int) {
 			next = 1
 			b.StartTimer()
 		}
+		for i := range acked {
+			acked[i] = next + int64(i)
+		}
 		next += int64(batch)
-		if err := r.markSent(rc, next-1, batch); err != nil {
+		if err := r.markSent(rc, acked); err != nil {
 			b.Fatal(err)
 		}
 		marked += batch

@@ -59,10 +59,17 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	if o.readOnly {
 		return ErrReadOnly
 	}
-	// The statement is prepared once per connection: preparing an INSERT
-	// that fires the capacity trigger costs more than running it.
-	stmt := tx.StmtContext(ctx, o.insert)
-	defer stmt.Close()
+	// The statements are prepared once per connection: preparing an
+	// INSERT that fires the schema's triggers costs more than running it.
+	var stmt, stmtExp *sql.Stmt
+	defer func() {
+		if stmt != nil {
+			stmt.Close()
+		}
+		if stmtExp != nil {
+			stmtExp.Close()
+		}
+	}()
 	now := o.now()
 	created := now.UnixMilli()
 	tick, storeClock := o.clock.due()
@@ -77,9 +84,20 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if payload == nil {
 			payload = []byte{} // NOT NULL: an empty payload is a valid event
 		}
-		life := expiryMillis(m.Expiry)
-		expiring = expiring || life > 0
-		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life); err != nil {
+		var err error
+		if life := expiryMillis(m.Expiry); life > 0 {
+			expiring = true
+			if stmtExp == nil {
+				stmtExp = tx.StmtContext(ctx, o.insertExp)
+			}
+			_, err = stmtExp.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
+		} else {
+			if stmt == nil {
+				stmt = tx.StmtContext(ctx, o.insert)
+			}
+			_, err = stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
+		}
+		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
 	}
@@ -92,6 +110,31 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		o.clock.catchUp(tick)
 	}
 	return nil
+}
+
+// The library's inserts. A message without expiry (the common case) binds
+// six plain parameters: each parameter the driver binds, and each
+// expression SQLite evaluates, is paid on every row.
+const (
+	insertSQL = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`
+	// An expiry runs from the later of this Outbox's clock and the stored
+	// one: a clock that lags another process's must not shorten it.
+	insertExpiringSQL = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8)`
+)
+
+// prepareInserts prepares insertSQL and insertExpiringSQL on db.
+func prepareInserts(ctx context.Context, db *sql.DB) (plain, expiring *sql.Stmt, err error) {
+	plain, err = db.PrepareContext(ctx, insertSQL)
+	if err != nil {
+		return nil, nil, err
+	}
+	expiring, err = db.PrepareContext(ctx, insertExpiringSQL)
+	if err != nil {
+		plain.Close()
+		return nil, nil, err
+	}
+	return plain, expiring, nil
 }
 
 // validate checks every message before anything is written.

@@ -308,7 +308,9 @@ func (r *Relay) committed(ctx context.Context, conn *relayConn, version int64) (
 // The mark is not made when the range holds more live rows than were
 // acknowledged: a writer set a seq into a gap the relay had read past
 // (the insert looks for that only while a limit is set), and the mark would
-// take that row as sent. markSent moves it to the end first.
+// take that row as sent. markSent moves it to the end first. A range whose
+// every number was acknowledged (no dead rows, no gaps: the common case)
+// has no room for such a row, and is not counted.
 const markSQL = `UPDATE outbox_state SET
 	pending_bytes = CASE WHEN max_pending_bytes = 0 OR ?1 >= coalesce((SELECT max(seq) FROM outbox), 0) THEN 0
 		ELSE max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
@@ -320,8 +322,9 @@ const markSQL = `UPDATE outbox_state SET
 			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) END,
 	sent_seq = ?1, sent_at = ?2
 WHERE id = 1 AND sent_seq < ?1
-	AND (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-		- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3`
+	AND (?1 - sent_seq <= ?3
+		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
+			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)`
 
 // markSent records that every message up to and including the last of
 // acked is settled; acked are the messages acknowledged since the last

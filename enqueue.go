@@ -61,13 +61,12 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	}
 	// The statements are prepared once per connection: preparing an
 	// INSERT that fires the schema's triggers costs more than running it.
-	var stmt, stmtExp *sql.Stmt
+	var stmts [len(insertSQLs)]*sql.Stmt
 	defer func() {
-		if stmt != nil {
-			stmt.Close()
-		}
-		if stmtExp != nil {
-			stmtExp.Close()
+		for _, st := range stmts {
+			if st != nil {
+				st.Close()
+			}
 		}
 	}()
 	now := o.now()
@@ -84,20 +83,20 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if payload == nil {
 			payload = []byte{} // NOT NULL: an empty payload is a valid event
 		}
-		var err error
-		if life := expiryMillis(m.Expiry); life > 0 {
+		life := expiryMillis(m.Expiry)
+		k, args := insertPlain, []any{id, m.Topic, payload, m.Type, m.ContentType, created}
+		switch {
+		case life > 0:
 			expiring = true
-			if stmtExp == nil {
-				stmtExp = tx.StmtContext(ctx, o.insertExp)
-			}
-			_, err = stmtExp.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
-		} else {
-			if stmt == nil {
-				stmt = tx.StmtContext(ctx, o.insert)
-			}
-			_, err = stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
+			k, args = insertExpiring, append(args, tick, life)
+		case m.ContentType == "":
+			k, args = insertNoContentType, args[:5]
+			args[4] = created
 		}
-		if err != nil {
+		if stmts[k] == nil {
+			stmts[k] = tx.StmtContext(ctx, o.insert[k])
+		}
+		if _, err := stmts[k].ExecContext(ctx, args...); err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
 	}
@@ -112,29 +111,48 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	return nil
 }
 
-// The library's inserts. A message without expiry (the common case) binds
-// six plain parameters: each parameter the driver binds, and each
-// expression SQLite evaluates, is paid on every row.
+// The library's inserts, one for each shape of message: each parameter the
+// driver binds, and each expression SQLite evaluates, is paid on every row,
+// so a message binds only what it has (an empty content type is the
+// column's default).
 const (
-	insertSQL = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`
-	// An expiry runs from the later of this Outbox's clock and the stored
-	// one: a clock that lags another process's must not shorten it.
-	insertExpiringSQL = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
-		VALUES (?1, ?2, ?3, ?4, ?5, ?6, max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8)`
+	insertPlain = iota
+	insertNoContentType
+	insertExpiring
 )
 
-// prepareInserts prepares insertSQL and insertExpiringSQL on db.
-func prepareInserts(ctx context.Context, db *sql.DB) (plain, expiring *sql.Stmt, err error) {
-	plain, err = db.PrepareContext(ctx, insertSQL)
-	if err != nil {
-		return nil, nil, err
+var insertSQLs = [...]string{
+	insertPlain:         `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+	insertNoContentType: `INSERT INTO outbox (id, topic, payload, type, created_at) VALUES (?, ?, ?, ?, ?)`,
+	// An expiry runs from the later of this Outbox's clock and the stored
+	// one: a clock that lags another process's must not shorten it.
+	insertExpiring: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8)`,
+}
+
+// inserts are insertSQLs prepared on an Outbox's database.
+type inserts [len(insertSQLs)]*sql.Stmt
+
+// prepareInserts prepares insertSQLs on db.
+func prepareInserts(ctx context.Context, db *sql.DB) (*inserts, error) {
+	var s inserts
+	for k, q := range insertSQLs {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s[k] = st
 	}
-	expiring, err = db.PrepareContext(ctx, insertExpiringSQL)
-	if err != nil {
-		plain.Close()
-		return nil, nil, err
+	return &s, nil
+}
+
+func (s *inserts) close() {
+	for _, st := range s {
+		if st != nil {
+			st.Close()
+		}
 	}
-	return plain, expiring, nil
 }
 
 // validate checks every message before anything is written.

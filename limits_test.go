@@ -344,8 +344,9 @@ func TestInsertPathCost(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		{insertSQL, []any{"id", "t", []byte("p"), "", "", 1}},
-		{insertExpiringSQL, []any{"id", "t", []byte("p"), "", "", 1, 1, 1}},
+		{insertSQLs[insertPlain], []any{"id", "t", []byte("p"), "", "", 1}},
+		{insertSQLs[insertNoContentType], []any{"id", "t", []byte("p"), "", 1}},
+		{insertSQLs[insertExpiring], []any{"id", "t", []byte("p"), "", "", 1, 1, 1}},
 		{`INSERT INTO outbox (topic, payload) VALUES ('t', 'p')`, nil},
 	} {
 		perRow, sizes := insertPrograms(t, ob.DB(), q.sql, q.args...)

@@ -75,8 +75,7 @@ type Options struct {
 // It is safe for concurrent use.
 type Outbox struct {
 	db         *sql.DB
-	insert     *sql.Stmt
-	insertExp  *sql.Stmt
+	insert     *inserts
 	reserve    *reserve // nil without a file or when disabled
 	path       string   // the database file, as SQLite names it
 	ownsDB     bool
@@ -205,14 +204,13 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: clock: %w", err)
 	}
-	insert, insertExpiring, err := prepareInserts(ctx, db)
+	insert, err := prepareInserts(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	var file string
 	if err := db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
-		insert.Close()
-		insertExpiring.Close()
+		insert.close()
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	reserveSize := opts.ReserveBytes
@@ -222,7 +220,6 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	o := &Outbox{
 		db:         db,
 		insert:     insert,
-		insertExp:  insertExpiring,
 		reserve:    newReserve(file, reserveSize),
 		path:       file,
 		maxPayload: opts.MaxPayloadBytes,
@@ -295,8 +292,7 @@ func (o *Outbox) Close() error {
 		cancel()
 	}
 	if o.insert != nil {
-		o.insert.Close()
-		o.insertExp.Close()
+		o.insert.close()
 	}
 	if o.ownsDB {
 		return o.db.Close()

@@ -84,19 +84,27 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 			payload = []byte{} // NOT NULL: an empty payload is a valid event
 		}
 		life := expiryMillis(m.Expiry)
-		k, args := insertPlain, []any{id, m.Topic, payload, m.Type, m.ContentType, created}
+		k := insertPlain
 		switch {
 		case life > 0:
-			expiring = true
-			k, args = insertExpiring, append(args, tick, life)
+			k = insertExpiring
 		case m.ContentType == "":
-			k, args = insertNoContentType, args[:5]
-			args[4] = created
+			k = insertNoContentType
 		}
 		if stmts[k] == nil {
 			stmts[k] = tx.StmtContext(ctx, o.insert[k])
 		}
-		if _, err := stmts[k].ExecContext(ctx, args...); err != nil {
+		var err error
+		switch k {
+		case insertExpiring:
+			expiring = true
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
+		case insertNoContentType:
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, created)
+		default:
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
+		}
+		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
 	}

@@ -6,7 +6,8 @@
 -- The contract for writers in any language: INSERT INTO outbox (topic,
 -- payload) in the same transaction as the business rows; every other column
 -- has a default. Writers never set seq (a trigger renumbers a row whose seq is
--- not the next one), never update rows, and never write outbox_state.
+-- at or below what was sent or deleted, and the relay one it finds behind
+-- it), never update rows, and never write outbox_state.
 
 -- One row per message. A row is sent when seq <= outbox_state.sent_seq and
 -- dead_at is NULL, dead when dead_at is set (expired when expired = 1 too),

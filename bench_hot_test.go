@@ -182,6 +182,7 @@ func benchMarkSent(b *testing.B, batch int) {
 	r, rc := relayConnFor(b, ob)
 	next := int64(1)
 	marked := 0
+	acked := make([]int64, batch)
 	b.ReportAllocs()
 	for b.Loop() {
 		if next+int64(batch) > n+1 {
@@ -192,8 +193,11 @@ func benchMarkSent(b *testing.B, batch int) {
 			next = 1
 			b.StartTimer()
 		}
+		for i := range acked {
+			acked[i] = next + int64(i)
+		}
 		next += int64(batch)
-		if err := r.markSent(rc, next-1, batch); err != nil {
+		if err := r.markSent(rc, acked); err != nil {
 			b.Fatal(err)
 		}
 		marked += batch
@@ -309,4 +313,79 @@ func BenchmarkDiskPerPendingEvent(b *testing.B) {
 		ob.Close()
 	}
 	b.ReportMetric(per, "B/event")
+}
+
+// BenchmarkInsertPath is the CPU of one outbox row as the library writes
+// it, at synchronous=OFF inside transactions of 20,000 rows, next to a bare
+// row (seq, topic, payload; no index, no trigger) and to the same row on
+// schema 5 with the statement Enqueue used then: what the schema and the
+// statement add to a row (issue #17).
+func BenchmarkInsertPath(b *testing.B) {
+	pl := benchPayload(1)
+	id := NewID()
+	now := time.Now().UnixMilli()
+	const schema5Insert = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END)`
+	for _, v := range []struct {
+		name   string
+		schema func(ctx context.Context, db *sql.DB) error
+		q      string
+		args   []any
+	}{
+		{"bare", func(ctx context.Context, db *sql.DB) error {
+			_, err := db.ExecContext(ctx, `CREATE TABLE outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL)`)
+			return err
+		}, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`, []any{"pos/1/orders", pl}},
+		{"schema5", func(ctx context.Context, db *sql.DB) error {
+			return migrateSet(ctx, db, "outbox_schema", outboxMigrations[:5], "")
+		}, schema5Insert, []any{id, "pos/1/orders", pl, "com.example.order.created", "", now, now, int64(0)}},
+		{"schema" + fmt.Sprint(SchemaVersion), migrate, insertSQLs[insertNoContentType], []any{id, "pos/1/orders", pl, "com.example.order.created", now}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			ctx := context.Background()
+			db, err := OpenDB(b.TempDir()+"/insert.db", DBOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			if err := v.schema(ctx, db); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, `PRAGMA synchronous = OFF`); err != nil {
+				b.Fatal(err)
+			}
+			st, err := db.PrepareContext(ctx, v.q)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			txs := tx.StmtContext(ctx, st)
+			n := 0
+			for b.Loop() {
+				if n > 0 && n%20_000 == 0 {
+					b.StopTimer()
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+					if tx, err = db.BeginTx(ctx, nil); err != nil {
+						b.Fatal(err)
+					}
+					txs = tx.StmtContext(ctx, st)
+					b.StartTimer()
+				}
+				if _, err := txs.ExecContext(ctx, v.args...); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
 }

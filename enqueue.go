@@ -59,10 +59,16 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	if o.readOnly {
 		return ErrReadOnly
 	}
-	// The statement is prepared once per connection: preparing an INSERT
-	// that fires the capacity trigger costs more than running it.
-	stmt := tx.StmtContext(ctx, o.insert)
-	defer stmt.Close()
+	// The statements are prepared once per connection: preparing an
+	// INSERT that fires the schema's triggers costs more than running it.
+	var stmts [len(insertSQLs)]*sql.Stmt
+	defer func() {
+		for _, st := range stmts {
+			if st != nil {
+				st.Close()
+			}
+		}
+	}()
 	now := o.now()
 	created := now.UnixMilli()
 	tick, storeClock := o.clock.due()
@@ -78,8 +84,27 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 			payload = []byte{} // NOT NULL: an empty payload is a valid event
 		}
 		life := expiryMillis(m.Expiry)
-		expiring = expiring || life > 0
-		if _, err := stmt.ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life); err != nil {
+		k := insertPlain
+		switch {
+		case life > 0:
+			k = insertExpiring
+		case m.ContentType == "":
+			k = insertNoContentType
+		}
+		if stmts[k] == nil {
+			stmts[k] = tx.StmtContext(ctx, o.insert[k])
+		}
+		var err error
+		switch k {
+		case insertExpiring:
+			expiring = true
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
+		case insertNoContentType:
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, created)
+		default:
+			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
+		}
+		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
 	}
@@ -92,6 +117,50 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		o.clock.catchUp(tick)
 	}
 	return nil
+}
+
+// The library's inserts, one for each shape of message: each parameter the
+// driver binds, and each expression SQLite evaluates, is paid on every row,
+// so a message binds only what it has (an empty content type is the
+// column's default).
+const (
+	insertPlain = iota
+	insertNoContentType
+	insertExpiring
+)
+
+var insertSQLs = [...]string{
+	insertPlain:         `INSERT INTO outbox (id, topic, payload, type, content_type, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+	insertNoContentType: `INSERT INTO outbox (id, topic, payload, type, created_at) VALUES (?, ?, ?, ?, ?)`,
+	// An expiry runs from the later of this Outbox's clock and the stored
+	// one: a clock that lags another process's must not shorten it.
+	insertExpiring: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8)`,
+}
+
+// inserts are insertSQLs prepared on an Outbox's database.
+type inserts [len(insertSQLs)]*sql.Stmt
+
+// prepareInserts prepares insertSQLs on db.
+func prepareInserts(ctx context.Context, db *sql.DB) (*inserts, error) {
+	var s inserts
+	for k, q := range insertSQLs {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s[k] = st
+	}
+	return &s, nil
+}
+
+func (s *inserts) close() {
+	for _, st := range s {
+		if st != nil {
+			st.Close()
+		}
+	}
 }
 
 // validate checks every message before anything is written.

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,6 +132,22 @@ func TestPendingLimitCountsOnlyPending(t *testing.T) {
 	})
 }
 
+// checkCountersConservative is checkCounters for what a pending row that
+// INSERT OR REPLACE deleted without a DELETE trigger leaves: counted
+// still, never less than the rows.
+func checkCountersConservative(t testing.TB, db *sql.DB) {
+	t.Helper()
+	var count, wantCount, bytes, wantBytes int64
+	require.NoError(t, db.QueryRow(`SELECT
+			CASE WHEN max_pending_count > 0 THEN max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped ELSE 0 END,
+			CASE WHEN max_pending_count > 0 THEN (SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL) ELSE 0 END,
+			CASE WHEN max_pending_bytes > 0 THEN pending_bytes ELSE 0 END,
+			CASE WHEN max_pending_bytes > 0 THEN (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL) ELSE 0 END
+		FROM outbox_state st`).Scan(&count, &wantCount, &bytes, &wantBytes))
+	require.GreaterOrEqual(t, count, wantCount, "the pending count the limit sees, against the rows")
+	require.GreaterOrEqual(t, bytes, wantBytes, "pending_bytes against the rows")
+}
+
 // idempotentWriters writes as plain-SQL writers with business-key ids do
 // (ignore, replace, upsert), checking the counters after each statement.
 func idempotentWriters(t *testing.T, opts Options) *Outbox {
@@ -142,10 +160,8 @@ func idempotentWriters(t *testing.T, opts Options) *Outbox {
 		execCounted(t, db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789')`)
 		execCounted(t, db, `INSERT INTO outbox (id, topic, payload) VALUES ('order-1', 't', '0123456789') ON CONFLICT DO NOTHING`)
 	}
-	// A replace deletes the pending row of that id: its bytes leave.
-	execCounted(t, db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
-	// The same on a connection with recursive_triggers, where SQLite fires
-	// the DELETE trigger for the replaced row too: counted once.
+	// A replace on a connection with recursive_triggers, where SQLite
+	// fires the DELETE trigger for the replaced row: counted once, exactly.
 	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
 	_, err = conn.ExecContext(ctx, `PRAGMA recursive_triggers = ON`)
@@ -161,11 +177,22 @@ func idempotentWriters(t *testing.T, opts Options) *Outbox {
 		ON CONFLICT (id) WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-')
 		DO UPDATE SET payload = excluded.payload`)
 	execCounted(t, db, `INSERT OR IGNORE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
-	// A replace of a row that is not the newest leaves a gap in the middle.
-	execCounted(t, db, `INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '012')`)
+	// A replace without recursive_triggers deletes the pending row of that
+	// id with no DELETE trigger: it stays counted (towards full) until the
+	// relay drains the outbox or Open counts again. Once the newest row,
+	// once in the middle (a gap).
+	_, err = db.Exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-1', 't', '01234567890123456789')`)
+	require.NoError(t, err)
+	checkCountersConservative(t, db)
+	_, err = db.Exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '012')`)
+	require.NoError(t, err)
+	checkCountersConservative(t, db)
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
 	require.Equal(t, 2, pending)
+	_, err = New(ctx, db, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	checkCounters(t, db)
 	return ob
 }
 
@@ -179,6 +206,11 @@ func TestPendingBytesCountOnlyInsertedRows(t *testing.T) {
 	ctx := context.Background()
 	ob := idempotentWriters(t, Options{MaxPendingBytes: 100, MaxPendingMessages: 10})
 	db := ob.DB()
+	// A replace without recursive_triggers leaves the row it deleted
+	// counted, until the mark that passes every row.
+	_, err := db.Exec(`INSERT OR REPLACE INTO outbox (id, topic, payload) VALUES ('order-2', 't', '0123456789')`)
+	require.NoError(t, err)
+	checkCountersConservative(t, db)
 	// A full drain leaves nothing counted: the whole limit is free again.
 	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
 	require.NoError(t, err)
@@ -266,4 +298,95 @@ func TestWritersNeverOwnSeq(t *testing.T) {
 	pub.mu.Lock()
 	require.Equal(t, []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}, pub.published)
 	pub.mu.Unlock()
+}
+
+// insertPrograms compiles q (without running it) and returns, from EXPLAIN,
+// the trigger programs the insert itself starts for every row, and the
+// number of opcodes of every trigger program by name.
+func insertPrograms(t *testing.T, db *sql.DB, q string, args ...any) (perRow int, sizes map[string]int) {
+	t.Helper()
+	rows, err := db.Query(`EXPLAIN `+q, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	sizes = map[string]int{}
+	program := "" // "" is the statement's own program
+	for rows.Next() {
+		var addr, p1, p2, p3, p5 int
+		var op string
+		var p4, comment sql.NullString
+		require.NoError(t, rows.Scan(&addr, &op, &p1, &p2, &p3, &p4, &p5, &comment))
+		// A trigger's program starts with an Init whose P4 names it.
+		if op == "Init" && strings.HasPrefix(p4.String, "-- TRIGGER ") {
+			program = strings.TrimPrefix(p4.String, "-- TRIGGER ")
+		}
+		if program == "" {
+			if op == "Program" {
+				perRow++
+			}
+			continue
+		}
+		sizes[program]++
+	}
+	require.NoError(t, rows.Err())
+	return perRow, sizes
+}
+
+// TestInsertPathCost: what every insert runs is one small trigger program
+// that reads outbox_state; the work needed only rarely (a seq to renumber,
+// the limits) is a program of its own, run only then. An outbox row used
+// to cost two trigger programs per insert, of 187 and 557 opcodes,
+// whose registers SQLite sets up on every row even when they did nothing:
+// at synchronous=NORMAL a transaction of one order and one event ran at
+// 0.76 of the same with a bare row.
+func TestInsertPathCost(t *testing.T) {
+	ob := openTest(t, Options{})
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{insertSQLs[insertPlain], []any{"id", "t", []byte("p"), "", "", 1}},
+		{insertSQLs[insertNoContentType], []any{"id", "t", []byte("p"), "", 1}},
+		{insertSQLs[insertExpiring], []any{"id", "t", []byte("p"), "", "", 1, 1, 1}},
+		{`INSERT INTO outbox (topic, payload) VALUES ('t', 'p')`, nil},
+	} {
+		perRow, sizes := insertPrograms(t, ob.DB(), q.sql, q.args...)
+		require.Equal(t, 1, perRow, "trigger programs every insert runs: %s", q.sql)
+		require.LessOrEqual(t, sizes["outbox_inserted"], 50, "opcodes of the program every insert runs (%v)", sizes)
+	}
+}
+
+// TestWriterSeqBehindTheRelay: with no limit set, the insert no longer
+// looks for a writer's seq set into a gap (that look cost every insert a
+// second seek); the relay finds such a row when it marks the range it lies
+// in, and moves it to the end instead of taking it as sent. Here the row
+// lands above the mark and behind the relay's read position, while the
+// relay waits for acknowledgements: the case a mark would otherwise lose.
+func TestWriterSeqBehindTheRelay(t *testing.T) {
+	for _, limit := range []int64{0, 100} {
+		t.Run(fmt.Sprintf("message limit %d", limit), func(t *testing.T) {
+			ob := openTest(t, Options{MaxPendingMessages: limit})
+			db := ob.DB()
+			pub := &fakePublisher{hold: true}
+			opts := fastRelay()
+			opts.Envelope = EnvelopeRaw
+			r, err := ob.NewRelay(pub, opts)
+			require.NoError(t, err)
+			startRelay(t, r)
+			execCounted(t, db, `INSERT INTO outbox (topic, payload) VALUES ('t', 'a'), ('t', 'b')`)
+			execCounted(t, db, `INSERT INTO outbox (seq, topic, payload) VALUES (10, 't', 'c')`) // beyond the next: kept
+			eventually(t, 5*time.Second, "a, b and c in flight", func() bool { return pub.heldCount() == 3 })
+			execCounted(t, db, `INSERT INTO outbox (seq, topic, payload) VALUES (5, 't', 'd')`) // behind the relay
+			pub.release(3)
+			eventually(t, 5*time.Second, "d published", func() bool { return pub.publishedCount() == 4 })
+			pub.release(1)
+			eventually(t, 5*time.Second, "all sent", func() bool { return countState(t, ob, "pending") == 0 })
+			pub.mu.Lock()
+			require.Equal(t, []string{"a", "b", "c", "d"}, pub.published, "d after what was read before it was written")
+			pub.mu.Unlock()
+			var seq int64
+			require.NoError(t, db.QueryRow(`SELECT seq FROM outbox WHERE CAST(payload AS TEXT) = 'd'`).Scan(&seq))
+			require.Greater(t, seq, int64(10), "moved above every number used")
+			checkCounters(t, db)
+		})
+	}
 }

@@ -45,7 +45,7 @@ func (s *session) markLoop() {
 		for attempt := 0; ; attempt++ {
 			// Marks arrive in sequence order and only while nothing
 			// before them failed: everything up to the last is settled.
-			err := r.markSent(s.conn, batch[len(batch)-1], len(batch))
+			err := r.markSent(s.conn, batch)
 			if err == nil {
 				s.gate.settle(int64(len(batch)))
 				if r.diskFull.Load() {

@@ -75,7 +75,7 @@ type Options struct {
 // It is safe for concurrent use.
 type Outbox struct {
 	db         *sql.DB
-	insert     *sql.Stmt
+	insert     *inserts
 	reserve    *reserve // nil without a file or when disabled
 	path       string   // the database file, as SQLite names it
 	ownsDB     bool
@@ -204,16 +204,13 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: clock: %w", err)
 	}
-	// An expiry runs from the later of this Outbox's clock and the stored
-	// one: a clock that lags another process's must not shorten it.
-	insert, err := db.PrepareContext(ctx, `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
-		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END)`)
+	insert, err := prepareInserts(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	var file string
 	if err := db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
-		insert.Close()
+		insert.close()
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	reserveSize := opts.ReserveBytes
@@ -295,7 +292,7 @@ func (o *Outbox) Close() error {
 		cancel()
 	}
 	if o.insert != nil {
-		o.insert.Close()
+		o.insert.close()
 	}
 	if o.ownsDB {
 		return o.db.Close()

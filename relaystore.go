@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -97,21 +98,31 @@ func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) 
 // bench, section 3). Polling takes the lock in the first gap between two
 // of the application's transactions.
 func (rc *relayConn) execPolling(ctx context.Context, c *sql.Conn, q string, args ...any) error {
+	_, err := rc.execPollingCount(ctx, c, q, args...)
+	return err
+}
+
+// execPollingCount is execPolling that reports how many rows the write
+// changed.
+func (rc *relayConn) execPollingCount(ctx context.Context, c *sql.Conn, q string, args ...any) (int64, error) {
 	st, err := rc.stmt(ctx, c, q)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
 	// the statement, not when it runs it.
 	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
-		return err
+		return 0, err
 	}
 	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
 	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
 	for {
-		_, err := st.ExecContext(ctx, args...)
-		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
+		res, err := st.ExecContext(ctx, args...)
+		if err == nil {
+			return res.RowsAffected()
+		}
+		if !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return 0, err
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
@@ -344,29 +355,55 @@ func (r *Relay) committed(ctx context.Context, conn *relayConn, version int64) (
 	return false, true
 }
 
-// markSent records that every message up to and including seq is settled
-// (n of them were acknowledged now): one statement on one row, whatever the
-// batch's size; a trigger logs when. With a negative Retention the sent rows
-// are then deleted.
-func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
+// markSQL is the mark: one statement on one row, whatever the batch's
+// size; a trigger logs when. ?1 is the seq up to which everything is
+// settled, ?3 how many of the rows after the last mark were acknowledged.
+//
+// Pending bytes are counted only while a byte limit is set, the numbers
+// that hold no pending message only while a message limit is: those the
+// mark passes leave the count, and a mark that passes every row leaves
+// nothing pending, which puts right a pending row an INSERT OR REPLACE
+// deleted without a DELETE trigger (schema/outbox.sql). All are counts
+// over the rows just acknowledged; count(*) over a range of seq reads no
+// column, and the dead ones are in the outbox_dead index.
+//
+// The mark is not made when the range holds more live rows than were
+// acknowledged: a writer set a seq into a gap the relay had read past
+// (the insert looks for that only while a limit is set), and the mark would
+// take that row as sent. markSent moves it to the end first. A range whose
+// every number was acknowledged (no dead rows, no gaps: the common case)
+// has no room for such a row, and is not counted.
+const markSQL = `UPDATE outbox_state SET
+	pending_bytes = CASE WHEN max_pending_bytes = 0 OR ?1 >= coalesce((SELECT max(seq) FROM outbox), 0) THEN 0
+		ELSE max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+			WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) END,
+	skipped = CASE WHEN max_pending_count = 0 THEN 0
+		WHEN ?1 >= coalesce((SELECT max(seq) FROM outbox), 0) THEN max(seq_floor - ?1, 0)
+		ELSE max(skipped - (?1 - sent_seq)
+			+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
+			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) END,
+	sent_seq = ?1, sent_at = ?2
+WHERE id = 1 AND sent_seq < ?1
+	AND (?1 - sent_seq <= ?3
+		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
+			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)`
+
+// markSent records that every message up to and including the last of
+// acked is settled; acked are the messages acknowledged since the last
+// mark, in order. With a negative Retention the sent rows are then deleted.
+func (r *Relay) markSent(conn *relayConn, acked []int64) error {
+	seq, n := acked[len(acked)-1], len(acked)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := conn.do(func(c *sql.Conn) error {
-		// Pending bytes are counted only while a byte limit is set, the
-		// numbers that hold no pending message only while a message limit
-		// is: those the mark passes leave the count. Both are counts over
-		// the rows just acknowledged; count(*) over a range of seq reads no
-		// column, and the dead ones are in the outbox_dead index.
-		if err := conn.execPolling(ctx, c, `UPDATE outbox_state SET
-				pending_bytes = CASE WHEN max_pending_bytes > 0
-					THEN max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
-						WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) ELSE 0 END,
-				skipped = CASE WHEN max_pending_count > 0
-					THEN max(skipped - (?1 - sent_seq)
-						+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-						- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) ELSE 0 END,
-				sent_seq = ?1, sent_at = ?2 WHERE id = 1 AND sent_seq < ?1`, seq, r.ob.now().UnixMilli()); err != nil {
+		marked, err := conn.execPollingCount(ctx, c, markSQL, seq, r.ob.now().UnixMilli(), n)
+		if err != nil {
 			return err
+		}
+		if marked == 0 {
+			if err := r.markPastIntruders(ctx, conn, c, acked); err != nil {
+				return err
+			}
 		}
 		if r.opts.Retention < 0 {
 			// Not atomic with the mark, and need not be: rows left by a
@@ -383,6 +420,63 @@ func (r *Relay) markSent(conn *relayConn, seq int64, n int) error {
 	r.mu.Lock()
 	r.lastAck = r.ob.now()
 	r.mu.Unlock()
+	return nil
+}
+
+// markPastIntruders is markSent's slow road, for a mark markSQL did not
+// make: already made (nothing to do), or a range that holds rows the relay
+// never read. Those are moved above every number used, as the insert moves
+// a row it catches, and are published in their turn; then the mark is
+// made, in the same transaction, so no writer comes in between.
+func (r *Relay) markPastIntruders(ctx context.Context, conn *relayConn, c *sql.Conn, acked []int64) error {
+	seq, n := acked[len(acked)-1], len(acked)
+	if err := conn.execPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+		return err
+	}
+	err := func() error {
+		rows, err := c.QueryContext(ctx, `SELECT seq FROM outbox
+			WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND seq <= ? AND dead_at IS NULL ORDER BY seq`, seq)
+		if err != nil {
+			return err
+		}
+		var intruders []int64
+		for rows.Next() {
+			var s int64
+			if err := rows.Scan(&s); err != nil {
+				rows.Close()
+				return err
+			}
+			if _, ok := slices.BinarySearch(acked, s); !ok {
+				intruders = append(intruders, s)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, s := range intruders {
+			// Its old number stays a gap, skipped while a message limit
+			// is set; the new one at the end is pending: the count holds.
+			if _, err := c.ExecContext(ctx, `UPDATE outbox SET seq = (SELECT 1 + max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq)
+				FROM outbox_state WHERE id = 1) WHERE seq = ?`, s); err != nil {
+				return err
+			}
+			if _, err := c.ExecContext(ctx, `UPDATE outbox_state SET skipped = skipped + 1 WHERE id = 1 AND max_pending_count > 0`); err != nil {
+				return err
+			}
+			r.log.Warn("outbox row written behind the relay (a seq set into a gap) moved to the end", "seq", s)
+		}
+		_, err = c.ExecContext(ctx, markSQL, seq, r.ob.now().UnixMilli(), n)
+		return err
+	}()
+	if err != nil {
+		c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		return err
+	}
+	if _, err := c.ExecContext(ctx, `COMMIT`); err != nil {
+		c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		return err
+	}
 	return nil
 }
 

@@ -1,4 +1,4 @@
--- The outbox schema, version 5: what a new database gets, in one step.
+-- The outbox schema, version 6: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
@@ -6,7 +6,8 @@
 -- The contract for writers in any language: INSERT INTO outbox (topic,
 -- payload) in the same transaction as the business rows; every other column
 -- has a default. Writers never set seq (a trigger renumbers a row whose seq is
--- not the next one), never update rows, and never write outbox_state.
+-- at or below what was sent or deleted, and the relay one it finds behind
+-- it), never update rows, and never write outbox_state.
 
 -- One row per message. A row is sent when seq <= outbox_state.sent_seq and
 -- dead_at is NULL, dead when dead_at is set (expired when expired = 1 too),
@@ -53,12 +54,6 @@ CREATE TABLE outbox_state (
 	-- limit is set: pending = max(max(seq), seq_floor, sent_seq) - sent_seq
 	-- - skipped, without counting rows.
 	skipped           INTEGER NOT NULL DEFAULT 0,
-	-- A pending row that an INSERT OR REPLACE with the same chosen id is
-	-- about to delete; SQLite fires no DELETE trigger for it unless the
-	-- writer set recursive_triggers, so outbox_replacing notes it before the
-	-- insert and outbox_inserted counts it out after.
-	replacing_seq     INTEGER NOT NULL DEFAULT 0,
-	replacing_bytes   INTEGER NOT NULL DEFAULT 0,
 	-- The outbox clock that expiry is measured on: milliseconds of monotonic
 	-- time during which an outbox ran on this database (downtime does not
 	-- count), stored now and then by the relay, and by Enqueue and Close;
@@ -103,78 +98,51 @@ WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-
 CREATE TRIGGER outbox_sent_logged AFTER UPDATE OF sent_seq ON outbox_state
 BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))); END;
 
--- Before an insert with a chosen id while a limit is set: note the pending
--- row of the same id that INSERT OR REPLACE would delete (or clear an old
--- note). Reads only, unless such a row or a note exists.
-CREATE TRIGGER outbox_replacing BEFORE INSERT ON outbox
-WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
-	AND (SELECT (max_pending_count > 0 OR max_pending_bytes > 0) AND (replacing_seq <> 0 OR EXISTS (SELECT 1 FROM outbox o
-		WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')))
-	FROM outbox_state WHERE id = 1)
-BEGIN
-	UPDATE outbox_state SET
-		replacing_seq = coalesce((SELECT o.seq FROM outbox o
-			WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')
-				AND o.seq > outbox_state.sent_seq AND o.dead_at IS NULL), 0),
-		replacing_bytes = coalesce((SELECT length(CAST(o.payload AS BLOB)) FROM outbox o
-			WHERE o.id = NEW.id AND NOT (length(o.id) = 36 AND substr(o.id, 15, 1) = '7' AND substr(o.id, 9, 1) = '-')
-				AND o.seq > outbox_state.sent_seq AND o.dead_at IS NULL), 0)
-	WHERE id = 1;
-END;
-
--- After every insert. Without limits, and with the seq SQLite chose (the
--- common case), it only reads: outbox_state and one seek at the end of the
--- table. Otherwise, in this order:
+-- The work an insert needs only rarely, in this order (outbox_inserted
+-- runs it through the view, so that its registers are set up only then):
 --  1. A row numbered at or below what was sent or deleted (SQLite reuses the
---     number of a deleted newest row; a writer may set seq), or below a row
---     that exists (a writer's seq into a gap), is moved above every number
---     used, so the relay, which only moves forward, cannot pass it.
---  2. While a limit is set: a writer's seq beyond the next leaves a gap,
---     counted as skipped; a pending row deleted by INSERT OR REPLACE (noted
---     by outbox_replacing) is counted out, its number skipped unless the gap
---     below this row already counts it.
+--     number of a deleted newest row; a writer may set seq), or, here,
+--     below a row that exists (a writer's seq into a gap), is moved above
+--     every number used, so the relay, which only moves forward, cannot
+--     pass it. With no limit set, a seq into a gap above the mark is left
+--     to the relay, which finds it when it marks that range and moves it
+--     the same way.
+--  2. While a message limit is set, a writer's seq beyond the next leaves a
+--     gap, counted as skipped.
 --  3. The limits: a full outbox fails the statement, so the caller's
---     transaction rolls back; otherwise the bytes are counted. Rows ignored by
---     INSERT OR IGNORE or ON CONFLICT DO NOTHING never get here.
+--     transaction rolls back; otherwise the bytes are counted. Rows ignored
+--     by INSERT OR IGNORE or ON CONFLICT DO NOTHING never get here. A
+--     pending row that INSERT OR REPLACE deletes on a connection without
+--     recursive_triggers (SQLite fires no DELETE trigger for it) stays
+--     counted, which only errs towards full, until the relay's mark drains
+--     the outbox or the next Open counts again (recount.sql).
 -- A row SQLite numbers itself is never moved below a number it gave before:
 -- INSERT OR REPLACE numbers the new row above the one it deletes.
-CREATE TRIGGER outbox_inserted AFTER INSERT ON outbox
-WHEN (SELECT NEW.seq <= max(seq_floor, sent_seq) OR max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
-	OR EXISTS (SELECT 1 FROM outbox WHERE seq > NEW.seq)
+CREATE VIEW outbox_insert_checks AS SELECT 0 AS seq, 0 AS bytes WHERE 0;
+
+CREATE TRIGGER outbox_insert_checked INSTEAD OF INSERT ON outbox_insert_checks
 BEGIN
 	UPDATE outbox SET seq = (SELECT 1 + max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
 	WHERE seq = NEW.seq AND ((SELECT NEW.seq <= max(seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
 		OR EXISTS (SELECT 1 FROM outbox WHERE seq > NEW.seq));
 	UPDATE outbox_state SET
-		skipped = CASE WHEN max_pending_count = 0 THEN 0 ELSE skipped
-			+ CASE WHEN EXISTS (SELECT 1 FROM outbox WHERE seq = NEW.seq)
-				THEN max(NEW.seq - 1 - max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq), 0)
-				ELSE 0 END
-			+ CASE WHEN replacing_seq <> 0
-					AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
-					AND NOT EXISTS (SELECT 1 FROM outbox WHERE seq = outbox_state.replacing_seq)
-					AND replacing_seq <= max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq)
-				THEN 1 ELSE 0 END
-			END,
-		pending_bytes = CASE WHEN max_pending_bytes = 0 THEN 0
-			WHEN replacing_seq <> 0
-				AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
-				AND NOT EXISTS (SELECT 1 FROM outbox WHERE seq = outbox_state.replacing_seq)
-			THEN max(pending_bytes - replacing_bytes, 0) ELSE pending_bytes END,
-		replacing_seq = CASE WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
-			THEN 0 ELSE replacing_seq END,
-		replacing_bytes = CASE WHEN NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-')
-			THEN 0 ELSE replacing_bytes END
-	WHERE id = 1 AND ((replacing_seq <> 0 AND NOT (length(NEW.id) = 36 AND substr(NEW.id, 15, 1) = '7' AND substr(NEW.id, 9, 1) = '-'))
-		OR (max_pending_count > 0 AND EXISTS (SELECT 1 FROM outbox WHERE seq = NEW.seq)
-			AND NEW.seq - 1 > max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq)));
+		skipped = skipped + NEW.seq - 1 - max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq)
+	WHERE id = 1 AND max_pending_count > 0 AND EXISTS (SELECT 1 FROM outbox WHERE seq = NEW.seq)
+		AND NEW.seq - 1 > max(coalesce((SELECT max(seq) FROM outbox WHERE seq < NEW.seq), 0), seq_floor, sent_seq);
 	SELECT RAISE(ABORT, 'outbox full: pending limit reached') FROM outbox_state
 	WHERE id = 1 AND ((max_pending_count > 0
 			AND max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq - skipped > max_pending_count)
-		OR (max_pending_bytes > 0 AND pending_bytes + length(CAST(NEW.payload AS BLOB)) > max_pending_bytes));
-	UPDATE outbox_state SET pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB))
+		OR (max_pending_bytes > 0 AND pending_bytes + NEW.bytes > max_pending_bytes));
+	UPDATE outbox_state SET pending_bytes = pending_bytes + NEW.bytes
 	WHERE id = 1 AND max_pending_bytes > 0;
 END;
+
+-- The one trigger program every insert runs: without limits, and with the
+-- seq SQLite chose (the common case), it reads outbox_state and nothing
+-- else.
+CREATE TRIGGER outbox_inserted AFTER INSERT ON outbox
+WHEN (SELECT NEW.seq <= seq_floor OR NEW.seq <= sent_seq OR max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
+BEGIN INSERT INTO outbox_insert_checks (seq, bytes) VALUES (NEW.seq, length(CAST(NEW.payload AS BLOB))); END;
 
 -- A message parked dead (by the relay) or brought back in place leaves or
 -- joins the pending count. A requeue moves the row to a new seq at the end:
@@ -210,16 +178,14 @@ BEGIN UPDATE outbox_state SET seq_floor = max(seq_floor, OLD.seq) WHERE id = 1; 
 
 -- The library deletes only sent and dead rows. A pending row deleted anyway
 -- (by hand, or by INSERT OR REPLACE on a connection with recursive_triggers)
--- leaves the counts; if it was noted by outbox_replacing, the note is done.
+-- leaves the counts.
 CREATE TRIGGER outbox_pending_deleted AFTER DELETE ON outbox
 WHEN OLD.dead_at IS NULL
 	AND (SELECT OLD.seq > sent_seq AND (max_pending_count > 0 OR max_pending_bytes > 0) FROM outbox_state WHERE id = 1)
 BEGIN
 	UPDATE outbox_state SET
 		skipped = CASE WHEN max_pending_count > 0 THEN skipped + 1 ELSE 0 END,
-		pending_bytes = CASE WHEN max_pending_bytes > 0 THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0) ELSE 0 END,
-		replacing_seq = CASE WHEN replacing_seq = OLD.seq THEN 0 ELSE replacing_seq END,
-		replacing_bytes = CASE WHEN replacing_seq = OLD.seq THEN 0 ELSE replacing_bytes END
+		pending_bytes = CASE WHEN max_pending_bytes > 0 THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0) ELSE 0 END
 	WHERE id = 1;
 END;
 

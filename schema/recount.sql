@@ -3,9 +3,11 @@
 -- the numbers above the mark that hold no pending message, and the pending
 -- bytes, each only while its limit is set (otherwise nothing keeps them).
 -- The triggers in outbox.sql keep both exact for every writer that follows
--- the table contract; a writer that deletes pending rows by hand, or
--- replaces them on a connection of its own, can leave them off, and this
--- puts them right. Migration 3 counted them once, the same way.
+-- the table contract, but for a pending row that INSERT OR REPLACE deletes
+-- without recursive_triggers, which stays counted (towards full) until the
+-- relay drains the outbox; a writer that deletes pending rows by hand can
+-- leave them off too, and this puts both right. Migration 3 counted them
+-- once, the same way.
 UPDATE outbox_state SET
 	skipped = CASE WHEN max_pending_count > 0
 		THEN max(max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) - sent_seq
@@ -13,6 +15,5 @@ UPDATE outbox_state SET
 		ELSE 0 END,
 	pending_bytes = CASE WHEN max_pending_bytes > 0
 		THEN (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > outbox_state.sent_seq AND dead_at IS NULL)
-		ELSE 0 END,
-	replacing_seq = 0, replacing_bytes = 0
-WHERE id = 1 AND (max_pending_count > 0 OR max_pending_bytes > 0 OR skipped <> 0 OR pending_bytes <> 0 OR replacing_seq <> 0);
+		ELSE 0 END
+WHERE id = 1 AND (max_pending_count > 0 OR max_pending_bytes > 0 OR skipped <> 0 OR pending_bytes <> 0);

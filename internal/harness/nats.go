@@ -102,7 +102,13 @@ cluster {
   listen: 127.0.0.1:%d
   routes: [%s]
 }
-mqtt { listen: 127.0.0.1:%d }
+mqtt {
+  listen: 127.0.0.1:%d
+  # A QoS 1 message a node handed to a subscriber's connection and that
+  # was never acknowledged (the node hung) is delivered again after this,
+  # on whichever node the session has moved to; NATS's default is 30 s.
+  ack_wait: "3s"
+}
 `, name, ports[3*i], filepath.Join(dir, "js"), ports[3*i+1], strings.Join(routes, ", "), ports[3*i+2])), 0o600), "nats.conf")
 		logFile := filepath.Join(dir, "nats.log")
 		logs = append(logs, logFile)

@@ -238,7 +238,8 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 const (
 	walFirstLook  = 100 * time.Microsecond
 	walSafetyPoll = time.Second
-	walAskEvery   = 5 // safety looks per data_version query, with the WAL index
+	walAskEvery   = 5                // safety looks per data_version query, with the WAL index
+	walDeferOwn   = time.Millisecond // the longest a look waits for a renewal in flight
 )
 
 // waitForWAL is waitForWork for a relay that watches its WAL.
@@ -281,6 +282,7 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 	t := time.NewTimer(gap)
 	defer t.Stop()
 	safeties := 0
+	var deferredAt time.Time // since when a look waits for a renewal to return
 	for {
 		ask := idx == nil
 		select {
@@ -310,10 +312,20 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 			others = !ok || int64(commits-base) > done-ownBase
 			if others && ok && r.ownStarted.Load() > r.ownDone.Load() {
 				// Most likely a renewal that committed and has not
-				// returned yet: look again soon rather than ask.
-				t.Reset(gap)
-				continue
+				// returned yet: look again soon rather than ask; but not
+				// for long, since the renewal may as well be waiting for
+				// the write lock behind the very commit seen.
+				now := time.Now()
+				if deferredAt.IsZero() {
+					deferredAt = now
+				}
+				if now.Sub(deferredAt) < walDeferOwn {
+					gap = walFirstLook
+					t.Reset(gap)
+					continue
+				}
 			}
+			deferredAt = time.Time{}
 			if !pending {
 				gap = r.safetyPoll // until the next event
 			}

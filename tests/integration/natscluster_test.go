@@ -135,7 +135,7 @@ func testNATSClusterFailover(t *testing.T, fault string) {
 	}
 	applied := harness.WaitFor(wait, func() bool { return inbox.applied() == total })
 	if fault == "pause" && !applied {
-		t.Logf("NATS lost %d of %d events for the consumer whose node hung", total-inbox.applied(), total)
+		t.Logf("NATS lost %d of %d events for the consumer whose node hung; consumer stats %+v", total-inbox.applied(), total, inbox.s.Stats())
 	} else {
 		require.True(t, applied, "the consumer on the failed node applied every event: %d of %d", inbox.applied(), total)
 	}

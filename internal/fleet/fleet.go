@@ -307,27 +307,12 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// Devices: opened a few at a time, each with its relay and its writer.
 	setupStart := time.Now()
 	cfg.Progress("opening %d devices in %s", cfg.Devices, dir)
-	devs := make([]*device, cfg.Devices)
-	relayCtx, stopRelays := context.WithCancel(context.Background())
-	var relays sync.WaitGroup
-	defer func() {
-		stopRelays()
-		relays.Wait()
-		for _, d := range devs {
-			if d != nil {
-				d.ob.Close()
-				d.pub.Close()
-			}
-		}
-	}()
-	for i := range devs {
-		d, err := openDevice(dir, prefix, run, g.url(), i, cfg)
-		if err != nil {
-			return rep, err
-		}
-		devs[i] = d
-		relays.Add(1)
-		go func() { defer relays.Done(); d.relay.Run(relayCtx) }()
+	devs, closeDevs, err := startDevices(cfg.Devices, func(i int) (*device, error) {
+		return openDevice(dir, prefix, run, g.url(), i, cfg)
+	})
+	defer closeDevs()
+	if err != nil {
+		return rep, err
 	}
 	if err := waitFor(ctx, 2*time.Minute, func() bool { return g.connected() == cfg.Devices }); err != nil {
 		return rep, fmt.Errorf("connecting the fleet: %d of %d connected: %w", g.connected(), cfg.Devices, err)
@@ -436,6 +421,32 @@ func openDevice(dir, prefix, run, broker string, i int, cfg Config) (*device, er
 	// relays polling every 2 ms would take this machine's CPU.
 	return openDeviceWith(dir, prefix, run, broker, i, outbox.RelayOptions{
 		Reconnect: cfg.Reconnect, PollInterval: 250 * time.Millisecond, Retention: -1})
+}
+
+// startDevices opens n devices with open and runs their relays; stop ends
+// the relays and closes every device opened, also after an error.
+func startDevices(n int, open func(i int) (*device, error)) (devs []*device, stop func(), err error) {
+	devs = make([]*device, 0, n)
+	relayCtx, stopRelays := context.WithCancel(context.Background())
+	var relays sync.WaitGroup
+	stop = func() {
+		stopRelays()
+		relays.Wait()
+		for _, d := range devs {
+			d.ob.Close()
+			d.pub.Close()
+		}
+	}
+	for i := range n {
+		d, err := open(i)
+		if err != nil {
+			return devs, stop, err
+		}
+		devs = append(devs, d)
+		relays.Add(1)
+		go func() { defer relays.Done(); d.relay.Run(relayCtx) }()
+	}
+	return devs, stop, nil
 }
 
 // openDeviceWith opens device i with its relay on ro (its Source,

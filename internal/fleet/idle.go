@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"sync"
 	"time"
 
 	"github.com/edgeoutbox/outbox"
@@ -92,27 +91,12 @@ func RunIdle(ctx context.Context, cfg IdleConfig) (rep IdleReport, err error) {
 	}
 
 	cfg.Progress("opening %d devices in %s", cfg.Devices, dir)
-	devs := make([]*device, cfg.Devices)
-	relayCtx, stopRelays := context.WithCancel(context.Background())
-	var relays sync.WaitGroup
-	defer func() {
-		stopRelays()
-		relays.Wait()
-		for _, d := range devs {
-			if d != nil {
-				d.ob.Close()
-				d.pub.Close()
-			}
-		}
-	}()
-	for i := range devs {
-		d, err := openDeviceWith(dir, "idle/"+run, run, brokerURL, i, outbox.RelayOptions{})
-		if err != nil {
-			return rep, err
-		}
-		devs[i] = d
-		relays.Add(1)
-		go func() { defer relays.Done(); d.relay.Run(relayCtx) }()
+	devs, closeDevs, err := startDevices(cfg.Devices, func(i int) (*device, error) {
+		return openDeviceWith(dir, "idle/"+run, run, brokerURL, i, outbox.RelayOptions{})
+	})
+	defer closeDevs()
+	if err != nil {
+		return rep, err
 	}
 	connected := func() int {
 		n := 0

@@ -369,23 +369,11 @@ func newConsumerSetup(t *testing.T) *consumerSetup {
 }
 
 func (c *consumerSetup) subscriber(t *testing.T, h Handler, mod func(*SubscriberOptions)) (*Subscriber, func()) {
-	opts := SubscriberOptions{
-		Broker: c.b.url(), ClientID: "consumer-1", Topics: []string{"pos/#"},
-		Reconnect: Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Retry:     Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
-		KeepAlive: 2 * time.Second, PingTimeout: time.Second, Logger: testLogger(),
-	}
+	opts := SubscriberOptions{Broker: c.b.url(), ClientID: "consumer-1", Topics: []string{"pos/#"}}
 	if mod != nil {
 		mod(&opts)
 	}
-	s, err := NewSubscriber(c.in, h, opts)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
+	s, stop := runSubscriber(t, c.in, h, opts)
 	// Connected once the SUBACK is read, which a resumed session's backlog
 	// comes before (TestSubscriberResumesLargeBacklog: 1,000 events, each
 	// applied in a transaction of its own, seconds on a loaded machine).

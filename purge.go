@@ -78,11 +78,14 @@ func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error)
 	var free int64
 	err := conn.do(func(c *sql.Conn) error {
 		var mode int64
-		if err := c.QueryRowContext(ctx, `PRAGMA auto_vacuum`).Scan(&mode); err != nil {
-			return err
-		}
-		if err := c.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
-			return err
+		for q, v := range map[string]*int64{`PRAGMA auto_vacuum`: &mode, `PRAGMA freelist_count`: &free} {
+			st, err := conn.stmt(ctx, c, q)
+			if err != nil {
+				return err
+			}
+			if err := st.QueryRowContext(ctx).Scan(v); err != nil {
+				return err
+			}
 		}
 		if mode != 2 || free < minFree {
 			free = 0

@@ -240,11 +240,19 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 // in between: so the relay looks at once, then again soon, and again. With
 // gaps growing by half, it notices a commit at most half as late again as
 // its fsync took (doubling let a 250 ms fsync under load cost 500 ms), in
-// about 23 looks per write up to the second.
+// about 23 looks per write up to the first second.
+//
+// walSafetyPoll is the longest a watching relay goes without looking, the
+// net for a write whose event never came; with the WAL index a look reads
+// two files, and every walAskEvery-th asks data_version too (every 30 s),
+// the net for an index that does not move. Both are long because each look
+// wakes the relay, and a process hosts hundreds (outboxctl fleet --idle:
+// at 1 s and 5 s, the looks and the queries were a third of the cost of
+// 500 idle relays).
 const (
 	walFirstLook  = 100 * time.Microsecond
-	walSafetyPoll = time.Second
-	walAskEvery   = 5                // safety looks per data_version query, with the WAL index
+	walSafetyPoll = 5 * time.Second
+	walAskEvery   = 6                // safety looks per data_version query, with the WAL index
 	walDeferOwn   = time.Millisecond // the longest a look waits for a renewal in flight
 )
 

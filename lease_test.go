@@ -192,3 +192,74 @@ func startLongLeaseRelay(t *testing.T, ob *Outbox) *fakePublisher {
 	startRelay(t, r)
 	return pub
 }
+
+// leaseToken is the relay lease's token: it moves at every renewal.
+func leaseToken(t testing.TB, ob *Outbox) int64 {
+	t.Helper()
+	var token int64
+	require.NoError(t, ob.DB().QueryRow(`SELECT token FROM outbox_lease WHERE name = 'relay'`).Scan(&token))
+	return token
+}
+
+// TestIdleRelayRenewsEveryHalfTTL: a relay connected and waiting for work
+// renews its lease every half TTL, not every quarter, and still publishes
+// at once, and a contender waiting all along never takes the lease.
+func TestIdleRelayRenewsEveryHalfTTL(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	contender := opts
+	contender.Owner = "contender"
+	r2, err := ob.NewRelay(&fakePublisher{}, contender)
+	require.NoError(t, err)
+	startRelay(t, r2)
+
+	start, token := time.Now(), leaseToken(t, ob)
+	eventually(t, 10*time.Second, "three seconds", func() bool { return time.Since(start) >= 3*time.Second })
+	renewals := leaseToken(t, ob) - token
+	t.Logf("%d renewals and %d skipped in %s", renewals, r.idleSkips.Load(), time.Since(start).Round(time.Millisecond))
+	// Every 500 ms: 6 in 3 s; every 250 ms (a busy relay's rate) would be 12.
+	require.LessOrEqual(t, renewals, int64(9), "renewals in 3 s of an idle relay, TTL 1 s")
+	require.GreaterOrEqual(t, renewals, int64(3), "renewals in 3 s of an idle relay, TTL 1 s")
+	require.Positive(t, r.idleSkips.Load())
+
+	for i := 0; i < 5; i++ {
+		commitOrder(t, ob, "orders", i)
+		eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == i+1 })
+	}
+	var owner string
+	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
+	require.Equal(t, r.opts.Owner, owner, "the idle relay kept its lease")
+}
+
+// TestIdleRelayRenewsBeforeItPublishes: a relay whose lease lapsed while it
+// waited for work asks for a renewal when a message comes, instead of
+// waiting for the renewal timer (here a quarter hour away).
+func TestIdleRelayRenewsBeforeItPublishes(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	leases := make(chan *lease, 1)
+	r.onLease = func(l *lease) { leases <- l }
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	l := <-leases
+	commitOrder(t, ob, "orders", 0)
+	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
+
+	token := leaseToken(t, ob)
+	l.renewed(time.Now().Add(-40 * time.Minute)) // lapsed: past half the TTL
+	require.False(t, l.valid())
+	commitOrder(t, ob, "orders", 1)
+	eventually(t, 5*time.Second, "published after the lease lapsed", func() bool { return pub.publishedCount() == 2 })
+	require.Equal(t, token+1, leaseToken(t, ob), "renewed once, before publishing")
+	require.True(t, l.valid())
+}

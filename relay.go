@@ -225,7 +225,14 @@ type Relay struct {
 	// Counting what did not commit could hide another process's commit
 	// until the next safety query; so nothing else is counted.
 	ownStarted, ownDone atomic.Int64
-	metrics             relayMetrics // Metrics
+	// idle: connected and waiting for work, when a renewal every half TTL
+	// is enough (keepLease); idleSkips counts the renewals skipped, for
+	// tests.
+	idle      atomic.Bool
+	idleSkips atomic.Int64
+	// onLease, if not nil, is given the lease once it is held (tests).
+	onLease func(*lease)
+	metrics relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
@@ -421,7 +428,8 @@ func (r *Relay) run(ctx context.Context) error {
 			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
 		}
 	}
-	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder()}
+	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder(),
+		kick: make(chan struct{}, 1), told: make(chan struct{}, 1)}
 	var lastFull time.Time
 	if err := l.acquire(ctx, func(holder string) {
 		r.log.Info("outbox relay waiting for the lease", "holder", holder)
@@ -440,6 +448,9 @@ func (r *Relay) run(ctx context.Context) error {
 	}
 	r.metrics.leaseHeld.Store(true)
 	defer r.metrics.leaseHeld.Store(false)
+	if r.onLease != nil {
+		r.onLease(l)
+	}
 	r.log.Info("outbox relay started", "envelope", r.opts.Envelope.String(), "window", r.opts.Window)
 	defer func() {
 		// The context is done by now; releasing needs a fresh one.

@@ -342,9 +342,9 @@ func (s *session) dispatch() error {
 	var ahead chan batch
 	for s.dctx.Err() == nil {
 		if !s.l.valid() {
-			// The lease was not renewed for half its TTL (a stalled
-			// database?): publish nothing until it is.
-			if !sleep(s.dctx, s.l.ttl/16, nil) {
+			// The lease was not renewed for half its TTL (an idle
+			// spell, or a stalled database): publish nothing until it is.
+			if !s.l.waitValid(s.dctx, s.l.ttl/16) {
 				break
 			}
 			continue
@@ -376,7 +376,10 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			if !r.waitForWork(s.dctx, r.reader, b.wake, version) {
+			r.idle.Store(true) // renewals every half TTL (keepLease)
+			ok := r.waitForWork(s.dctx, r.reader, b.wake, version)
+			r.idle.Store(false)
+			if !ok {
 				break
 			}
 			continue
@@ -419,7 +422,7 @@ func (s *session) dispatch() error {
 			// rest of its batch before its renewal told it the lease was
 			// gone. It costs a mutex and a monotonic clock read.
 			for !s.l.valid() {
-				if !sleep(s.dctx, s.l.ttl/16, nil) {
+				if !s.l.waitValid(s.dctx, s.l.ttl/16) {
 					return nil
 				}
 			}

@@ -74,7 +74,7 @@ func TestIdleRelayLooksLittle(t *testing.T) {
 	ob := openTest(t, Options{})
 	pub := &fakePublisher{}
 	opts := fastRelay()
-	opts.LeaseTTL = 400 * time.Millisecond // a renewal every 100 ms
+	opts.LeaseTTL = 200 * time.Millisecond // idle: a renewal every 100 ms
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	startRelay(t, r)

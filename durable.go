@@ -2,12 +2,76 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 )
+
+// durableCommits knows which messages are durable without an fsync of the
+// relay's: those that Transact committed at synchronous=FULL on a database
+// that Open opened (so at FULL for certain), whose COMMIT synced the WAL,
+// and so everything before them, before it returned. The relay skips the
+// fsync of a batch read whose rows all lie at or below seq: the common
+// path of an application that commits through Transact no longer waits for
+// a second fsync of what its COMMIT synced. Rows another process or a
+// transaction of the application's own committed (it may have been at
+// NORMAL) are synced as before. A renumbered row (schema/outbox.sql) only
+// moves up, past what is noted here: synced as before.
+type durableCommits struct {
+	full bool // the database is at FULL: Open with SyncFull
+	seq  atomic.Int64
+
+	mu   sync.Mutex
+	open map[*sql.Tx]int64 // Transact's transactions: the last seq enqueued
+}
+
+// begin notes a transaction of Transact's, so that Enqueue tells it its seqs.
+func (d *durableCommits) begin(tx *sql.Tx) {
+	if !d.full {
+		return
+	}
+	d.mu.Lock()
+	if d.open == nil {
+		d.open = make(map[*sql.Tx]int64)
+	}
+	d.open[tx] = 0
+	d.mu.Unlock()
+}
+
+// enqueued notes the seq of a row tx inserted, if tx is Transact's.
+func (d *durableCommits) enqueued(tx *sql.Tx, seq int64) {
+	if !d.full {
+		return
+	}
+	d.mu.Lock()
+	if last, ok := d.open[tx]; ok && seq > last {
+		d.open[tx] = seq
+	}
+	d.mu.Unlock()
+}
+
+// end forgets tx; committed says that its COMMIT returned without error.
+func (d *durableCommits) end(tx *sql.Tx, committed bool) {
+	if !d.full || tx == nil {
+		return
+	}
+	d.mu.Lock()
+	last := d.open[tx]
+	delete(d.open, tx)
+	d.mu.Unlock()
+	for committed {
+		cur := d.seq.Load()
+		if last <= cur || d.seq.CompareAndSwap(cur, last) {
+			break
+		}
+	}
+}
+
+// covers reports whether every row up to seq is known durable.
+func (d *durableCommits) covers(seq int64) bool { return seq <= d.seq.Load() }
 
 // walSyncer makes the WAL durable before the relay publishes what it read
 // from it. At synchronous=NORMAL (SyncNormal, or a sidecar writer's own

@@ -239,3 +239,53 @@ func TestRelayStatsWALSyncs(t *testing.T) {
 	require.Equal(t, marks, markSyncs(), "a trickle needs no sync for the marks")
 	require.Equal(t, 1, pub.connectCount(), "one session: another one reads the unmarked rows again")
 }
+
+// TestTransactAtFullNeedsNoSyncBeforePublish: what Transact committed at
+// synchronous=FULL was synced by its COMMIT, so the relay publishes it
+// without an fsync of its own; a transaction of the application's own, or
+// another connection's insert (either may be at NORMAL), is synced first,
+// as is a batch that holds such a row among Transact's.
+func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{}) // SyncFull, the default
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Minute // one session: another reads the unmarked rows again
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	batchSyncs := func() int64 {
+		st, err := r.Stats(ctx)
+		require.NoError(t, err)
+		return st.WALSyncs - st.MarkSyncs
+	}
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	published := 0
+	next := func(what string) {
+		t.Helper()
+		published++
+		eventually(t, 5*time.Second, what, func() bool { return pub.publishedCount() == published })
+	}
+	for i := 0; i < 20; i++ {
+		commitOrder(t, ob, "t", i)
+		next("Transact's event")
+	}
+	require.Zero(t, batchSyncs(), "Transact at FULL: no fsync before publishing")
+
+	tx, err := ob.DB().BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))
+	require.NoError(t, tx.Commit())
+	ob.Notify()
+	next("a transaction of one's own")
+	require.Equal(t, int64(1), batchSyncs(), "a transaction of one's own is synced before publishing")
+
+	sidecarInsert(t, dbPath(t, ob), "NORMAL", 1)
+	next("another connection's insert")
+	require.Equal(t, int64(2), batchSyncs(), "another connection's insert is synced before publishing")
+
+	commitOrder(t, ob, "t", 100)
+	next("Transact's event again")
+	require.Equal(t, int64(2), batchSyncs())
+	require.Equal(t, 1, pub.connectCount(), "one session: another reads the unmarked rows again")
+}

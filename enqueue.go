@@ -94,18 +94,24 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if stmts[k] == nil {
 			stmts[k] = tx.StmtContext(ctx, o.insert[k])
 		}
+		var res sql.Result
 		var err error
 		switch k {
 		case insertExpiring:
 			expiring = true
-			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
 		case insertNoContentType:
-			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, created)
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, created)
 		default:
-			_, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
 		}
 		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
+		}
+		if i == len(msgs)-1 && o.durable.full {
+			if seq, err := res.LastInsertId(); err == nil {
+				o.durable.enqueued(tx, seq)
+			}
 		}
 	}
 	if expiring && storeClock {
@@ -233,7 +239,18 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 	if o.beforeTx != nil {
 		o.beforeTx()
 	}
-	if err := runTx(ctx, o.db, fn); err != nil {
+	// Each attempt's transaction is noted, so that Enqueue tells it the
+	// seqs it inserted: once COMMIT returns at FULL, they are durable, and
+	// the relay need not sync before publishing them (durableCommits).
+	var last *sql.Tx
+	err := runTx(ctx, o.db, func(tx *sql.Tx) error {
+		o.durable.end(last, false)
+		last = tx
+		o.durable.begin(tx)
+		return fn(tx)
+	})
+	o.durable.end(last, err == nil)
+	if err != nil {
 		if o.isClosed() && !errors.Is(err, ErrClosed) {
 			// database/sql's own errors once Open's database is closed
 			// ("sql: database is closed") say the same, less clearly.

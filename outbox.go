@@ -86,6 +86,7 @@ type Outbox struct {
 	now        func() time.Time
 	clock      *outboxClock // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
+	durable    durableCommits // what Transact committed at FULL (durable.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -140,6 +141,7 @@ func openOnce(ctx context.Context, path string, opts Options) (*Outbox, error) {
 		return nil, err
 	}
 	o.ownsDB = true
+	o.durable.full = opts.Synchronous == SyncFull
 	return o, nil
 }
 

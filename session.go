@@ -459,12 +459,14 @@ type batch struct {
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
-	if b.err == nil && len(b.rows) > 0 {
+	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.covers(b.rows[len(b.rows)-1].seq) {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
 		// it after the broker had its event (a phantom, and its seq given
 		// to the next commit). One fsync per batch read makes every row of
-		// the batch, and the relay's own marks before it, durable.
+		// the batch, and the relay's own marks before it, durable. Rows
+		// that Transact committed at FULL are durable already; the marks
+		// are then the gate's to sync.
 		if err := s.gate.syncNow(); err != nil {
 			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 		}

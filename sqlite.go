@@ -22,7 +22,9 @@ type Synchronous int
 
 const (
 	// SyncFull (the default) fsyncs the WAL on every commit: a commit that
-	// returned survives power loss.
+	// returned survives power loss. The relay publishes what Transact
+	// committed on a database Open opened at FULL without an fsync of its
+	// own.
 	SyncFull Synchronous = iota
 	// SyncNormal does not fsync on commit. Commits stay atomic and the file
 	// cannot be corrupted, but a power cut undoes the transactions

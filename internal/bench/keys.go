@@ -55,12 +55,16 @@ var keys = func() []keyDoc {
 	}
 
 	// 3. Latency online.
-	for _, c := range []struct{ key, name string }{{"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}} {
+	for _, c := range []struct{ key, name string }{{"raw", "raw paho, no database (the floor)"}, {"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}} {
 		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
 			for _, what := range []struct{ key, name string }{{"puback", "commit → PUBACK"}, {"delivered", "commit → subscriber"}} {
 				p := fmt.Sprintf("latency_%s_%s_%s_", c.key, b.key, what.key)
+				target := "≤ 5 ms"
+				if c.key == "raw" {
+					target = ""
+				}
 				add(3, p+"p50_ms", fmt.Sprintf("%s, %s: %s p50", c.name, b.name, what.name), "ms", "")
-				add(3, p+"p99_ms", fmt.Sprintf("%s, %s: %s p99", c.name, b.name, what.name), "ms", "≤ 5 ms")
+				add(3, p+"p99_ms", fmt.Sprintf("%s, %s: %s p99", c.name, b.name, what.name), "ms", target)
 				add(3, p+"max_ms", fmt.Sprintf("%s, %s: %s max", c.name, b.name, what.name), "ms", "")
 			}
 		}

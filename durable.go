@@ -12,43 +12,51 @@ import (
 
 // durableCommits knows which messages are durable without an fsync of the
 // relay's: those that Transact committed at synchronous=FULL on a database
-// that Open opened (so at FULL for certain), whose COMMIT synced the WAL,
-// and so everything before them, before it returned. The relay skips the
-// fsync of a batch read whose rows all lie at or below seq: the common
-// path of an application that commits through Transact no longer waits for
-// a second fsync of what its COMMIT synced. Rows another process or a
-// transaction of the application's own committed (it may have been at
-// NORMAL) are synced as before. A renumbered row (schema/outbox.sql) only
-// moves up, past what is noted here: synced as before.
+// that Open opened (so at FULL for certain). Such a COMMIT syncs the WAL
+// before it updates the WAL index, so once the relay can see a row of it,
+// that row and everything committed before it are on the disk. The relay
+// skips the fsync of a batch read whose last row is one of those: the
+// common path of an application that commits through Transact no longer
+// waits for a second fsync of what its COMMIT synced. A row is known by its
+// seq and its id, noted by Enqueue before the COMMIT: the relay may see it
+// before Transact returns, and a seq alone could be another writer's after
+// a rollback. Rows of an application's own transaction or of another
+// process (either may be at NORMAL) are synced as before, and so is a
+// renumbered row (its seq moved: schema/outbox.sql).
 type durableCommits struct {
-	full bool // the database is at FULL: Open with SyncFull
-	seq  atomic.Int64
+	full bool         // the database is at FULL: Open with SyncFull
+	seq  atomic.Int64 // every row up to it is durable
 
 	mu   sync.Mutex
-	open map[*sql.Tx]int64 // Transact's transactions: the last seq enqueued
+	open map[*sql.Tx]durableRow // Transact's transactions: the last row each enqueued
 }
 
-// begin notes a transaction of Transact's, so that Enqueue tells it its seqs.
+type durableRow struct {
+	seq int64
+	id  string
+}
+
+// begin notes a transaction of Transact's, so that Enqueue tells it its rows.
 func (d *durableCommits) begin(tx *sql.Tx) {
 	if !d.full {
 		return
 	}
 	d.mu.Lock()
 	if d.open == nil {
-		d.open = make(map[*sql.Tx]int64)
+		d.open = make(map[*sql.Tx]durableRow)
 	}
-	d.open[tx] = 0
+	d.open[tx] = durableRow{}
 	d.mu.Unlock()
 }
 
-// enqueued notes the seq of a row tx inserted, if tx is Transact's.
-func (d *durableCommits) enqueued(tx *sql.Tx, seq int64) {
+// enqueued notes the last row tx inserted, if tx is Transact's.
+func (d *durableCommits) enqueued(tx *sql.Tx, seq int64, id string) {
 	if !d.full {
 		return
 	}
 	d.mu.Lock()
-	if last, ok := d.open[tx]; ok && seq > last {
-		d.open[tx] = seq
+	if last, ok := d.open[tx]; ok && seq > last.seq {
+		d.open[tx] = durableRow{seq, id}
 	}
 	d.mu.Unlock()
 }
@@ -64,14 +72,30 @@ func (d *durableCommits) end(tx *sql.Tx, committed bool) {
 	d.mu.Unlock()
 	for committed {
 		cur := d.seq.Load()
-		if last <= cur || d.seq.CompareAndSwap(cur, last) {
+		if last.seq <= cur || d.seq.CompareAndSwap(cur, last.seq) {
 			break
 		}
 	}
 }
 
-// covers reports whether every row up to seq is known durable.
-func (d *durableCommits) covers(seq int64) bool { return seq <= d.seq.Load() }
+// covers reports whether every row up to the row (seq, id), which the
+// caller has read, is known durable.
+func (d *durableCommits) covers(seq int64, id string) bool {
+	if !d.full {
+		return false
+	}
+	if seq <= d.seq.Load() {
+		return true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.open {
+		if r.seq == seq && r.id == id {
+			return true // visible, so committed, so synced
+		}
+	}
+	return false
+}
 
 // walSyncer makes the WAL durable before the relay publishes what it read
 // from it. At synchronous=NORMAL (SyncNormal, or a sidecar writer's own

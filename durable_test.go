@@ -272,6 +272,16 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 	}
 	require.Zero(t, batchSyncs(), "Transact at FULL: no fsync before publishing")
 
+	// The relay sees the commit before Transact returns (it watches the
+	// WAL): the row is known as Transact's from before its COMMIT.
+	ob.afterCommit = func() {
+		eventually(t, 5*time.Second, "published before Transact returned", func() bool { return pub.publishedCount() == published+1 })
+	}
+	commitOrder(t, ob, "t", 50)
+	ob.afterCommit = nil
+	next("Transact's event, seen before Transact returned")
+	require.Zero(t, batchSyncs(), "Transact at FULL, seen before it returned: no fsync before publishing")
+
 	tx, err := ob.DB().BeginTx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))

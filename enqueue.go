@@ -110,7 +110,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		}
 		if i == len(msgs)-1 && o.durable.full {
 			if seq, err := res.LastInsertId(); err == nil {
-				o.durable.enqueued(tx, seq)
+				o.durable.enqueued(tx, seq, id)
 			}
 		}
 	}
@@ -249,6 +249,9 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 		o.durable.begin(tx)
 		return fn(tx)
 	})
+	if err == nil && o.afterCommit != nil {
+		o.afterCommit()
+	}
 	o.durable.end(last, err == nil)
 	if err != nil {
 		if o.isClosed() && !errors.Is(err, ErrClosed) {

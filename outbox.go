@@ -95,6 +95,9 @@ type Outbox struct {
 	// beforeTx, set by tests, runs in Transact between its check for Close
 	// and BEGIN.
 	beforeTx func()
+	// afterCommit, set by tests, runs in Transact after a COMMIT that
+	// returned, before anything else.
+	afterCommit func()
 	// inUse is held shared by every Enqueue while it runs and exclusively
 	// by Close while it closes the insert statement and the database, so
 	// that an Enqueue racing Close either writes or fails with ErrClosed.

@@ -58,7 +58,7 @@ func (r *runner) durable(ctx context.Context) error {
 	r.rep.note(8, "Backlog: %s events%s, one order row and its event per transaction (`Transact`), committed at FULL or NORMAL with no relay connected "+
 		"(the broker away), then drained by a relay with the defaults (window 64, batches of 256) to the in-process broker; rate as in section 2, "+
 		"from the start of Run to the last first delivery. Trickle: %s events on a fresh file, each committed once the previous one's PUBACK is back; "+
-		"latency from the return of `Transact`. Fsyncs: `RelayStats.WALSyncs`, the fsyncs of the WAL the relay made, split into those of the batch reads (before publishing) and `RelayStats.MarkSyncs`, "+
+		"latency from the return of `Transact`. At FULL the batch reads need no fsync: `Transact`'s COMMIT synced its rows (a sidecar's or an application's own transaction would be synced). Fsyncs: `RelayStats.WALSyncs`, the fsyncs of the WAL the relay made, split into those of the batch reads (before publishing) and `RelayStats.MarkSyncs`, "+
 		"those that keep its marks durable (so that a power cut duplicates no more than a crash). "+
 		"The drain rate without that fsync cannot be measured through the public API: `go test -run '^$' -bench RelayDrain .` "+
 		"(BenchmarkRelayDrain, durable and nosync, no broker) gives both; see BENCHMARKS.md.",

@@ -384,23 +384,26 @@ func (c *mqtt5Conn) write() {
 		c.wmu.Lock()
 		base := c.link.written.Load()
 		c.link.armed.Store(true)
-		_, err := c.conn.Write(buf.Bytes())
+		n, err := c.conn.Write(buf.Bytes())
 		c.link.armed.Store(false)
 		c.lastWrite = time.Now()
 		c.wmu.Unlock()
+		// Where each packet ends on the wire, for those written whole (a
+		// failed write may have written some): under TLS the link carries
+		// more than the packets (records), so the batch's end stands for
+		// all of them, as a single packet's end did.
+		plain := c.conn == net.Conn(c.link)
+		for i, t := range batch {
+			switch {
+			case plain && ends[i] <= int64(n):
+				t.end.Store(base + ends[i])
+			case !plain && err == nil:
+				t.end.Store(c.link.written.Load())
+			}
+		}
 		if err != nil {
 			c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
 			return
-		}
-		// Where each packet ends on the wire: under TLS the link carries
-		// more than the packets (records), so the batch's end stands for
-		// all of them, as a single packet's end did.
-		for i, t := range batch {
-			end := c.link.written.Load()
-			if c.conn == net.Conn(c.link) {
-				end = base + ends[i]
-			}
-			t.end.Store(end)
 		}
 		if buf.Cap() > maxWriteBuffer {
 			buf = bytes.Buffer{} // one batch of large messages is not kept

@@ -225,10 +225,12 @@ type Relay struct {
 	// Counting what did not commit could hide another process's commit
 	// until the next safety query; so nothing else is counted.
 	ownStarted, ownDone atomic.Int64
-	// idle: connected and waiting for work, when a renewal every half TTL
-	// is enough (keepLease); idleSkips counts the renewals skipped, for
-	// tests.
-	idle      atomic.Bool
+	// idleSince is when the relay, connected, began to wait for work (on
+	// the monotonic clock, since epoch; 0: it is not waiting). One that
+	// has waited since before its last renewal renews every half TTL
+	// (keepLease); idleSkips counts the renewals skipped, for tests.
+	epoch     time.Time
+	idleSince atomic.Int64
 	idleSkips atomic.Int64
 	// onLease, if not nil, is given the lease once it is held (tests).
 	onLease func(*lease)
@@ -262,6 +264,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	}
 	r.syncWAL = r.wal.sync
 	r.watchWAL, r.safetyPoll, r.openWALIndex = watchWAL, walSafetyPoll, openWALIndex
+	r.epoch = time.Now()
 	return r, nil
 }
 

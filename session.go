@@ -380,9 +380,9 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			r.idle.Store(true) // renewals every half TTL (keepLease)
+			r.idleSince.Store(max(int64(time.Since(r.epoch)), 1)) // see keepLease
 			ok := r.waitForWork(s.dctx, r.reader, b.wake, version)
-			r.idle.Store(false)
+			r.idleSince.Store(0)
 			if !ok {
 				break
 			}

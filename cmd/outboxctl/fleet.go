@@ -24,7 +24,7 @@ type fleetFlags struct {
 	broker, dir      string
 	initial, maxWait time.Duration
 	asJSON, quiet    bool
-	idle             time.Duration
+	idle, settle     time.Duration
 	cpuProfile       string
 }
 
@@ -59,11 +59,14 @@ With --idle it measures instead what the devices' relays cost while there is
 nothing to send: every relay on the library's defaults (watching its WAL
 where the OS can), connected, and the process's CPU (user and system) over
 the window, with lease renewals and garbage collections per second;
---cpuprofile writes a CPU profile of the window for the breakdown.`,
+--cpuprofile writes a CPU profile of the window for the breakdown; --settle
+is the wait before the window (past a minute, the window leaves out each
+relay's first purge, which prepares its statements once).`,
 		Example: `  outboxctl fleet
   outboxctl fleet --devices 100 --outage 10s --jitter on
   outboxctl fleet --broker tcp://127.0.0.1:1883 --json
-  outboxctl fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof`,
+  outboxctl fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof
+  outboxctl fleet --idle 60s --settle 70s --broker tcp://127.0.0.1:1883`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.devices < 1 || f.devices > 10000 {
@@ -94,7 +97,7 @@ the window, with lease renewals and garbage collections per second;
 					return usageError{err}
 				}
 			}
-			if f.idle != 0 || f.cpuProfile != "" {
+			if f.idle != 0 || f.cpuProfile != "" || cmd.Flags().Changed("settle") {
 				return a.fleetIdle(cmd, f)
 			}
 			var reports []fleet.Report
@@ -151,6 +154,7 @@ the window, with lease renewals and garbage collections per second;
 	cmd.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 	cmd.Flags().DurationVar(&f.idle, "idle", 0, "measure the CPU of idle relays over this window instead of the outage scenario")
 	cmd.Flags().StringVar(&f.cpuProfile, "cpuprofile", "", "with --idle: write a CPU profile of the window to this file")
+	cmd.Flags().DurationVar(&f.settle, "settle", 5*time.Second, "with --idle: wait this long after the last relay connected before measuring (past 1m the window leaves out the first purge, which prepares its statements)")
 	return cmd
 }
 
@@ -159,7 +163,10 @@ func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
 	if f.idle < time.Second {
 		return usageError{fmt.Errorf("--idle %s: give a window of at least 1s", f.idle)}
 	}
-	cfg := fleet.IdleConfig{Devices: f.devices, Measure: f.idle, Broker: f.broker, Dir: f.dir}
+	if f.settle < 0 {
+		return usageError{fmt.Errorf("--settle %s: must not be negative", f.settle)}
+	}
+	cfg := fleet.IdleConfig{Devices: f.devices, Settle: f.settle, Measure: f.idle, Broker: f.broker, Dir: f.dir}
 	if f.cpuProfile != "" {
 		file, err := os.Create(f.cpuProfile)
 		if err != nil {

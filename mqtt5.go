@@ -329,14 +329,8 @@ func (c *mqtt5Conn) publish(topic string, payload []byte, props *PublishProperti
 }
 
 // write sends publishes in hand-off order, each under a packet id of its
-// own. The publishes queued when it looks go out in one write: one system
-// call for many packets, where paho makes one each; a publish alone goes at
-// once, never waiting for company.
+// own.
 func (c *mqtt5Conn) write() {
-	batch := make([]*pubToken, 0, maxWriteBatch)
-	ends := make([]int64, 0, maxWriteBatch)
-	ids := make([]uint16, 0, maxWriteBatch)
-	var buf bytes.Buffer
 	for {
 		var t *pubToken
 		select {
@@ -344,78 +338,33 @@ func (c *mqtt5Conn) write() {
 			return
 		case t = <-c.queue:
 		}
-		batch = append(batch[:0], t)
-	more:
-		for len(batch) < maxWriteBatch {
-			select {
-			case t := <-c.queue:
-				batch = append(batch, t)
-			default:
-				break more
-			}
-		}
-		ids = ids[:0]
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
 			return
 		}
-		for _, t := range batch {
-			id := c.allocate()
-			delete(c.queued, t)
-			c.pending[id] = t
-			ids = append(ids, id)
-		}
+		id := c.allocate()
+		delete(c.queued, t)
+		c.pending[id] = t
 		c.mu.Unlock()
-		buf.Reset()
-		ends = ends[:0]
-		for i, t := range batch {
-			cp := packets.NewControlPacket(packets.PUBLISH)
-			pb := cp.Content.(*packets.Publish)
-			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, ids[i]
-			pb.Properties = t.props
-			t.payload, t.props = nil, nil
-			if _, err := cp.WriteTo(&buf); err != nil {
-				c.fail(fmt.Errorf("outbox: mqtt: encoding a publish: %w", err))
-				return
-			}
-			ends = append(ends, int64(buf.Len()))
-		}
+		cp := packets.NewControlPacket(packets.PUBLISH)
+		pb := cp.Content.(*packets.Publish)
+		pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, id
+		pb.Properties = t.props
+		t.payload, t.props = nil, nil
 		c.wmu.Lock()
-		base := c.link.written.Load()
 		c.link.armed.Store(true)
-		n, err := c.conn.Write(buf.Bytes())
+		err := writePacket(c.conn, cp)
 		c.link.armed.Store(false)
 		c.lastWrite = time.Now()
 		c.wmu.Unlock()
-		// Where each packet ends on the wire, for those written whole (a
-		// failed write may have written some): under TLS the link carries
-		// more than the packets (records), so the batch's end stands for
-		// all of them, as a single packet's end did.
-		plain := c.conn == net.Conn(c.link)
-		for i, t := range batch {
-			switch {
-			case plain && ends[i] <= int64(n):
-				t.end.Store(base + ends[i])
-			case !plain && err == nil:
-				t.end.Store(c.link.written.Load())
-			}
-		}
 		if err != nil {
 			c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
 			return
 		}
-		if buf.Cap() > maxWriteBuffer {
-			buf = bytes.Buffer{} // one batch of large messages is not kept
-		}
+		t.end.Store(c.link.written.Load())
 	}
 }
-
-// maxWriteBatch and maxWriteBuffer bound what one write carries and keeps.
-const (
-	maxWriteBatch  = 64
-	maxWriteBuffer = 1 << 20
-)
 
 // allocate returns a packet id not in use; the window is far below 65,535.
 func (c *mqtt5Conn) allocate() uint16 {

@@ -78,12 +78,15 @@ func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error)
 	var free int64
 	err := conn.do(func(c *sql.Conn) error {
 		var mode int64
-		for q, v := range map[string]*int64{`PRAGMA auto_vacuum`: &mode, `PRAGMA freelist_count`: &free} {
-			st, err := conn.stmt(ctx, c, q)
+		for _, p := range []struct {
+			q string
+			v *int64
+		}{{`PRAGMA auto_vacuum`, &mode}, {`PRAGMA freelist_count`, &free}} {
+			st, err := conn.stmt(ctx, c, p.q)
 			if err != nil {
 				return err
 			}
-			if err := st.QueryRowContext(ctx).Scan(v); err != nil {
+			if err := st.QueryRowContext(ctx).Scan(p.v); err != nil {
 				return err
 			}
 		}

@@ -195,8 +195,9 @@ func newLinkConn(c net.Conn, timeout time.Duration) *linkConn {
 // Read reads through a buffer. A reader of MQTT packets (paho's, and
 // mqtt5Conn's) asks for the first byte, then each byte of the length, then
 // the rest: on the bare socket, three system calls for each PUBACK, while a
-// window's worth of them waits in the kernel (about a fifth of a relay's
-// CPU draining a backlog to the in-process broker).
+// window's worth of them waits in the kernel (mqtt5Conn's reads were 13 % of
+// a CPU profile of a relay draining to the in-process broker, the writing
+// of its backlog included).
 func (l *linkConn) Read(b []byte) (int, error) {
 	if l.rbuf == nil {
 		l.rbuf = bufio.NewReaderSize(l.Conn, 4096)

@@ -266,15 +266,11 @@ func (r *runner) latencyRaw(ctx context.Context, b broker, tr *latTracker) error
 	warm := newLatTracker(50)
 	b.setHandler(warm.deliver)
 	for i := 0; i < 50; i++ {
-		at := time.Now()
 		tok := c.Publish(benchTopic, 1, false, payload(i, payloadLen))
 		if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 			return fmt.Errorf("raw warm-up publish: %v", tok.Error())
 		}
 		warm.ack(i, time.Now())
-		warm.mu.Lock()
-		warm.commit[i] = at.UnixNano()
-		warm.mu.Unlock()
 	}
 	if err := warm.wait(ctx, 10*time.Second); err != nil {
 		return err
@@ -283,9 +279,7 @@ func (r *runner) latencyRaw(ctx context.Context, b broker, tr *latTracker) error
 	err = pace(ctx, len(tr.commit), r.sz.latRate, func(i int) error {
 		at := publish(i)
 		tr.mu.Lock()
-		if tr.commit[i] == 0 {
-			tr.commit[i] = at.UnixNano()
-		}
+		tr.commit[i] = at.UnixNano()
 		tr.mu.Unlock()
 		return nil
 	})

@@ -4,21 +4,53 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strconv"
 	"time"
 )
 
 // purgeLoop deletes sent rows past retention and gives free pages back.
+//
+// A purge that left no sent row kept, nor more free pages than one step
+// gives back, is not run again until a message is marked sent or the disk
+// is full: there would be nothing to do, and an idle
+// relay would pay for the statements every PurgeInterval (outboxctl fleet
+// --idle).
 func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
+	sentBefore, noneKept := int64(-1), false
 	every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {
-		if err := r.purgeOnce(ctx, conn); err != nil && ctx.Err() == nil {
-			r.writeFailed(err)
-			r.log.Warn("outbox purge failed", "err", err)
+		// Read before the purge: r.sent grows after a mark has committed,
+		// so a mark the check below missed changes it.
+		sent := r.sent.Load()
+		if !(noneKept && sent == sentBefore && !r.diskFull.Load()) {
+			r.purges.Add(1)
+			free, err := r.purgeOnce(ctx, conn)
+			if err != nil && ctx.Err() == nil {
+				r.writeFailed(err)
+				r.log.Warn("outbox purge failed", "err", err)
+			}
+			sentBefore, noneKept = sent, err == nil && free < reclaimStep && !sentKept(ctx, conn)
 		}
 		r.ob.reserve.refill()
 	})
 }
 
-func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
+// sentKept reports whether any sent row is kept (or this cannot be told).
+func sentKept(ctx context.Context, conn *relayConn) bool {
+	kept := true
+	err := conn.do(func(c *sql.Conn) error {
+		st, err := conn.stmt(ctx, c, `SELECT EXISTS (SELECT 1 FROM outbox
+			WHERE seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`)
+		if err != nil {
+			return err
+		}
+		return st.QueryRowContext(ctx).Scan(&kept)
+	})
+	return err != nil || kept
+}
+
+// purgeOnce deletes sent rows past retention and gives a step of free
+// pages back; free is how many pages were free before that step.
+func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) (free int64, err error) {
 	now := r.ob.now()
 	retention := max(r.opts.Retention, 0)
 	full := r.diskFull.Swap(false)
@@ -46,7 +78,7 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
 		})
 		if err == nil && draining {
 			r.diskFull.Store(true)
-			return nil
+			return 0, nil
 		}
 	}
 	var freed int64
@@ -54,21 +86,24 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) error {
 		freed, err = reclaim(ctx, conn, 64)
 	}
 	if !full {
-		return classifyWriteErr(err)
+		return freed, classifyWriteErr(err)
 	}
 	if err != nil || (deleted == 0 && freed == 0) {
 		// Nothing freed yet (the marks have not caught up, or this failed
 		// too): a checkpoint now would only move the WAL's pages into the
 		// database file, using up the space the marks need. Next time.
 		r.diskFull.Store(true)
-		return classifyWriteErr(err)
+		return freed, classifyWriteErr(err)
 	}
 	// Hand the WAL's space back too.
-	return conn.do(func(c *sql.Conn) error {
+	return freed, conn.do(func(c *sql.Conn) error {
 		_, err := c.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 		return err
 	})
 }
+
+// reclaimStep is how many pages one purge gives back at most.
+const reclaimStep = 2048
 
 // reclaim returns free pages to the file system in bounded steps when the
 // database uses incremental auto-vacuum (OpenDB sets it on new files) and at
@@ -95,7 +130,7 @@ func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error)
 			return nil
 		}
 		// A pragma that returns no rows still has to be stepped; Exec does.
-		_, err := c.ExecContext(ctx, `PRAGMA incremental_vacuum(2048)`)
+		_, err := c.ExecContext(ctx, `PRAGMA incremental_vacuum(`+strconv.Itoa(reclaimStep)+`)`)
 		return err
 	})
 	return free, err

@@ -232,6 +232,7 @@ type Relay struct {
 	epoch     time.Time
 	idleSince atomic.Int64
 	idleSkips atomic.Int64
+	purges    atomic.Int64 // purges run, for tests
 	// onLease, if not nil, is given the lease once it is held (tests).
 	onLease func(*lease)
 	metrics relayMetrics // Metrics

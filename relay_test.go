@@ -711,3 +711,25 @@ func TestRunStoppedWhileStarting(t *testing.T) {
 	cancel()
 	require.NoError(t, r.Run(ctx))
 }
+
+// TestPurgeRestsWhileNothingIsKept: once a purge leaves no sent row kept,
+// the next purges are not run until a message is marked sent; with sent
+// rows kept (retention not over) they run at every interval.
+func TestPurgeRestsWhileNothingIsKept(t *testing.T) {
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.Retention = time.Hour
+	opts.PurgeInterval = 10 * time.Millisecond
+	pub := &fakePublisher{}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "a first purge", func() bool { return r.purges.Load() >= 1 })
+	start, n := time.Now(), r.purges.Load()
+	eventually(t, 5*time.Second, "half a second", func() bool { return time.Since(start) >= 500*time.Millisecond })
+	require.Equal(t, n, r.purges.Load(), "purges with nothing kept")
+
+	commitOrder(t, ob, "t", 1)
+	eventually(t, 5*time.Second, "sent", func() bool { return countState(t, ob, "sent") == 1 })
+	eventually(t, 5*time.Second, "purges while a sent row is kept", func() bool { return r.purges.Load() >= n+5 })
+}

@@ -37,7 +37,7 @@ type Stats struct {
 	MaxPendingBytes    int64
 	SchemaVersion      int
 	LeaseOwner         string    // relay holding the lease; empty if none
-	LeaseExpires       time.Time // by the holder's clock at its last renewal
+	LeaseExpires       time.Time // by the holder's clock at its last renewal; an idle holder lets it pass (RelayOptions.LeaseTTL)
 	// LeaseProtocol is the MQTT version the lease holder's connection
 	// speaks ("5" or "3.1.1"), as it last connected; empty if not known.
 	LeaseProtocol string

@@ -23,9 +23,11 @@ import (
 // stores its own now and then. A message lives its Expiry of time in which
 // an outbox ran — an outage of the broker counts, the device being off does
 // not: a till switched off overnight does not expire its backlog (documented).
-// A writer in another process stamps with the stored value, which may lag
-// the relay's by up to outboxClockStoreEvery: its messages live that much
-// longer, never less.
+// The clock stands still while a connected relay waits with nothing in
+// flight (session.idle): no message's life runs then, and the idle relay
+// need store nothing. A writer in another process stamps with the stored
+// value, which may lag the relay's by about outboxClockStoreEvery: its
+// messages may live that much less.
 
 // outboxClockStoreEvery is how far an Outbox's clock may run ahead of the
 // stored one before the relay (at a lease renewal) or an Enqueue with an
@@ -41,6 +43,12 @@ type outboxClock struct {
 	mu     sync.Mutex
 	base   int64 // the clock in ms when elapsed() was 0; only grows
 	stored int64 // the latest stored clock this Outbox wrote or read
+	// The relay pauses the clock while it waits with nothing in flight
+	// (session.idle): skipped is the elapsed time spent paused, pausedAt
+	// the elapsed time at the pause under way.
+	paused   bool
+	pausedAt time.Duration
+	skipped  time.Duration
 }
 
 func newOutboxClock(stored int64, elapsed func() time.Duration) *outboxClock {
@@ -51,11 +59,42 @@ func newOutboxClock(stored int64, elapsed func() time.Duration) *outboxClock {
 	return &outboxClock{elapsed: elapsed, base: stored, stored: stored}
 }
 
+// now is the clock in ms; c.mu is held.
+func (c *outboxClock) now() int64 {
+	e := c.elapsed()
+	if c.paused {
+		e = c.pausedAt
+	}
+	return c.base + (e - c.skipped).Milliseconds()
+}
+
 // tick is the outbox clock in ms.
 func (c *outboxClock) tick() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.base + c.elapsed().Milliseconds()
+	return c.now()
+}
+
+// pause stops the clock until resume.
+func (c *outboxClock) pause() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.paused {
+		c.paused, c.pausedAt = true, c.elapsed()
+	}
+}
+
+// resume starts the clock again where it stopped, and says for how long it
+// stood still.
+func (c *outboxClock) resume() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.paused {
+		return 0
+	}
+	d := c.elapsed() - c.pausedAt
+	c.paused, c.skipped = false, c.skipped+d
+	return d
 }
 
 // due reports the tick, and whether it is far enough ahead of the stored
@@ -63,7 +102,7 @@ func (c *outboxClock) tick() int64 {
 func (c *outboxClock) due() (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := c.base + c.elapsed().Milliseconds()
+	t := c.now()
 	return t, t-c.stored >= outboxClockStoreEvery.Milliseconds()
 }
 
@@ -71,7 +110,7 @@ func (c *outboxClock) due() (int64, bool) {
 func (c *outboxClock) ahead() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.base + c.elapsed().Milliseconds() - c.stored
+	return c.now() - c.stored
 }
 
 // catchUp notes the stored clock and moves this clock forward to it when
@@ -80,7 +119,7 @@ func (c *outboxClock) catchUp(stored int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stored = max(c.stored, stored)
-	if t := c.base + c.elapsed().Milliseconds(); stored > t {
+	if t := c.now(); stored > t {
 		c.base += stored - t
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -316,8 +317,10 @@ func TestExpiryFromPlainSQL(t *testing.T) {
 	url, h := expirySeen(t)
 	el := &fakeElapsed{}
 	ob := expiryOutbox(t, el, nil)
-	startRelay(t, mqttRelayOn(t, ob, url, fastRelay(), Protocol5))
+	// Before the relay starts: an idle relay's clock stands still
+	// (session.idle).
 	el.advance(time.Hour)
+	startRelay(t, mqttRelayOn(t, ob, url, fastRelay(), Protocol5))
 	eventually(t, 10*time.Second, "the relay stores its clock", func() bool {
 		var ms int64
 		require.NoError(t, ob.DB().QueryRow(`SELECT clock_ms FROM outbox_state WHERE id = 1`).Scan(&ms))
@@ -332,6 +335,56 @@ func TestExpiryFromPlainSQL(t *testing.T) {
 	require.Equal(t, map[string]uint32{"sql/minute": 60, "sql/none": 0}, intervals(h))
 	require.Equal(t, 1, countState(t, ob, "expired"))
 	checkCounters(t, ob.DB())
+}
+
+// TestExpiryAfterAnIdleSpell: the outbox clock stands still while the relay
+// waits with nothing in flight, so an idle relay that renews nothing (it
+// hears every commit: see keepLease) and stores no clock still leaves a
+// plain-SQL writer's expiry, stamped from the stored clock, whole: an hour
+// idle later, a message with a minute to live goes out with a minute.
+func TestExpiryAfterAnIdleSpell(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	url, h := expirySeen(t)
+	el := &fakeElapsed{}
+	ob := expiryOutbox(t, el, nil)
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	r := mqttRelayOn(t, ob, url, opts, Protocol5)
+	r.safetyPoll = 100 * time.Millisecond
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "connected and idle", func() bool { return r.idleSkips.Load() > 0 })
+	el.advance(time.Hour)
+	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload, expires_at) VALUES
+		('sql/minute', '{}', (SELECT clock_ms FROM outbox_state WHERE id = 1) + 60000)`)
+	waitDrained(t, ob)
+	eventually(t, 10*time.Second, "one publish", func() bool { return len(h.all()) == 1 })
+	require.Equal(t, map[string]uint32{"sql/minute": 60}, intervals(h))
+	require.Zero(t, countState(t, ob, "expired"))
+}
+
+// TestOutboxClockPauses: a paused clock stands still, starts again where
+// it stopped, and still catches up with a later stored tick.
+func TestOutboxClockPauses(t *testing.T) {
+	el := &fakeElapsed{}
+	c := newOutboxClock(1000, el.elapsed)
+	el.advance(2 * time.Second)
+	c.pause()
+	el.advance(time.Hour)
+	require.EqualValues(t, 3000, c.tick())
+	require.Equal(t, time.Hour, c.resume())
+	require.EqualValues(t, 3000, c.tick())
+	el.advance(time.Second)
+	require.EqualValues(t, 4000, c.tick())
+	c.pause()
+	c.catchUp(10_000)
+	require.EqualValues(t, 10_000, c.tick())
+	el.advance(time.Minute)
+	require.Equal(t, time.Minute, c.resume())
+	el.advance(time.Second)
+	require.EqualValues(t, 11_000, c.tick())
+	require.Zero(t, c.resume(), "not paused")
 }
 
 // TestExpiryClockStoredByEnqueue: an Enqueue of a message with an expiry

@@ -16,6 +16,11 @@ import (
 
 const leaseName = "relay"
 
+// waitingName names the lease table's row in which a relay waiting for the
+// lease announces itself (see lease.announce): its owner is the last relay
+// that waited, its token counts the announcements.
+const waitingName = leaseName + ".waiting"
+
 // lease makes sure that only one relay drains a database at a time, across
 // goroutines and processes.
 //
@@ -42,6 +47,9 @@ type lease struct {
 
 	mu        sync.Mutex
 	lastRenew time.Time // monotonic reading of the last successful renewal
+
+	announced   time.Time // when this contender's last announcement committed (acquire's only)
+	waitingSeen int64     // the announcements' token keepLease saw last
 }
 
 func (l *lease) valid() bool {
@@ -132,11 +140,56 @@ type watch struct {
 	owner string
 	token int64
 	since time.Time // monotonic
+	heard time.Time // the first announcement since then; zero: none yet
+}
+
+// A contender announces itself: an idle holder that watches its WAL
+// renews only when it sees another connection's commit (see keepLease),
+// so a contender must write before it may count the holder's silence. It
+// writes every half TTL, and takes over only after the token stood still for
+// a whole TTL and for three quarters of one since its first announcement in
+// that time; the holder renews within its safety look (walSafetyPoll, at most
+// half a TTL) of one, or at once when the event of the write comes.
+const announceSQL = `INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES (?, ?, 1, ?)
+	ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = outbox_lease.token + 1, expires_at = excluded.expires_at`
+
+// announce writes that this relay waits, at most every half TTL, and notes
+// the first announcement since w began.
+func (l *lease) announce(ctx context.Context, w *watch) error {
+	if l.announced.IsZero() || time.Since(l.announced) >= l.ttl/2 {
+		if _, err := l.exec(ctx, announceSQL, waitingName, l.owner, l.expiresMillis()); err != nil {
+			return err
+		}
+		l.announced = time.Now()
+	}
+	if w.heard.IsZero() && !l.announced.Before(w.since) {
+		w.heard = l.announced
+	}
+	return nil
+}
+
+// announcedSince reports whether a contender announced itself since the
+// last call (the first call: whether one ever did); keepLease's only.
+func (l *lease) announcedSince(ctx context.Context) bool {
+	var token int64
+	err := l.conn.do(func(c *sql.Conn) error {
+		st, err := l.conn.stmt(ctx, c, `SELECT coalesce((SELECT token FROM outbox_lease WHERE name = ?), 0)`)
+		if err != nil {
+			return err
+		}
+		return st.QueryRowContext(ctx, waitingName).Scan(&token)
+	})
+	if err != nil {
+		return true // renewing is the safe side
+	}
+	changed := token != l.waitingSeen
+	l.waitingSeen = token
+	return changed
 }
 
 // try takes the lease if it is free, released, ours, unrenewed for a whole
-// TTL, or held by a relay that is provably dead; otherwise it returns the
-// holder.
+// TTL after this relay announced itself, or held by a relay that is
+// provably dead; otherwise it returns the holder.
 func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, holder string, err error) {
 	owner, token, where, found, err := l.read(ctx)
 	if err != nil {
@@ -152,9 +205,9 @@ func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 	case where.deadTo(l.self, readProc):
 	case owner != w.owner || token != w.token:
 		*w = watch{owner: owner, token: token, since: now}
-		return false, owner, nil
-	case now.Sub(w.since) < l.ttl:
-		return false, owner, nil
+		return false, owner, l.announce(ctx, w)
+	case now.Sub(w.since) < l.ttl || w.heard.IsZero() || now.Sub(w.heard) < 3*l.ttl/4:
+		return false, owner, l.announce(ctx, w)
 	}
 	// Free, ours, dead, or the holder has not renewed for a whole TTL: it
 	// is gone.
@@ -424,38 +477,72 @@ func (r *Relay) idleBefore(t time.Time) bool {
 // stops publishing once it has not renewed for half a TTL.
 //
 // A relay connected and waiting for work since before its last renewal
-// renews every half TTL instead:
-// the renewals are most of what an idle relay costs (outboxctl fleet
-// --idle: 500 idle relays in one process), and it publishes nothing that
-// needs the lease valid. The first message after the lease lapsed asks for
-// a renewal at once (lease.waitValid), a write before it is published. A
-// contender still never sees the token stand still for a whole TTL; its
-// margin for a late renewal is half a TTL instead of three quarters.
+// renews less: the renewals are most of what an idle relay costs
+// (outboxctl fleet --idle: 500 idle relays in one process), and it
+// publishes nothing that needs the lease valid. The first message after the
+// lease lapsed asks for a renewal at once (lease.waitValid), a write before
+// it is published.
+//   - One that would hear any other connection's commit within half a TTL
+//     (hearsAll: it watches the WAL and its index) does not renew at all.
+//     A contender must announce itself with a write before it counts the
+//     holder's silence (lease.announce); the wait ends at that commit, and
+//     a wait that ends with nothing to read nudges a renewal.
+//   - Any other renews every half TTL instead of every quarter. A contender
+//     still never sees the token stand still for a whole TTL; its margin for
+//     a late renewal is half a TTL instead of three quarters.
 func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCauseFunc) {
 	t := time.NewTimer(l.ttl / 4)
 	defer t.Stop()
 	var lastWarn time.Time
 	var lastMsg string
-	quick := false // the last attempt was an immediate retry
+	quick := false  // the last attempt was an immediate retry
+	parked := false // idle and hearing all: the timer is not set
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			// The timer comes every quarter TTL; a relay that has waited
-			// for work since before its last renewal, which succeeded,
-			// skips every other one. (The test is against less than half a
-			// TTL, for the timer's lateness: the second one after a
-			// renewal renews.) Not one that waits between messages: its
-			// lease would lapse as it renews, and a renewal waiting for
-			// the write lock behind a busy writer would hold its next
-			// message (suspected, not shown, for a sidecar's commit →
-			// PUBACK p99 of 112 ms in outboxctl bench section 3).
+			// A relay that has waited for work since before its last
+			// renewal, which succeeded, skips (the test is against less
+			// than half a TTL, for the timer's lateness: the second tick
+			// after a renewal renews). Not one that waits between
+			// messages: its lease would lapse as it renews, and a renewal
+			// waiting for the write lock behind a busy writer would hold
+			// its next message.
 			last := l.lastRenewal()
+			if r.idleBefore(last) && lastMsg == "" && r.hearsAll.Load() {
+				// Parked: no timer until work, a contender or a kick.
+				r.idleSkips.Add(1)
+				parked = true
+				continue
+			}
 			if r.idleBefore(last) && lastMsg == "" && time.Since(last) < l.ttl/2-l.ttl/8 {
 				r.idleSkips.Add(1)
 				t.Reset(l.ttl / 4)
 				continue
+			}
+		case <-r.working:
+			// Rows after an idle spell: renew as a busy relay does.
+			if !parked {
+				continue
+			}
+			parked = false
+			if d := l.ttl/4 - time.Since(l.lastRenewal()); d > 0 {
+				t.Reset(d)
+				continue
+			}
+		case <-r.nudge:
+			// Another connection committed and there was nothing to read:
+			// a contender announcing itself, perhaps. (Or the relay's own
+			// commits: its reader may be a connection of its own.)
+			if !l.announcedSince(ctx) || lastMsg != "" {
+				continue
+			}
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
 			}
 		case <-l.kick:
 			if l.valid() {
@@ -519,7 +606,7 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 			lastMsg = ""
 			r.metrics.writeFailed.Store(false)
 		}
-		quick = next == 0
+		quick, parked = next == 0, false
 		t.Reset(next)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -262,4 +263,73 @@ func TestIdleRelayRenewsBeforeItPublishes(t *testing.T) {
 	eventually(t, 5*time.Second, "published after the lease lapsed", func() bool { return pub.publishedCount() == 2 })
 	require.Equal(t, token+1, leaseToken(t, ob), "renewed once, before publishing")
 	require.True(t, l.valid())
+}
+
+// TestIdleRelayThatHearsAllRenewsNot: a relay that watches its WAL, with a
+// safety look well within half its TTL, renews nothing while it waits for
+// work, and its outbox clock stands still meanwhile; a message then goes
+// out at once, after one renewal.
+func TestIdleRelayThatHearsAllRenewsNot(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	r.safetyPoll = 100 * time.Millisecond
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected and skipping", func() bool { return pub.connectCount() == 1 && r.idleSkips.Load() > 0 })
+	start, token, tick := time.Now(), leaseToken(t, ob), ob.clock.tick()
+	eventually(t, 10*time.Second, "three seconds", func() bool { return time.Since(start) >= 3*time.Second })
+	renewals, ticked := leaseToken(t, ob)-token, ob.clock.tick()-tick
+	t.Logf("%d renewals and %d skipped in %s; the clock moved %d ms", renewals, r.idleSkips.Load(), time.Since(start).Round(time.Millisecond), ticked)
+	require.Zero(t, renewals, "renewals in 3 s of an idle relay")
+	require.Less(t, ticked, int64(500), "the outbox clock, in ms, in 3 s of an idle relay")
+
+	commitOrder(t, ob, "orders", 0)
+	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
+	require.Equal(t, token+1, leaseToken(t, ob), "renewed once, before publishing")
+}
+
+// TestIdleRelayThatHearsAllKeepsItsLease: a contender announces itself
+// before it counts an idle holder's silence, and the holder, which renews
+// nothing on its own while idle, renews when it hears that: the contender
+// never takes the lease, and the holder still publishes.
+func TestIdleRelayThatHearsAllKeepsItsLease(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	r.safetyPoll = 100 * time.Millisecond
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected and skipping", func() bool { return pub.connectCount() == 1 && r.idleSkips.Load() > 0 })
+	contender := opts
+	contender.Owner = "contender"
+	r2, err := ob.NewRelay(&fakePublisher{}, contender)
+	require.NoError(t, err)
+	startRelay(t, r2)
+
+	start, token := time.Now(), leaseToken(t, ob)
+	eventually(t, 10*time.Second, "four seconds", func() bool { return time.Since(start) >= 4*time.Second })
+	renewals := leaseToken(t, ob) - token
+	var announcements int64
+	require.NoError(t, ob.DB().QueryRow(`SELECT token FROM outbox_lease WHERE name = 'relay.waiting'`).Scan(&announcements))
+	t.Logf("%d renewals, %d announcements in %s", renewals, announcements, time.Since(start).Round(time.Millisecond))
+	// An announcement every half TTL, and a renewal for each.
+	require.GreaterOrEqual(t, renewals, int64(4), "renewals in 4 s of an idle relay with a contender, TTL 1 s")
+	require.LessOrEqual(t, renewals, int64(12), "renewals in 4 s of an idle relay with a contender, TTL 1 s")
+
+	commitOrder(t, ob, "orders", 0)
+	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
+	var owner string
+	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
+	require.Equal(t, r.opts.Owner, owner, "the idle relay kept its lease")
 }

@@ -94,7 +94,10 @@ type RelayOptions struct {
 	// PurgeInterval is how often sent rows past retention are deleted.
 	// Default: a tenth of Retention, between 1 s and 1 min.
 	PurgeInterval time.Duration
-	// LeaseTTL bounds how long a crashed relay blocks a successor. Default 10 s.
+	// LeaseTTL bounds how long a crashed relay blocks a successor (one on
+	// the same host that can tell the holder is dead takes over at once).
+	// The holder renews every quarter TTL; while idle, less or not at all
+	// (docs/delivery.md, "One relay per database"). Default 10 s.
 	LeaseTTL time.Duration
 	// ShutdownTimeout bounds the wait for in-flight acknowledgements when
 	// the relay stops. Default 5 s.
@@ -227,12 +230,19 @@ type Relay struct {
 	ownStarted, ownDone atomic.Int64
 	// idleSince is when the relay, connected, began to wait for work (on
 	// the monotonic clock, since epoch; 0: it is not waiting). One that
-	// has waited since before its last renewal renews every half TTL
-	// (keepLease); idleSkips counts the renewals skipped, for tests.
+	// has waited since before its last renewal renews less often, or not
+	// at all while hearsAll (keepLease); idleSkips counts the renewals
+	// skipped, for tests. hearsAll: the wait would notice any other
+	// connection's commit within half a TTL (it watches the WAL and its
+	// index). nudge tells keepLease of a wait that ended with nothing to
+	// read: another connection's commit, perhaps a contender's.
 	epoch     time.Time
 	idleSince atomic.Int64
 	idleSkips atomic.Int64
-	purges    atomic.Int64 // purges run, for tests
+	hearsAll  atomic.Bool
+	nudge     chan struct{}
+	working   chan struct{} // rows after an idle spell (keepLease)
+	purges    atomic.Int64  // purges run, for tests
 	// onLease, if not nil, is given the lease once it is held (tests).
 	onLease func(*lease)
 	metrics relayMetrics // Metrics
@@ -261,6 +271,8 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		log:      o.log.With("relay", opts.Owner),
 		kick:     make(chan struct{}, 1),
 		purgeNow: make(chan struct{}, 1),
+		nudge:    make(chan struct{}, 1),
+		working:  make(chan struct{}, 1),
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
 	r.syncWAL = r.wal.sync

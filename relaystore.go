@@ -244,15 +244,19 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 //
 // walSafetyPoll is the longest a watching relay goes without looking, the
 // net for a write whose event never came; with the WAL index a look reads
-// two files, and every walAskEvery-th asks data_version too (every 30 s),
+// two files, and every walAskEvery-th asks data_version too (every minute),
 // the net for an index that does not move. Both are long because each look
 // wakes the relay, and a process hosts hundreds (outboxctl fleet --idle:
 // at 1 s and 5 s, the looks and the queries were a third of the cost of
-// 500 idle relays).
+// 500 idle relays; at 5 s and 30 s the queries were a tenth). A relay that
+// renews nothing while idle (hearsAll: see keepLease) also asks once the
+// looks after a write's event end, whatever the index says: it must hear a
+// contender's announcement even if the index does not move, and its own
+// writes, which the index spares it asking about, are few.
 const (
 	walFirstLook  = 100 * time.Microsecond
 	walSafetyPoll = 5 * time.Second
-	walAskEvery   = 6                // safety looks per data_version query, with the WAL index
+	walAskEvery   = 12               // safety looks per data_version query, with the WAL index
 	walDeferOwn   = time.Millisecond // the longest a look waits for a renewal in flight
 )
 
@@ -297,6 +301,7 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 	defer t.Stop()
 	safeties := 0
 	var deferredAt time.Time // since when a look waits for a renewal to return
+	evented := false         // a write's event came since the last ask
 	for {
 		ask := idx == nil
 		select {
@@ -305,6 +310,7 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 		case <-wake:
 			return true
 		case <-r.walEvents:
+			evented = true
 			gap = walFirstLook
 			if !t.Stop() {
 				select {
@@ -342,10 +348,12 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 			deferredAt = time.Time{}
 			if !pending {
 				gap = r.safetyPoll // until the next event
+				ask = ask || (evented && r.hearsAll.Load())
 			}
 			ask = ask || others
 		}
 		if ask {
+			evented = false
 			changed, ok := r.committed(ctx, conn, version)
 			if changed && idx != nil {
 				// What committed came after the base (the query at entry

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -344,15 +345,12 @@ func (s *session) dispatch() error {
 	// be acknowledged on loopback, so reading in turn let the window run dry
 	// once per batch.
 	var ahead chan batch
+	woke := false // the last batch read followed a wait for work
+	defer r.idleSince.Store(0)
 	for s.dctx.Err() == nil {
-		if !s.l.valid() {
-			// The lease was not renewed for half its TTL (an idle
-			// spell, or a stalled database): publish nothing until it is.
-			if !s.l.waitValid(s.dctx, s.l.ttl/16) {
-				break
-			}
-			continue
-		}
+		// The lease is checked before each hand-off, below, not here: a
+		// wait that ends with nothing to read must not renew a lease
+		// that an idle relay let lapse (see keepLease).
 		var b batch
 		if ahead != nil {
 			b, ahead = <-ahead, nil
@@ -380,13 +378,28 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			r.idleSince.Store(max(int64(time.Since(r.epoch)), 1)) // see keepLease
-			ok := r.waitForWork(s.dctx, r.reader, b.wake, version)
-			r.idleSince.Store(0)
+			if woke && r.hearsAll.Load() {
+				// The last wait ended and there was nothing: another
+				// connection's commit, perhaps a contender announcing
+				// itself to an idle holder (see keepLease).
+				select {
+				case r.nudge <- struct{}{}:
+				default:
+				}
+			}
+			ok := s.idle(b.wake, version)
 			if !ok {
 				break
 			}
+			woke = true
 			continue
+		}
+		woke = false
+		if r.idleSince.Swap(0) != 0 {
+			select {
+			case r.working <- struct{}{}:
+			default:
+			}
 		}
 		if !probe && len(rows) == r.opts.BatchSize {
 			ahead = make(chan batch, 1)
@@ -603,4 +616,36 @@ func (s *session) settled(f flight) {
 		s.r.suspect = 0
 		close(s.probeOK)
 	}
+}
+
+// idle waits for work (see waitForWork), saying so for keepLease. With
+// nothing in flight the outbox clock stands still meanwhile: no message's
+// life is running (every pending one was read, and published or parked),
+// and so the idle relay need not store the clock for other processes'
+// writers, which stamp from the stored one; it catches up with what
+// another process stored when it wakes.
+func (s *session) idle(wake <-chan struct{}, version int64) bool {
+	r := s.r
+	// Waiting since the last batch with rows: a wait that ended with
+	// nothing to read is no work.
+	r.idleSince.CompareAndSwap(0, max(int64(time.Since(r.epoch)), 1))
+	r.hearsAll.Store(r.walEvents != nil && r.walIdx != nil && r.safetyPoll <= s.l.ttl/2)
+	if len(s.slots) != 0 {
+		return r.waitForWork(s.dctx, r.reader, wake, version)
+	}
+	r.ob.clock.pause()
+	ok := r.waitForWork(s.dctx, r.reader, wake, version)
+	if r.ob.clock.resume() >= time.Second && ok {
+		err := r.reader.do(func(c *sql.Conn) error {
+			ms, err := readOutboxClock(s.dctx, c)
+			if err == nil {
+				r.ob.clock.catchUp(ms)
+			}
+			return err
+		})
+		if err != nil && s.dctx.Err() == nil {
+			r.log.Debug("outbox relay could not read the outbox clock", "err", err)
+		}
+	}
+	return ok
 }

@@ -73,6 +73,8 @@ CREATE TABLE outbox_sent_log (
 -- that a relay on the same host can tell at once that the holder is dead
 -- (another boot, or its process gone) instead of waiting a whole TTL;
 -- protocol is the MQTT version its connection speaks (NULL: not known).
+-- The row named 'relay.waiting' is a contender's announcement: its owner is
+-- the last relay that waited for the lease, its token counts announcements.
 CREATE TABLE outbox_lease (
 	name       TEXT    PRIMARY KEY,
 	owner      TEXT    NOT NULL DEFAULT '',

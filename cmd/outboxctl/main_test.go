@@ -243,6 +243,22 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	r = ctl(t, "status", "--db", path)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "pending         1 messages, 16 B")
+	require.Contains(t, r.stdout, "relay lease     free")
+
+	// An idle relay lets its lease lapse (docs/delivery.md).
+	for expires, want := range map[int64]string{
+		time.Now().Add(time.Hour).UnixMilli(): "relay lease     till-1, until ",
+		1000:                                  "relay lease     till-1, lapsed at 1970-01-01T00:00:01Z (the relay is idle, or gone)",
+	} {
+		_, err = db.Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES ('relay', 'till-1', 1, ?)
+			ON CONFLICT (name) DO UPDATE SET expires_at = excluded.expires_at`, expires)
+		require.NoError(t, err)
+		r = ctl(t, "status", "--db", path)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, want)
+	}
+	_, err = db.Exec(`DELETE FROM outbox_lease`)
+	require.NoError(t, err)
 
 	r = ctl(t, "list", "--db", path, "--state", "dead", "--json")
 	require.Equal(t, 0, r.code, r.stderr)

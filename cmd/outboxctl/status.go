@@ -96,7 +96,13 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 			fmt.Fprintf(w, "sent (kept)\t%d\n", out.Sent)
 			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
 			if out.LeaseOwner != "" {
-				fmt.Fprintf(w, "relay lease\t%s, until %s\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
+				if out.LeaseExpiresAt.Before(time.Now()) {
+					// An idle relay that watches its WAL renews only when a
+					// message comes or another relay waits for the lease.
+					fmt.Fprintf(w, "relay lease\t%s, lapsed at %s (the relay is idle, or gone)\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
+				} else {
+					fmt.Fprintf(w, "relay lease\t%s, until %s\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
+				}
 				if out.MQTTVersion != nil {
 					fmt.Fprintf(w, "mqtt version\t%s\n", *out.MQTTVersion)
 				}

@@ -119,7 +119,7 @@ func RunIdle(ctx context.Context, cfg IdleConfig) (rep IdleReport, err error) {
 		var sum int64
 		for _, d := range devs {
 			var t int64
-			if err := d.ob.DB().QueryRowContext(ctx, `SELECT coalesce(sum(token), 0) FROM outbox_lease`).Scan(&t); err != nil {
+			if err := d.ob.DB().QueryRowContext(ctx, `SELECT coalesce(sum(token), 0) FROM outbox_lease WHERE name = 'relay'`).Scan(&t); err != nil {
 				return 0, err
 			}
 			sum += t

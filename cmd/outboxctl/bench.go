@@ -50,7 +50,7 @@ fast it empties, each beside the physical limit measured the same way:
 It prints Markdown tables (with --json, one JSON object with one key per
 figure, listed by --keys), with the machine, Go and SQLite versions. Each
 target is marked met or MISSED. Quick by default (under 2 minutes; workloads
-scaled down and labelled so); --full runs the full sizes (about 9 minutes).
+scaled down and labelled so); --full runs the full sizes (about 17 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory.`,
 		Example: `  outboxctl bench
@@ -115,7 +115,7 @@ directory.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link (about 9 minutes)")
+	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link (about 17 minutes on 2 cores)")
 	cmd.Flags().BoolVar(&smoke, "smoke", false, "tiny sizes, only to check that everything runs (seconds)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of Markdown")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

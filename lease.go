@@ -522,7 +522,8 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 				continue
 			}
 		case <-r.working:
-			// Rows after an idle spell: renew as a busy relay does.
+			// Rows after an idle spell, or the session ended: renew as a
+			// busy relay does.
 			if !parked {
 				continue
 			}
@@ -534,8 +535,16 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 		case <-r.nudge:
 			// Another connection committed and there was nothing to read:
 			// a contender announcing itself, perhaps. (Or the relay's own
-			// commits: its reader may be a connection of its own.)
-			if !l.announcedSince(ctx) || lastMsg != "" {
+			// commits: its reader may be a connection of its own.) A
+			// parked relay that no longer hears all goes back to the timer.
+			switch {
+			case lastMsg != "":
+				continue
+			case !r.hearsAll.Load():
+				if !parked {
+					continue
+				}
+			case !l.announcedSince(ctx):
 				continue
 			}
 			if !t.Stop() {

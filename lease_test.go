@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -332,4 +333,67 @@ func TestIdleRelayThatHearsAllKeepsItsLease(t *testing.T) {
 	var owner string
 	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
 	require.Equal(t, r.opts.Owner, owner, "the idle relay kept its lease")
+}
+
+// losingPublisher is a fakePublisher whose connection can drop while idle
+// (connectionLoser), and then refuses to connect.
+type losingPublisher struct {
+	*fakePublisher
+	mu   sync.Mutex
+	lost chan struct{}
+}
+
+func (p *losingPublisher) Connect(ctx context.Context) error {
+	if err := p.fakePublisher.Connect(ctx); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lost = make(chan struct{})
+	return nil
+}
+
+func (p *losingPublisher) ConnectionLost() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost
+}
+
+func (p *losingPublisher) drop() {
+	p.fakePublisher.mu.Lock()
+	p.fakePublisher.connErr = errors.New("connection refused")
+	p.fakePublisher.mu.Unlock()
+	p.fakePublisher.Disconnect()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.lost)
+}
+
+// TestIdleRelayThatHearsAllRenewsWhileDisconnected: an idle relay that
+// stopped renewing goes back to renewing when its connection drops, and
+// keeps its lease through the outage against a contender.
+func TestIdleRelayThatHearsAllRenewsWhileDisconnected(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	ob := openTest(t, Options{})
+	pub := &losingPublisher{fakePublisher: &fakePublisher{}}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Second
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	r.safetyPoll = 100 * time.Millisecond
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected and parked", func() bool { return pub.connectCount() == 1 && r.idleSkips.Load() > 0 })
+	token := leaseToken(t, ob)
+	pub.drop()
+	eventually(t, 5*time.Second, "reconnecting", func() bool { return pub.connectCount() >= 3 })
+	start := time.Now()
+	eventually(t, 10*time.Second, "three seconds", func() bool { return time.Since(start) >= 3*time.Second })
+	renewals := leaseToken(t, ob) - token
+	t.Logf("%d renewals in %s, disconnected", renewals, time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, renewals, int64(6), "renewals in 3 s of a disconnected relay, TTL 1 s: every quarter TTL")
+	var owner string
+	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
+	require.Equal(t, r.opts.Owner, owner)
 }

@@ -241,7 +241,7 @@ type Relay struct {
 	idleSkips atomic.Int64
 	hearsAll  atomic.Bool
 	nudge     chan struct{}
-	working   chan struct{} // rows after an idle spell (keepLease)
+	working   chan struct{} // an idle spell ended (notIdle)
 	purges    atomic.Int64  // purges run, for tests
 	// onLease, if not nil, is given the lease once it is held (tests).
 	onLease func(*lease)

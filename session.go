@@ -346,7 +346,7 @@ func (s *session) dispatch() error {
 	// once per batch.
 	var ahead chan batch
 	woke := false // the last batch read followed a wait for work
-	defer r.idleSince.Store(0)
+	defer r.notIdle()
 	for s.dctx.Err() == nil {
 		// The lease is checked before each hand-off, below, not here: a
 		// wait that ends with nothing to read must not renew a lease
@@ -378,7 +378,9 @@ func (s *session) dispatch() error {
 			continue
 		}
 		if len(rows) == 0 {
-			if woke && r.hearsAll.Load() {
+			// Before the nudge, which keepLease judges by it.
+			r.hearsAll.Store(r.walEvents != nil && r.walIdx != nil && r.safetyPoll <= s.l.ttl/2)
+			if woke {
 				// The last wait ended and there was nothing: another
 				// connection's commit, perhaps a contender announcing
 				// itself to an idle holder (see keepLease).
@@ -395,12 +397,7 @@ func (s *session) dispatch() error {
 			continue
 		}
 		woke = false
-		if r.idleSince.Swap(0) != 0 {
-			select {
-			case r.working <- struct{}{}:
-			default:
-			}
-		}
+		r.notIdle()
 		if !probe && len(rows) == r.opts.BatchSize {
 			ahead = make(chan batch, 1)
 			s.readers.Add(1)
@@ -629,7 +626,6 @@ func (s *session) idle(wake <-chan struct{}, version int64) bool {
 	// Waiting since the last batch with rows: a wait that ended with
 	// nothing to read is no work.
 	r.idleSince.CompareAndSwap(0, max(int64(time.Since(r.epoch)), 1))
-	r.hearsAll.Store(r.walEvents != nil && r.walIdx != nil && r.safetyPoll <= s.l.ttl/2)
 	if len(s.slots) != 0 {
 		return r.waitForWork(s.dctx, r.reader, wake, version)
 	}
@@ -648,4 +644,15 @@ func (s *session) idle(wake <-chan struct{}, version int64) bool {
 		}
 	}
 	return ok
+}
+
+// notIdle ends an idle spell: rows came, or the session ended. keepLease,
+// which may have stopped renewing, is told.
+func (r *Relay) notIdle() {
+	if r.idleSince.Swap(0) != 0 {
+		select {
+		case r.working <- struct{}{}:
+		default:
+		}
+	}
 }

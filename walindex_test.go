@@ -148,3 +148,18 @@ func TestRelaySeesACommitWhileItsRenewalWaits(t *testing.T) {
 	sidecarInsert(t, dbPath(t, ob), "NORMAL", 1)
 	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
 }
+
+// TestSafetyLooksAligned: the wait for a safety look ends at the next
+// multiple of the interval on the wall clock, never later than a whole
+// interval from now.
+func TestSafetyLooksAligned(t *testing.T) {
+	const d = 5 * time.Second
+	for range 100 {
+		w := untilAligned(d)
+		end := time.Now().Add(w)
+		require.Greater(t, w, time.Duration(0))
+		require.LessOrEqual(t, w, d)
+		require.Less(t, end.UnixNano()%int64(d), int64(10*time.Millisecond), "ends on a multiple of the interval")
+	}
+	require.Zero(t, untilAligned(0))
+}

@@ -67,7 +67,9 @@
 // expire a backlog. Under MQTT 5 the broker is given what is left.
 //
 // A lease lets one relay, goroutine or process, drain a database at a time;
-// its expiry never compares wall clocks. Sent rows are deleted once
+// its expiry never compares wall clocks. An idle relay that watches its WAL
+// renews it only when another relay announces that it waits (or when work
+// comes), so that an idle relay writes nothing. Sent rows are deleted once
 // RelayOptions.Retention has passed. A reserve file beside the database
 // (Options.ReserveBytes) keeps the relay able to mark and delete rows on a
 // full disk, so that the backlog drains and the space comes back.

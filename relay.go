@@ -84,7 +84,7 @@ type RelayOptions struct {
 	// or process committed (SQLite's PRAGMA data_version, a cheap call)
 	// where it cannot watch the WAL. On Linux it watches it (inotify, one
 	// instance per process) and looks when the file is written, then at
-	// growing intervals up to a second: no polling while idle. Commits
+	// growing intervals up to 5 s: no polling while idle. Commits
 	// through Outbox.Transact wake the relay at once. Default 2 ms.
 	PollInterval time.Duration
 	// Retention is how long sent rows are kept (for inspection) before

@@ -3,6 +3,7 @@ package outbox
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"os/exec"
@@ -396,4 +397,75 @@ func TestIdleRelayThatHearsAllRenewsWhileDisconnected(t *testing.T) {
 	var owner string
 	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
 	require.Equal(t, r.opts.Owner, owner)
+}
+
+// TestRenewalTakesTheWriteLockInAGap: another connection holds the write
+// lock for 90 ms at a time and lets it go for about a millisecond; a
+// renewal still gets in within a few of those gaps, because it polls for
+// the lock as a mark does. In SQLite's busy handler, whose sleeps grow to
+// 100 ms, it mostly missed them: a renewal waiting there held the relay's
+// connection, and its marks, for seconds (outboxctl bench --full, section
+// 3, a sidecar writer at FULL: commit → PUBACK p99 620 ms).
+func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
+	ob := openTest(t, Options{})
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Hour // no renewal of its own meanwhile
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	leases := make(chan *lease, 1)
+	r.onLease = func(l *lease) { leases <- l }
+	startRelay(t, r)
+	l := <-leases
+
+	writer, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(10000)")
+	require.NoError(t, err)
+	defer writer.Close()
+	wc, err := writer.Conn(context.Background())
+	require.NoError(t, err)
+	defer wc.Close()
+	stop := make(chan struct{})
+	locked := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := wc.ExecContext(context.Background(), `BEGIN IMMEDIATE`); err != nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case locked <- struct{}{}:
+			default:
+			}
+			time.Sleep(90 * time.Millisecond)
+			wc.ExecContext(context.Background(), `ROLLBACK`)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	for i := 0; i < 5; i++ {
+		select {
+		case <-locked: // an old one
+		default:
+		}
+		<-locked
+		start := time.Now()
+		var also func(context.Context, querier) error
+		if i%2 == 1 {
+			also = ob.storeClock // the renewal's own transaction, BEGIN IMMEDIATE
+		}
+		alsoErr, err := l.renew(context.Background(), also)
+		took := time.Since(start)
+		t.Logf("renewal %d took %s", i, took.Round(time.Millisecond))
+		require.NoError(t, err)
+		require.NoError(t, alsoErr)
+		require.Less(t, took, 2*time.Second, "a renewal against a writer that lets the lock go for a millisecond every 90 ms")
+	}
 }

@@ -418,14 +418,35 @@ func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 	startRelay(t, r)
 	l := <-leases
 
-	writer, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(10000)")
+	locked := holdWriteLockInBursts(t, dbPath(t, ob), 90*time.Millisecond)
+	for i := 0; i < 5; i++ {
+		locked()
+		start := time.Now()
+		var also func(context.Context, querier) error
+		if i%2 == 1 {
+			also = ob.storeClock // the renewal's own transaction, BEGIN IMMEDIATE
+		}
+		alsoErr, err := l.renew(context.Background(), also)
+		took := time.Since(start)
+		t.Logf("renewal %d took %s", i, took.Round(time.Millisecond))
+		require.NoError(t, err)
+		require.NoError(t, alsoErr)
+		require.Less(t, took, 2*time.Second, "a renewal against a writer that lets the lock go for a millisecond every 90 ms")
+	}
+}
+
+// holdWriteLockInBursts holds the write lock of the database at path on a
+// connection of its own, hold at a time with about a millisecond between,
+// until the test ends. The function returned waits until the lock has
+// been taken again.
+func holdWriteLockInBursts(t *testing.T, path string, hold time.Duration) (locked func()) {
+	t.Helper()
+	writer, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
 	require.NoError(t, err)
-	defer writer.Close()
 	wc, err := writer.Conn(context.Background())
 	require.NoError(t, err)
-	defer wc.Close()
 	stop := make(chan struct{})
-	locked := make(chan struct{})
+	took := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -441,31 +462,25 @@ func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 				return
 			}
 			select {
-			case locked <- struct{}{}:
+			case took <- struct{}{}:
 			default:
 			}
-			time.Sleep(90 * time.Millisecond)
+			time.Sleep(hold)
 			wc.ExecContext(context.Background(), `ROLLBACK`)
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	defer func() { close(stop); wg.Wait() }()
-	for i := 0; i < 5; i++ {
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+		wc.Close()
+		writer.Close()
+	})
+	return func() {
 		select {
-		case <-locked: // an old one
+		case <-took: // an old one
 		default:
 		}
-		<-locked
-		start := time.Now()
-		var also func(context.Context, querier) error
-		if i%2 == 1 {
-			also = ob.storeClock // the renewal's own transaction, BEGIN IMMEDIATE
-		}
-		alsoErr, err := l.renew(context.Background(), also)
-		took := time.Since(start)
-		t.Logf("renewal %d took %s", i, took.Round(time.Millisecond))
-		require.NoError(t, err)
-		require.NoError(t, alsoErr)
-		require.Less(t, took, 2*time.Second, "a renewal against a writer that lets the lock go for a millisecond every 90 ms")
+		<-took
 	}
 }

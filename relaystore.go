@@ -84,11 +84,10 @@ func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt
 func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	var res sql.Result
 	err := c.do(func(sc *sql.Conn) error {
-		st, err := c.stmt(ctx, sc, query)
-		if err != nil {
-			return err
-		}
-		res, err = st.ExecContext(ctx, args...)
+		// Polling for the write lock (execPolling): the purge, which
+		// writes through here, holds the connection that the marks need.
+		var err error
+		res, err = c.execPollingResult(ctx, sc, query, args...)
 		return err
 	})
 	return res, err
@@ -111,24 +110,33 @@ func (rc *relayConn) execPolling(ctx context.Context, c *sql.Conn, q string, arg
 // execPollingCount is execPolling that reports how many rows the write
 // changed.
 func (rc *relayConn) execPollingCount(ctx context.Context, c *sql.Conn, q string, args ...any) (int64, error) {
-	st, err := rc.stmt(ctx, c, q)
+	res, err := rc.execPollingResult(ctx, c, q, args...)
 	if err != nil {
 		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// execPollingResult is execPolling that returns the write's result.
+func (rc *relayConn) execPollingResult(ctx context.Context, c *sql.Conn, q string, args ...any) (sql.Result, error) {
+	st, err := rc.stmt(ctx, c, q)
+	if err != nil {
+		return nil, err
 	}
 	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
 	// the statement, not when it runs it.
 	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
 	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
 	for {
 		res, err := st.ExecContext(ctx, args...)
 		if err == nil {
-			return res.RowsAffected()
+			return res, nil
 		}
 		if !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return 0, err
+			return nil, err
 		}
 		time.Sleep(200 * time.Microsecond)
 	}

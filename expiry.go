@@ -193,9 +193,8 @@ func (r *Relay) markExpired(conn *relayConn, m *row, late time.Duration) error {
 	defer cancel()
 	msg := fmt.Sprintf("expired (not published): its expiry ran out %s before its turn", late)
 	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `UPDATE outbox SET last_error = ?, dead_at = ?, expired = 1
+		return conn.execPolling(ctx, c, `UPDATE outbox SET last_error = ?, dead_at = ?, expired = 1
 			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
-		return err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark expired: %w", classifyWriteErr(err))

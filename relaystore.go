@@ -142,6 +142,27 @@ func (rc *relayConn) execPollingResult(ctx context.Context, c *sql.Conn, q strin
 	}
 }
 
+// queryRowPolling is execPolling for a write that returns a row (RETURNING),
+// scanned into dest.
+func (rc *relayConn) queryRowPolling(ctx context.Context, c *sql.Conn, q string, args []any, dest ...any) error {
+	st, err := rc.stmt(ctx, c, q)
+	if err != nil {
+		return err
+	}
+	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
+		return err
+	}
+	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
+	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
+	for {
+		err := st.QueryRowContext(ctx, args...).Scan(dest...)
+		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
 // close closes the prepared statements and discards the connection.
 func (rc *relayConn) close() {
 	rc.mu.Lock()
@@ -545,9 +566,8 @@ func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
 	defer cancel()
 	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
 	err := conn.do(func(c *sql.Conn) error {
-		_, err := c.ExecContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
+		return conn.execPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
 			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
-		return err
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark dead: %w", err)
@@ -565,11 +585,11 @@ func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, d
 	defer cancel()
 	var id string
 	err = conn.do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
+		return conn.queryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
 			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
 			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
 			RETURNING attempts, dead_at IS NOT NULL, id`,
-			cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq).Scan(&attempts, &dead, &id)
+			[]any{cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq}, &attempts, &dead, &id)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, true, nil // no longer pending (requeued, purged): nothing to charge

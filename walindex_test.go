@@ -86,8 +86,12 @@ func TestIdleRelayLooksLittle(t *testing.T) {
 	t.Logf("%d data_version looks in %s, about %.0f renewals", n, time.Since(start).Round(time.Millisecond), renewals)
 	// A few: the outbox clock's store, due every 10 s, is a commit the
 	// relay does not discount (asked about: 2 queries, or 3 with the
-	// safety query); 300 and more without the index.
-	require.LessOrEqual(t, n, int64(5), "data_version queries in 2 s of renewals every 100 ms")
+	// safety query); and a renewal that returns more than walDeferOwn
+	// after its commit is asked about too, which under qemu-user happened
+	// for 7 of about 20 (CI at 43bf542; a renewal now also resets the busy
+	// timeout after its commit: see execPollingResult). 300 and more
+	// without the index.
+	require.LessOrEqual(t, n, int64(15), "data_version queries in 2 s of renewals every 100 ms")
 	sidecarInsert(t, dbPath(t, ob), "FULL", 1)
 	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
 }

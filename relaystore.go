@@ -123,23 +123,16 @@ func (rc *relayConn) execPollingResult(ctx context.Context, c *sql.Conn, q strin
 	if err != nil {
 		return nil, err
 	}
-	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
-	// the statement, not when it runs it.
-	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
+	var res sql.Result
+	err = rc.poll(ctx, c, func() error {
+		var err error
+		res, err = st.ExecContext(ctx, args...)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
-	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
-	for {
-		res, err := st.ExecContext(ctx, args...)
-		if err == nil {
-			return res, nil
-		}
-		if !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return nil, err
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
+	return res, nil
 }
 
 // queryRowPolling is execPolling for a write that returns a row (RETURNING),
@@ -149,13 +142,21 @@ func (rc *relayConn) queryRowPolling(ctx context.Context, c *sql.Conn, q string,
 	if err != nil {
 		return err
 	}
+	return rc.poll(ctx, c, func() error { return st.QueryRowContext(ctx, args...).Scan(dest...) })
+}
+
+// poll runs try on c with the busy timeout off, again every 200 µs while it
+// fails busy, for as long as the connection's busy timeout (execPolling).
+func (rc *relayConn) poll(ctx context.Context, c *sql.Conn, try func() error) error {
+	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
+	// the statement, not when it runs it.
 	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
 		return err
 	}
 	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
 	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
 	for {
-		err := st.QueryRowContext(ctx, args...).Scan(dest...)
+		err := try()
 		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 
 func (a *app) benchCmd() *cobra.Command {
 	var full, smoke, asJSON, quiet, keys bool
-	var sections, mosquitto, src, cpuProfile string
+	var sections, windows, mosquitto, src, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the outbox against this machine's limits and print the results",
@@ -56,6 +56,7 @@ directory.`,
 		Example: `  outboxctl bench
   outboxctl bench --full > BENCHMARKS-run.md
   outboxctl bench --json --sections 1,2
+  outboxctl bench --full --sections 2 --windows 16 --mosquitto none
   outboxctl bench --keys`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -85,6 +86,16 @@ directory.`,
 					return usageError{fmt.Errorf("--sections: %q is not a section number 1..9", s)}
 				}
 				cfg.Sections = append(cfg.Sections, n)
+			}
+			for _, s := range strings.Split(windows, ",") {
+				if s = strings.TrimSpace(s); s == "" {
+					continue
+				}
+				n, err := strconv.Atoi(s)
+				if err != nil || n < 1 || n > 65535 {
+					return usageError{fmt.Errorf("--windows: %q is not a window 1..65535", s)}
+				}
+				cfg.Windows = append(cfg.Windows, n)
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -121,6 +132,7 @@ directory.`,
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	cmd.Flags().BoolVar(&keys, "keys", false, "print the JSON keys with their meaning, unit and target, and exit")
 	cmd.Flags().StringVar(&sections, "sections", "", "comma-separated sections to run, 1..9 (default all)")
+	cmd.Flags().StringVar(&windows, "windows", "", "comma-separated windows section 2 drains at (default 1,16,64,256)")
 	cmd.Flags().StringVar(&mosquitto, "mosquitto", "", `path of the mosquitto binary (default: PATH, then /usr/sbin); "none" skips it`)
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run (this process only) to this file, for go tool pprof")
 	cmd.Flags().StringVar(&src, "src", "", "the module's root directory, for the size builds (default: the current directory)")

@@ -86,4 +86,14 @@ func TestBenchSmoke(t *testing.T) {
 
 	r = ctl(t, "bench", "--sections", "10")
 	require.Equal(t, 2, r.code, r.stderr)
+
+	// One window of section 2: its cells, and no others.
+	r = ctl(t, "bench", "--smoke", "--quiet", "--json", "--mosquitto", "none", "--sections", "2", "--windows", "16")
+	require.Equal(t, 0, r.code, r.stderr)
+	one := map[string]any{}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &one))
+	require.NotNil(t, one["drain_mochi_w16_ratio"])
+	require.Nil(t, one["drain_mochi_w64_ratio"])
+	r = ctl(t, "bench", "--windows", "0")
+	require.Equal(t, 2, r.code, r.stderr)
 }

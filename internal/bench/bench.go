@@ -47,6 +47,9 @@ type Config struct {
 	// Mosquitto is the path of the mosquitto binary; empty looks in PATH
 	// and /usr/sbin; "none" skips it.
 	Mosquitto string
+	// Windows, if not empty, are the windows section 2 drains at instead of
+	// 1, 16, 64 and 256: one cell of its table measured in minutes.
+	Windows []int
 	// SrcDir is the module's root, for the size builds; empty means the
 	// current directory.
 	SrcDir string
@@ -148,6 +151,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg: cfg, sz: sizesFor(cfg.Mode), dir: dir,
 		rep: newReport(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if len(cfg.Windows) > 0 {
+		r.sz.drainWindows = cfg.Windows
 	}
 	if cfg.Mosquitto != "none" {
 		r.mosq = mosquittoBinary(cfg.Mosquitto)

@@ -187,7 +187,7 @@ func contentTypeOf(m *outgoing) (ct string, inline, str bool) {
 	switch {
 	case ct == "":
 		switch {
-		case json.Valid(m.payload):
+		case validJSON(m.payload):
 			ct, inline = "application/json", true
 		case m.text && utf8.Valid(m.payload):
 			// A writer that stored text meant text; a BLOB stays bytes
@@ -197,7 +197,7 @@ func contentTypeOf(m *outgoing) (ct string, inline, str bool) {
 			ct = "application/octet-stream"
 		}
 	case isJSONContentType(ct):
-		inline = json.Valid(m.payload)
+		inline = validJSON(m.payload)
 	}
 	return ct, inline, str
 }

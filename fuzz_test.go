@@ -231,3 +231,30 @@ func FuzzDecodeEventMQTT(f *testing.F) {
 		}
 	})
 }
+
+// validJSONCases are the seeds of FuzzValidJSON and the cases of
+// TestValidJSON: each side of every rule of the grammar.
+var validJSONCases = []string{
+	``, ` `, `{}`, `[]`, ` { } `, `[ ]`, `{"a":1}`, `{"a" : [1, 2.5, -3e+7, 0, -0.0E-1]}`,
+	`{"a":1,}`, `[1,]`, `[,1]`, `{,}`, `{"a"}`, `{"a":}`, `{1:2}`, `{"a":1 "b":2}`, `[1 2]`,
+	`"x"`, `"\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00"`, `"\x"`, `"\u12"`, `"\u12g4"`, "\"a\x01\"", "\"a\x7f\xff\"", `"`, `"a`, `"\`,
+	`true`, `false`, `null`, `tru`, `nul`, `truee`, `True`, `nulll`,
+	`0`, `-0`, `01`, `-`, `1.`, `.5`, `1e`, `1e+`, `1E-0`, `+1`, `1.5e3`, `-01`, `0x10`, `1_000`,
+	`[[[[]]]]`, `[[[[]]]`, `[{"a":[{"b":null}]}]`, `{"a":{"b":{}}}}`, `]`, `}`, `{]`, `[}`,
+	"\t\n\r [1]\r\n", "\v[1]", "[1]\x00", `[1] [2]`, `{"a":1}x`,
+	strings.Repeat("[", 63) + strings.Repeat("]", 63), strings.Repeat("[", 64) + strings.Repeat("]", 64),
+	strings.Repeat("[", 65) + strings.Repeat("]", 65), strings.Repeat("[", 65) + strings.Repeat("]", 64),
+	strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70), strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 69),
+}
+
+// FuzzValidJSON holds the relay's JSON check to json.Valid's answer.
+func FuzzValidJSON(f *testing.F) {
+	for _, s := range validJSONCases {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := validJSON(b), json.Valid(b); got != want {
+			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", b, got, want)
+		}
+	})
+}

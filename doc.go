@@ -46,7 +46,7 @@
 // [Relay.Run] reads pending rows in sequence order, keeps up to
 // RelayOptions.Window of them awaiting their acknowledgement, and records
 // progress as a high-water mark, in batches: a crash duplicates at most
-// Window + max(Window, 128) messages. It reconnects with a backoff that never
+// Window + max(Window, 256) messages. It reconnects with a backoff that never
 // gives up; [Relay.ReconnectNow] cuts the wait short.
 //
 // Outages are not failures. A refused connection, a timeout, a lost

@@ -57,8 +57,8 @@ type RelayOptions struct {
 	// A broker's lower MQTT 5 Receive Maximum is the limit on its
 	// connection.
 	// Acknowledged messages are recorded as sent in batches, with at most
-	// max(Window, 128) waiting for that. A crash can duplicate only those
-	// two groups: at most Window + max(Window, 128) messages (192 by
+	// max(Window, 256) waiting for that. A crash can duplicate only those
+	// two groups: at most Window + max(Window, 256) messages (320 by
 	// default).
 	Window int
 	// BatchSize is how many rows are read from the database at a time.
@@ -309,9 +309,9 @@ type RelayStats struct {
 	WALSyncs int64
 	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
 	// marks durable, so that a power cut duplicates at most Window +
-	// max(Window, 128) messages, as a crash does (durable.go). They come only
+	// max(Window, 256) messages, as a crash does (durable.go). They come only
 	// while that many run ahead of the last sync: none under a trickle, and
-	// about 15 per 1,000 events when draining fast (window 64, loopback).
+	// about 4 per 1,000 events when draining fast (window 64, loopback).
 	MarkSyncs int64
 	// Protocol is the MQTT version the publisher's connection speaks ("5"
 	// or "3.1.1"), as it last connected; empty for a publisher that does

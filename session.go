@@ -48,12 +48,16 @@ const (
 	// minMarkSlots is the least room for acknowledged messages not yet
 	// recorded: a mark takes about as long as a loopback round trip, so
 	// with a window of 1 the next acknowledgements must be able to queue
-	// behind it. It also sets how often the marks are fsynced (durable.go:
-	// every (Window + minMarkSlots) / 2 messages at full speed): at 32 a
-	// window of 16 synced every 24 messages and drained at about half the
-	// rate of raw paho; at 128, every 72 (a crash or a cut then duplicates
-	// at most Window + 128 messages at small windows).
-	minMarkSlots = 128
+	// behind it. It also bounds how far the marks may run ahead of the
+	// WAL's last fsync (durable.go: Window + markSlots), and so sets how
+	// often they are fsynced: at 32 a window of 16 synced every 24 messages
+	// and drained at about half the rate of raw paho; at 128, every 66; at
+	// 256, every 123 (a drain of 100,000 to mochi; the batch reads' syncs
+	// counted in). A crash or a cut then duplicates at most Window + 256
+	// messages at small windows. Where an fsync takes milliseconds (an SD
+	// card), the bound caps the drain: each sync covers at most the bound
+	// less the messages in flight and those awaiting their mark.
+	minMarkSlots = 256
 	// markDelay is the longest a mark waits for more acknowledgements.
 	markDelay = time.Millisecond
 )

@@ -141,7 +141,7 @@ var keys = func() []keyDoc {
 		p := "durable_" + m.key + "_"
 		add(8, p+"backlog_msgs_per_s", m.name+": backlog drained (mochi)", "msg/s", "")
 		add(8, p+"backlog_fsyncs_per_1000", m.name+": backlog: WAL fsyncs per 1,000 events for the batch reads (durable before publish)", "fsyncs", "≤ 4")
-		add(8, p+"backlog_mark_fsyncs_per_1000", m.name+": backlog: WAL fsyncs per 1,000 events for the marks (a power cut duplicates at most Window + max(Window, 128))", "fsyncs", "")
+		add(8, p+"backlog_mark_fsyncs_per_1000", m.name+": backlog: WAL fsyncs per 1,000 events for the marks (a power cut duplicates at most Window + max(Window, 256))", "fsyncs", "")
 		add(8, p+"trickle_fsyncs_per_event", m.name+": trickle: WAL fsyncs per event", "fsyncs", "≤ 1")
 		add(8, p+"trickle_puback_p50_ms", m.name+": trickle: commit → PUBACK p50", "ms", "")
 		add(8, p+"trickle_puback_p99_ms", m.name+": trickle: commit → PUBACK p99", "ms", "")

@@ -262,7 +262,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	// A cut undoes the relay's marks made since the WAL's last fsync, and
 	// the relay never lets more than a crash's bound run ahead of that (see
 	// TestPublishedAheadOfDurableMarkBounded).
-	perCut := crashWindow + max(crashWindow, 128)
+	perCut := crashWindow + max(crashWindow, 256)
 	for origin, n := range chk.dupsBy {
 		require.LessOrEqual(t, n, perCut+crashWindow*run.lostConns[origin],
 			"duplicates sent again by %s, after one cut and %d lost connections, exceed the bound", origin, run.lostConns[origin])

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	packets311 "github.com/eclipse/paho.mqtt.golang/packets"
 	netproxy "golang.org/x/net/proxy"
 )
 
@@ -89,10 +91,9 @@ type MQTTPublisher struct {
 	url *url.URL // the address of the last Connect; under mu
 	at  int      // its index; under mu
 
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conn  *mqttConn  // a 3.1.1 connection, or
-	conn5 *mqtt5Conn // a 5 one
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	conn *mqttConn // the connection of the last Connect, either version
 
 	// control, if set, is given every socket before it connects: tests
 	// use it to shrink the send buffer, as on a device whose writes block.
@@ -304,7 +305,7 @@ func (p *MQTTPublisher) connectV5(ctx context.Context) error {
 		return fmt.Errorf("outbox: mqtt 5 connect to %s: %s: %w", redactURL(p.url), why, err)
 	}
 	p.mu.Lock()
-	p.conn5 = cn
+	p.conn = cn
 	p.mu.Unlock()
 	p.opts.Logger.Debug("outbox mqtt: connected", "broker", redactURL(p.url), "protocol", "5",
 		"receive_maximum", cn.receiveMax, "maximum_packet_size", cn.maxPacket)
@@ -313,60 +314,13 @@ func (p *MQTTPublisher) connectV5(ctx context.Context) error {
 
 // connect311 connects with MQTT 3.1.1.
 func (p *MQTTPublisher) connect311(ctx context.Context) error {
-	lost := make(chan struct{})
-	var once sync.Once
-	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
+	cn, err := p.open311(ctx)
 	if err != nil {
-		return err
-	}
-	o := pahoOptions(p.url, p.opts.ClientID, p.opts.Username, p.opts.Password, tlsCfg,
-		p.opts.ConnectTimeout, p.opts.KeepAlive, p.opts.PingTimeout)
-	o.SetCleanSession(true)
-	o.SetWriteTimeout(p.opts.WriteTimeout)
-	// paho calls this from its connect goroutine; wire is read only once
-	// the connect token is done.
-	var wire *wireConn
-	o.SetCustomOpenConnectionFn(func(uri *url.URL, co mqtt.ClientOptions) (net.Conn, error) {
-		w, err := p.open(uri, co.TLSConfig)
-		if err == nil {
-			wire = w
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		return w, err
-	})
-	o.SetStore(mqtt.NewOrderedMemoryStore())
-	o.SetOrderMatters(false)
-	o.SetConnectionLostHandler(func(mqtt.Client, error) { once.Do(func() { close(lost) }) })
-	c := mqtt.NewClient(o)
-	tok := c.Connect()
-	select {
-	case <-tok.Done():
-	case <-ctx.Done():
-		// paho cannot abandon a connect under way; end it when it ends.
-		p.wg.Add(1)
-		go func() { defer p.wg.Done(); <-tok.Done(); c.Disconnect(0) }()
-		return ctx.Err()
-	}
-	if err := tok.Error(); err != nil {
-		c.Disconnect(0)
 		return fmt.Errorf("outbox: mqtt connect to %s: %s: %w", redactURL(p.url), explainConnectError(err, time.Now()), err)
 	}
-	if wire == nil { // paho connected without asking for a connection
-		c.Disconnect(0)
-		return fmt.Errorf("outbox: mqtt connect to %s: no connection was opened", redactURL(p.url))
-	}
-	cn := &mqttConn{
-		wg:      &p.wg,
-		client:  c,
-		wire:    wire,
-		lost:    lost,
-		queue:   make(chan *pubToken, 64),
-		forward: make(chan forwarding, 1024),
-		stop:    make(chan struct{}),
-		pending: make(map[*pubToken]struct{}),
-	}
-	p.wg.Add(2)
-	go func() { defer p.wg.Done(); cn.write() }()
-	go func() { defer p.wg.Done(); cn.forwardAcks() }()
 	p.mu.Lock()
 	p.conn = cn
 	p.mu.Unlock()
@@ -374,14 +328,76 @@ func (p *MQTTPublisher) connect311(ctx context.Context) error {
 	return nil
 }
 
-// open dials the broker for paho, as paho would (ALL_PROXY honoured, TLS
-// for a TLS URL, all within ConnectTimeout), with a wireConn on top.
-func (p *MQTTPublisher) open(uri *url.URL, tlsCfg *tls.Config) (*wireConn, error) {
-	top, l, err := p.dial(uri, tlsCfg)
+// open311 opens an MQTT 3.1.1 connection with a clean session; the CONNECT
+// and its CONNACK go through paho.mqtt.golang's packets package, whose
+// errors for a refusal explainConnectError knows.
+func (p *MQTTPublisher) open311(ctx context.Context) (*mqttConn, error) {
+	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
 	if err != nil {
 		return nil, err
 	}
-	return &wireConn{Conn: top, link: l, pingTimeout: p.opts.PingTimeout, wrote: make(chan struct{}, 1), closed: make(chan struct{})}, nil
+	conn, link, err := p.dial(p.url, tlsCfg)
+	if err != nil {
+		return nil, err
+	}
+	// Until the CONNACK, a cancelled ctx ends the attempt at once.
+	stopWatch := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stopWatch()
+	conn.SetDeadline(time.Now().Add(p.opts.ConnectTimeout))
+	cp := packets311.NewControlPacket(packets311.Connect).(*packets311.ConnectPacket)
+	cp.ProtocolName, cp.ProtocolVersion, cp.CleanSession = "MQTT", 4, true
+	cp.ClientIdentifier = p.opts.ClientID
+	cp.Keepalive = uint16(min(p.opts.KeepAlive/time.Second, 65535))
+	if p.opts.Username != "" {
+		cp.UsernameFlag, cp.Username = true, p.opts.Username
+		cp.PasswordFlag, cp.Password = true, []byte(p.opts.Password)
+	}
+	var b bytes.Buffer
+	if err := cp.Write(&b); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := conn.Write(b.Bytes()); err != nil {
+		conn.Close()
+		return nil, ctxOr(ctx, err)
+	}
+	ack, err := packets311.ReadPacket(conn)
+	if err != nil {
+		conn.Close()
+		return nil, ctxOr(ctx, err)
+	}
+	ca, ok := ack.(*packets311.ConnackPacket)
+	if !ok {
+		conn.Close()
+		return nil, fmt.Errorf("outbox: mqtt: the broker answered the CONNECT with %s", ack)
+	}
+	if ca.ReturnCode != packets311.Accepted {
+		conn.Close()
+		if known := packets311.ConnErrors[ca.ReturnCode]; known != nil {
+			return nil, known
+		}
+		return nil, &connackError{code: ca.ReturnCode}
+	}
+	conn.SetDeadline(time.Time{})
+	cn := &mqttConn{
+		wg:        &p.wg,
+		log:       p.opts.Logger,
+		since:     time.Now(),
+		conn:      conn,
+		link:      link,
+		v311:      true,
+		keepAlive: p.opts.KeepAlive,
+		pingWait:  p.opts.PingTimeout,
+		queue:     make(chan *pubToken, 64),
+		pingresp:  make(chan struct{}, 1),
+		lost:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		pending:   make(map[uint16]*pubToken),
+		queued:    make(map[*pubToken]struct{}),
+		lastWrite: time.Now(),
+	}
+	cn.start()
+	return cn, nil
 }
 
 // dial opens the connection both protocol versions write to: the socket
@@ -426,15 +442,12 @@ func (p *MQTTPublisher) Publish(topic string, payload []byte) Token {
 // gives none there (CarriesProperties).
 func (p *MQTTPublisher) PublishWithProperties(topic string, payload []byte, props PublishProperties) Token {
 	p.mu.Lock()
-	cn, cn5 := p.conn, p.conn5
+	cn := p.conn
 	p.mu.Unlock()
-	switch {
-	case cn5 != nil:
-		return cn5.publish(topic, payload, &props)
-	case cn != nil:
-		return cn.publish(topic, payload)
+	if cn == nil {
+		return failedToken{ErrNotConnected}
 	}
-	return failedToken{ErrNotConnected}
+	return cn.publish(topic, payload, &props)
 }
 
 // CarriesProperties reports whether the connection made by the last Connect
@@ -442,7 +455,7 @@ func (p *MQTTPublisher) PublishWithProperties(topic string, payload []byte, prop
 func (p *MQTTPublisher) CarriesProperties() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.conn5 != nil
+	return p.conn != nil && !p.conn.v311
 }
 
 // Disconnect closes the connection at once; tokens in flight complete with
@@ -450,14 +463,11 @@ func (p *MQTTPublisher) CarriesProperties() bool {
 // (bounded by WriteTimeout); Close does.
 func (p *MQTTPublisher) Disconnect() {
 	p.mu.Lock()
-	cn, cn5 := p.conn, p.conn5
-	p.conn, p.conn5 = nil, nil
+	cn := p.conn
+	p.conn = nil
 	p.mu.Unlock()
 	if cn != nil {
 		cn.close()
-	}
-	if cn5 != nil {
-		cn5.close()
 	}
 }
 
@@ -474,8 +484,6 @@ func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.conn5 != nil:
-		return p.conn5.lost
 	case p.conn != nil:
 		return p.conn.lost
 	}
@@ -488,12 +496,12 @@ func (p *MQTTPublisher) Protocol() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.conn5 != nil:
-		return "5"
-	case p.conn != nil:
+	case p.conn == nil:
+		return ""
+	case p.conn.v311:
 		return "3.1.1"
 	}
-	return ""
+	return "5"
 }
 
 // MaxInFlight is how many publishes the broker lets await their PUBACK on
@@ -502,8 +510,8 @@ func (p *MQTTPublisher) Protocol() string {
 func (p *MQTTPublisher) MaxInFlight() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn5 != nil {
-		return p.conn5.receiveMax
+	if p.conn != nil {
+		return p.conn.receiveMax
 	}
 	return 0
 }
@@ -513,8 +521,8 @@ func (p *MQTTPublisher) MaxInFlight() int {
 func (p *MQTTPublisher) LostReason() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn5 != nil {
-		return p.conn5.lostReason()
+	if p.conn != nil {
+		return p.conn.lostReason()
 	}
 	return nil
 }

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
@@ -66,44 +64,9 @@ var (
 	errClosedAfterConnect = errors.New("the broker closed the connection without a CONNACK")
 )
 
-// mqtt5Conn is one MQTT 5 connection. paho.golang's Client is not used: its
-// Publish waits for the PUBACK, so a window needs a goroutine per message,
-// and nothing keeps those in order on the wire; nor does its Conn get each
-// packet in one write. So this owns the session, as mqttConn does paho's
-// 3.1.1 one, with paho.golang's packets package to encode and decode: one
-// writer in hand-off order, one reader matching PUBACKs by packet id.
-type mqtt5Conn struct {
-	wg        *sync.WaitGroup
-	log       *slog.Logger
-	since     time.Time // when it connected
-	conn      net.Conn  // what MQTT is written to (TLS or the link)
-	link      *linkConn
-	keepAlive time.Duration
-	pingWait  time.Duration
-	// receiveMax and maxPacket are the broker's, from the CONNACK (0: no
-	// limit).
-	receiveMax int
-	maxPacket  int
-
-	queue    chan *pubToken
-	pingresp chan struct{}
-	lost     chan struct{}
-	stop     chan struct{}
-
-	wmu       sync.Mutex // one packet at a time on the wire
-	lastWrite time.Time  // under wmu
-
-	mu      sync.Mutex
-	closed  bool
-	lostErr error // why the broker ended it, if it said
-	nextID  uint16
-	pending map[uint16]*pubToken
-	queued  map[*pubToken]struct{} // handed over, not yet written
-}
-
 // connect5 opens an MQTT 5 connection with a clean start and no session
 // kept by the broker.
-func (p *MQTTPublisher) connect5(ctx context.Context) (*mqtt5Conn, error) {
+func (p *MQTTPublisher) connect5(ctx context.Context) (*mqttConn, error) {
 	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
 	if err != nil {
 		return nil, err
@@ -166,7 +129,7 @@ func (p *MQTTPublisher) connect5(ctx context.Context) (*mqtt5Conn, error) {
 		return nil, fmt.Errorf("outbox: mqtt: the broker allows QoS 0 only, and the outbox publishes at QoS 1")
 	}
 	conn.SetDeadline(time.Time{})
-	cn := &mqtt5Conn{
+	cn := &mqttConn{
 		wg:        &p.wg,
 		log:       p.opts.Logger,
 		since:     time.Now(),
@@ -193,10 +156,7 @@ func (p *MQTTPublisher) connect5(ctx context.Context) (*mqtt5Conn, error) {
 	if props.MaximumPacketSize != nil {
 		cn.maxPacket = int(*props.MaximumPacketSize)
 	}
-	p.wg.Add(3)
-	go func() { defer p.wg.Done(); cn.write() }()
-	go func() { defer p.wg.Done(); cn.read() }()
-	go func() { defer p.wg.Done(); cn.ping() }()
+	cn.start()
 	return cn, nil
 }
 
@@ -299,248 +259,4 @@ func wireProperties(p *PublishProperties) *packets.Properties {
 		wp.MessageExpiry = &s
 	}
 	return wp
-}
-
-func (c *mqtt5Conn) publish(topic string, payload []byte, props *PublishProperties) Token {
-	wp := wireProperties(props)
-	if c.maxPacket > 0 {
-		if n := packetSize(topic, wp.Pack(packets.PUBLISH), payload); n > c.maxPacket {
-			return failedToken{&refusal{permanent: true,
-				msg: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
-		}
-	}
-	t := &pubToken{topic: topic, payload: payload, props: wp, done: make(chan struct{}), link: c.link}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return failedToken{ErrNotConnected}
-	}
-	c.queued[t] = struct{}{}
-	c.mu.Unlock()
-	select {
-	case c.queue <- t:
-	case <-c.stop:
-		c.mu.Lock()
-		delete(c.queued, t)
-		c.mu.Unlock()
-		t.complete(ErrNotConnected)
-	}
-	return t
-}
-
-// write sends publishes in hand-off order, each under a packet id of its
-// own.
-func (c *mqtt5Conn) write() {
-	for {
-		var t *pubToken
-		select {
-		case <-c.stop:
-			return
-		case t = <-c.queue:
-		}
-		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return
-		}
-		id := c.allocate()
-		delete(c.queued, t)
-		c.pending[id] = t
-		c.mu.Unlock()
-		cp := packets.NewControlPacket(packets.PUBLISH)
-		pb := cp.Content.(*packets.Publish)
-		pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, id
-		pb.Properties = t.props
-		t.payload, t.props = nil, nil
-		c.wmu.Lock()
-		c.link.armed.Store(true)
-		err := writePacket(c.conn, cp)
-		c.link.armed.Store(false)
-		c.lastWrite = time.Now()
-		c.wmu.Unlock()
-		if err != nil {
-			c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
-			return
-		}
-		t.end.Store(c.link.written.Load())
-	}
-}
-
-// allocate returns a packet id not in use; the window is far below 65,535.
-func (c *mqtt5Conn) allocate() uint16 {
-	for {
-		c.nextID++
-		if c.nextID == 0 {
-			c.nextID = 1
-		}
-		if _, used := c.pending[c.nextID]; !used {
-			return c.nextID
-		}
-	}
-}
-
-// read completes tokens as their PUBACKs come.
-func (c *mqtt5Conn) read() {
-	for {
-		cp, err := readPacket(c.conn)
-		if err != nil {
-			c.fail(err)
-			return
-		}
-		switch p := cp.Content.(type) {
-		case *packets.Puback:
-			c.mu.Lock()
-			t := c.pending[p.PacketID]
-			delete(c.pending, p.PacketID)
-			c.mu.Unlock()
-			if t == nil {
-				continue // a PUBACK for nothing in flight: not ours to judge
-			}
-			var err error
-			if p.ReasonCode >= 0x80 {
-				reason := ""
-				if p.Properties != nil {
-					reason = p.Properties.ReasonString
-				}
-				err = pubackError(p.ReasonCode, reason)
-			}
-			t.complete(err)
-		case *packets.Pingresp:
-			select {
-			case c.pingresp <- struct{}{}:
-			default:
-			}
-		case *packets.Disconnect:
-			e := &disconnectError{code: p.ReasonCode}
-			if p.Properties != nil {
-				e.reason = p.Properties.ReasonString
-			}
-			c.fail(e)
-			return
-		}
-	}
-}
-
-// ping keeps the connection alive and notices a dead one: a PINGREQ after
-// KeepAlive without writing; no PINGRESP within PingTimeout of its leaving
-// ends the connection.
-func (c *mqtt5Conn) ping() {
-	if c.keepAlive <= 0 {
-		return
-	}
-	t := time.NewTimer(c.keepAlive)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
-		c.wmu.Lock()
-		idle := time.Since(c.lastWrite)
-		if idle < c.keepAlive {
-			c.wmu.Unlock()
-			t.Reset(c.keepAlive - idle)
-			continue
-		}
-		select {
-		case <-c.pingresp: // a stale one
-		default:
-		}
-		err := writePacket(c.conn, packets.NewControlPacket(packets.PINGREQ))
-		c.lastWrite = time.Now()
-		end := c.link.written.Load()
-		c.wmu.Unlock()
-		if err != nil {
-			c.fail(fmt.Errorf("outbox: mqtt: ping: %w", err))
-			return
-		}
-		// On a slow link the PINGREQ waits behind the bytes before it:
-		// its timeout counts from when it has left.
-		c.link.awaitGone(end, c.pingWait, c.stop)
-		wait := time.NewTimer(c.pingWait)
-		select {
-		case <-c.pingresp:
-			wait.Stop()
-		case <-c.stop:
-			wait.Stop()
-			return
-		case <-wait.C:
-			c.fail(errors.New("outbox: mqtt: no PINGRESP within the ping timeout"))
-			return
-		}
-		t.Reset(c.keepAlive)
-	}
-}
-
-// fail ends a connection that broke (or that the broker ended).
-func (c *mqtt5Conn) fail(err error) {
-	c.mu.Lock()
-	first := !c.closed && c.lostErr == nil
-	if first {
-		c.lostErr = err
-	}
-	c.mu.Unlock()
-	if first {
-		gone, moved := c.link.progress()
-		c.log.Debug("outbox mqtt: connection ended", "err", err, "after", time.Since(c.since).Round(time.Millisecond),
-			"written", c.link.written.Load(), "gone", gone, "last_moved", time.Since(moved).Round(time.Millisecond))
-	}
-	c.shut(false)
-}
-
-// lostReason is why the connection ended, if the broker said.
-func (c *mqtt5Conn) lostReason() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var de *disconnectError
-	if errors.As(c.lostErr, &de) {
-		return de
-	}
-	return nil
-}
-
-func (c *mqtt5Conn) close() { c.shut(true) }
-
-// shut closes the connection once; tokens in flight fail at once. A close
-// asked for sends a DISCONNECT first, in the background: nothing more may be
-// acknowledged on this connection.
-func (c *mqtt5Conn) shut(asked bool) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return
-	}
-	c.closed = true
-	close(c.stop)
-	if !asked {
-		close(c.lost)
-	}
-	cause := error(errDisconnected)
-	if c.lostErr != nil {
-		cause = fmt.Errorf("%w: %w", errDisconnected, c.lostErr)
-	}
-	pending, queued := c.pending, c.queued
-	c.pending, c.queued = nil, nil
-	c.mu.Unlock()
-	for _, t := range pending {
-		t.complete(t.classify(cause))
-	}
-	for t := range queued {
-		t.complete(ErrNotConnected)
-	}
-	if !asked {
-		c.conn.Close()
-		return
-	}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		if c.wmu.TryLock() {
-			c.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			writePacket(c.conn, packets.NewControlPacket(packets.DISCONNECT))
-			c.wmu.Unlock()
-		}
-		c.conn.Close()
-	}()
 }

@@ -3,112 +3,287 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
-	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
-// mqttConn is one paho client, used for one connection only.
-//
-// paho's Publish hands each packet to its network goroutine through an
-// unbuffered channel; once the connection is lost nobody receives, and
-// Publish blocks for the whole WriteTimeout. So publishes go through a
-// writer goroutine of our own, and the relay gets a token that Disconnect
-// can fail at once.
+// mqttConn is one connection to the broker, MQTT 5 or 3.1.1, with
+// paho.golang's packets package to encode and decode MQTT 5 and
+// paho.mqtt.golang's for the 3.1.1 handshake: one writer in hand-off order,
+// one reader matching PUBACKs by packet id, one pinger. Neither paho client
+// is used. paho.golang's Client's Publish waits for the PUBACK, so a window
+// needs a goroutine per message and nothing keeps those in order on the
+// wire. Over paho.mqtt.golang's client a publish went through a writer
+// goroutine of ours and two of paho's, its PUBACK through two of paho's and
+// a forwarder of ours (its Publish blocks for WriteTimeout once the
+// connection is lost, hence ours): draining to the in-process
+// broker at window 64, the relay over 3.1.1 ran at 39,161 msg/s where over
+// MQTT 5, on this connection, it ran at 45,732 (outboxctl bench, the same
+// run, 2026-12-02).
 type mqttConn struct {
-	wg      *sync.WaitGroup
-	client  mqtt.Client
-	wire    *wireConn
-	lost    chan struct{}
-	queue   chan *pubToken
-	forward chan forwarding
-	stop    chan struct{}
+	wg    *sync.WaitGroup
+	log   *slog.Logger
+	since time.Time // when it connected
+	conn  net.Conn  // what MQTT is written to (TLS or the link)
+	link  *linkConn
+	// v311: the connection speaks MQTT 3.1.1 (connect311); else 5.
+	v311      bool
+	keepAlive time.Duration
+	pingWait  time.Duration
+	// receiveMax and maxPacket are the broker's, from the CONNACK (0: no
+	// limit).
+	receiveMax int
+	maxPacket  int
+
+	queue    chan *pubToken
+	pingresp chan struct{}
+	lost     chan struct{}
+	stop     chan struct{}
+
+	wmu       sync.Mutex // one packet at a time on the wire
+	lastWrite time.Time  // under wmu
+	wbuf      []byte     // under wmu: a 3.1.1 PUBLISH, encoded
 
 	mu      sync.Mutex
 	closed  bool
-	pending map[*pubToken]struct{}
+	lostErr error // why the broker ended it, if it said
+	nextID  uint16
+	pending map[uint16]*pubToken
+	queued  map[*pubToken]struct{} // handed over, not yet written
 }
 
-type forwarding struct {
-	tok  *pubToken
-	paho mqtt.Token
+var errDisconnected = errors.New("disconnected before the acknowledgement")
+
+// start runs the connection's goroutines.
+func (c *mqttConn) start() {
+	c.wg.Add(3)
+	go func() { defer c.wg.Done(); c.write() }()
+	go func() { defer c.wg.Done(); c.read() }()
+	go func() { defer c.wg.Done(); c.ping() }()
 }
 
-func (c *mqttConn) publish(topic string, payload []byte) Token {
-	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), link: c.wire.link}
+func (c *mqttConn) publish(topic string, payload []byte, props *PublishProperties) Token {
+	var wp *packets.Properties
+	if !c.v311 {
+		wp = wireProperties(props)
+	}
+	if c.maxPacket > 0 {
+		if n := packetSize(topic, wp.Pack(packets.PUBLISH), payload); n > c.maxPacket {
+			return failedToken{&refusal{permanent: true,
+				msg: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
+		}
+	}
+	t := &pubToken{topic: topic, payload: payload, props: wp, done: make(chan struct{}), link: c.link}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return failedToken{ErrNotConnected}
 	}
-	c.pending[t] = struct{}{}
+	c.queued[t] = struct{}{}
 	c.mu.Unlock()
 	select {
 	case c.queue <- t:
 	case <-c.stop:
-		c.complete(t, ErrNotConnected)
+		c.mu.Lock()
+		delete(c.queued, t)
+		c.mu.Unlock()
+		t.complete(ErrNotConnected)
 	}
 	return t
 }
 
-func (c *mqttConn) complete(t *pubToken, err error) {
-	c.mu.Lock()
-	delete(c.pending, t)
-	c.mu.Unlock()
-	t.complete(t.classify(err))
+// write sends publishes in hand-off order, each under a packet id of its
+// own.
+func (c *mqttConn) write() {
+	for {
+		var t *pubToken
+		select {
+		case <-c.stop:
+			return
+		case t = <-c.queue:
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return
+		}
+		id := c.allocate()
+		delete(c.queued, t)
+		c.pending[id] = t
+		c.mu.Unlock()
+		c.wmu.Lock()
+		c.link.armed.Store(true)
+		var err error
+		if c.v311 {
+			c.wbuf = appendPublish311(c.wbuf[:0], t.topic, id, t.payload)
+			_, err = c.conn.Write(c.wbuf)
+		} else {
+			cp := packets.NewControlPacket(packets.PUBLISH)
+			pb := cp.Content.(*packets.Publish)
+			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, id
+			pb.Properties = t.props
+			err = writePacket(c.conn, cp)
+		}
+		t.payload, t.props = nil, nil
+		c.link.armed.Store(false)
+		c.lastWrite = time.Now()
+		c.wmu.Unlock()
+		if err != nil {
+			c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
+			return
+		}
+		t.end.Store(c.link.written.Load())
+		if cap(c.wbuf) > 1<<20 {
+			c.wbuf = nil // not kept for the next small one
+		}
+	}
 }
 
-// write hands publishes to paho in order.
-func (c *mqttConn) write() {
-	defer close(c.forward)
+// allocate returns a packet id not in use; the window is far below 65,535.
+func (c *mqttConn) allocate() uint16 {
+	for {
+		c.nextID++
+		if c.nextID == 0 {
+			c.nextID = 1
+		}
+		if _, used := c.pending[c.nextID]; !used {
+			return c.nextID
+		}
+	}
+}
+
+// read completes tokens as their PUBACKs come.
+func (c *mqttConn) read() {
+	for {
+		cp, err := readPacket(c.conn)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		switch p := cp.Content.(type) {
+		case *packets.Puback:
+			c.mu.Lock()
+			t := c.pending[p.PacketID]
+			delete(c.pending, p.PacketID)
+			c.mu.Unlock()
+			if t == nil {
+				continue // a PUBACK for nothing in flight: not ours to judge
+			}
+			var err error
+			if p.ReasonCode >= 0x80 {
+				reason := ""
+				if p.Properties != nil {
+					reason = p.Properties.ReasonString
+				}
+				err = pubackError(p.ReasonCode, reason)
+			}
+			t.complete(err)
+		case *packets.Pingresp:
+			select {
+			case c.pingresp <- struct{}{}:
+			default:
+			}
+		case *packets.Disconnect:
+			e := &disconnectError{code: p.ReasonCode}
+			if p.Properties != nil {
+				e.reason = p.Properties.ReasonString
+			}
+			c.fail(e)
+			return
+		}
+	}
+}
+
+// ping keeps the connection alive and notices a dead one: a PINGREQ after
+// KeepAlive without writing; no PINGRESP within PingTimeout of its leaving
+// ends the connection.
+func (c *mqttConn) ping() {
+	if c.keepAlive <= 0 {
+		return
+	}
+	t := time.NewTimer(c.keepAlive)
+	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
-		case t := <-c.queue:
-			if !c.wire.expect(t, c.stop) {
-				return
-			}
-			pt := c.client.Publish(t.topic, 1, false, t.payload)
-			t.payload = nil
-			select {
-			case <-pt.Done():
-				if pt.Error() != nil {
-					c.wire.forget(t) // paho never wrote it
-				}
-			default:
-			}
-			select {
-			case c.forward <- forwarding{t, pt}:
-			case <-c.stop:
-				return
-			}
+		case <-t.C:
 		}
-	}
-}
-
-// forwardAcks completes the relay's tokens as paho's complete.
-func (c *mqttConn) forwardAcks() {
-	for f := range c.forward {
+		c.wmu.Lock()
+		idle := time.Since(c.lastWrite)
+		if idle < c.keepAlive {
+			c.wmu.Unlock()
+			t.Reset(c.keepAlive - idle)
+			continue
+		}
 		select {
-		case <-f.paho.Done():
-			err := f.paho.Error()
-			if errors.Is(err, mqtt.ErrNotConnected) {
-				err = fmt.Errorf("%w: %w", ErrNotConnected, err)
-			}
-			c.complete(f.tok, err)
-		case <-c.stop:
+		case <-c.pingresp: // a stale one
+		default:
+		}
+		err := writePacket(c.conn, packets.NewControlPacket(packets.PINGREQ))
+		c.lastWrite = time.Now()
+		end := c.link.written.Load()
+		c.wmu.Unlock()
+		if err != nil {
+			c.fail(fmt.Errorf("outbox: mqtt: ping: %w", err))
 			return
 		}
+		// On a slow link the PINGREQ waits behind the bytes before it:
+		// its timeout counts from when it has left.
+		c.link.awaitGone(end, c.pingWait, c.stop)
+		wait := time.NewTimer(c.pingWait)
+		select {
+		case <-c.pingresp:
+			wait.Stop()
+		case <-c.stop:
+			wait.Stop()
+			return
+		case <-wait.C:
+			c.fail(errors.New("outbox: mqtt: no PINGRESP within the ping timeout"))
+			return
+		}
+		t.Reset(c.keepAlive)
 	}
 }
 
-var errDisconnected = errors.New("disconnected before the acknowledgement")
+// fail ends a connection that broke (or that the broker ended).
+func (c *mqttConn) fail(err error) {
+	c.mu.Lock()
+	first := !c.closed && c.lostErr == nil
+	if first {
+		c.lostErr = err
+	}
+	c.mu.Unlock()
+	if first {
+		gone, moved := c.link.progress()
+		c.log.Debug("outbox mqtt: connection ended", "err", err, "after", time.Since(c.since).Round(time.Millisecond),
+			"written", c.link.written.Load(), "gone", gone, "last_moved", time.Since(moved).Round(time.Millisecond))
+	}
+	c.shut(false)
+}
 
-func (c *mqttConn) close() {
+// lostReason is why the connection ended, if the broker said.
+func (c *mqttConn) lostReason() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var de *disconnectError
+	if errors.As(c.lostErr, &de) {
+		return de
+	}
+	return nil
+}
+
+func (c *mqttConn) close() { c.shut(true) }
+
+// shut closes the connection once; tokens in flight fail at once. A close
+// asked for sends a DISCONNECT first, in the background: nothing more may be
+// acknowledged on this connection.
+func (c *mqttConn) shut(asked bool) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -116,15 +291,40 @@ func (c *mqttConn) close() {
 	}
 	c.closed = true
 	close(c.stop)
-	pending := c.pending
-	c.pending = nil
-	c.mu.Unlock()
-	for t := range pending {
-		t.complete(t.classify(errDisconnected))
+	if !asked {
+		close(c.lost)
 	}
-	// Without quiesce: nothing more may be acknowledged on this connection.
+	cause := error(errDisconnected)
+	if c.lostErr != nil {
+		cause = fmt.Errorf("%w: %w", errDisconnected, c.lostErr)
+	}
+	pending, queued := c.pending, c.queued
+	c.pending, c.queued = nil, nil
+	c.mu.Unlock()
+	for _, t := range pending {
+		t.complete(t.classify(cause))
+	}
+	for t := range queued {
+		t.complete(ErrNotConnected)
+	}
+	if !asked {
+		c.conn.Close()
+		return
+	}
 	c.wg.Add(1)
-	go func() { defer c.wg.Done(); c.client.Disconnect(0) }()
+	go func() {
+		defer c.wg.Done()
+		if c.wmu.TryLock() {
+			c.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			if c.v311 {
+				c.conn.Write([]byte{0xE0, 0x00})
+			} else {
+				writePacket(c.conn, packets.NewControlPacket(packets.DISCONNECT))
+			}
+			c.wmu.Unlock()
+		}
+		c.conn.Close()
+	}()
 }
 
 // pubToken is the relay's token for one publish.
@@ -185,3 +385,22 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 
 func (failedToken) Done() <-chan struct{} { return closedChan }
 func (t failedToken) Error() error        { return t.err }
+
+// appendPublish311 appends an MQTT 3.1.1 PUBLISH at QoS 1: the fixed header,
+// the Remaining Length, the topic, the packet id and the payload.
+func appendPublish311(b []byte, topic string, id uint16, payload []byte) []byte {
+	b = append(b, 0x32)
+	for rem := 2 + len(topic) + 2 + len(payload); ; {
+		d := byte(rem & 0x7f)
+		if rem >>= 7; rem > 0 {
+			b = append(b, d|0x80)
+			continue
+		}
+		b = append(b, d)
+		break
+	}
+	b = append(b, byte(len(topic)>>8), byte(len(topic)))
+	b = append(b, topic...)
+	b = append(b, byte(id>>8), byte(id))
+	return append(b, payload...)
+}

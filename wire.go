@@ -9,104 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/eclipse/paho.mqtt.golang/packets"
 )
-
-// wireConn is the connection paho writes to. It tells when each publish
-// has been written and where it ends on the wire, so the relay can start a
-// message's ack clock when its bytes have left rather than when it was
-// handed over; and it makes paho's timeouts count from progress:
-//
-//   - paho puts a deadline of WriteTimeout on each publish's write; here it
-//     is the longest the write may go without moving a byte (linkConn);
-//   - paho counts PingTimeout from the return of the PINGREQ's write; here
-//     that write returns once the PINGREQ has left, so a ping queued behind
-//     a big message on a slow link does not time out while it waits;
-//   - paho's Publish waits WriteTimeout for its network goroutine to take
-//     the packet, which is busy for as long as the packet before takes to
-//     write: expect lets at most two publishes wait unwritten (one being
-//     written, one queued behind it), so Publish never waits for a write.
-//
-// Over TLS, paho writes to the tls.Conn inside (Conn), itself over the link.
-type wireConn struct {
-	net.Conn
-	link        *linkConn
-	pingTimeout time.Duration
-
-	mu        sync.Mutex
-	unwritten []*pubToken // handed to paho, in order, not yet written
-	wrote     chan struct{}
-	closed    chan struct{}
-	closeOnce sync.Once
-}
-
-// expect records that t is about to be handed to paho, once fewer than
-// two publishes wait to be written; false if stop closed first.
-func (w *wireConn) expect(t *pubToken, stop <-chan struct{}) bool {
-	for {
-		w.mu.Lock()
-		if len(w.unwritten) < 2 {
-			w.unwritten = append(w.unwritten, t)
-			w.mu.Unlock()
-			return true
-		}
-		w.mu.Unlock()
-		select {
-		case <-w.wrote:
-		case <-stop:
-			return false
-		}
-	}
-}
-
-// forget drops t, which paho refused without writing it.
-func (w *wireConn) forget(t *pubToken) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, u := range w.unwritten {
-		if u == t {
-			w.unwritten = append(w.unwritten[:i], w.unwritten[i+1:]...)
-			return
-		}
-	}
-}
-
-// Write writes one packet: paho writes each in one call, publishes from
-// its network goroutine in the order they were handed over, pings from its
-// keepalive goroutine.
-func (w *wireConn) Write(b []byte) (int, error) {
-	n, err := w.Conn.Write(b)
-	if err != nil || len(b) == 0 {
-		return n, err
-	}
-	switch b[0] >> 4 {
-	case packets.Publish:
-		end := w.link.written.Load()
-		w.mu.Lock()
-		var t *pubToken
-		if len(w.unwritten) > 0 {
-			t = w.unwritten[0]
-			w.unwritten = append(w.unwritten[:0], w.unwritten[1:]...)
-		}
-		w.mu.Unlock()
-		if t != nil {
-			t.end.Store(end)
-		}
-		select {
-		case w.wrote <- struct{}{}:
-		default:
-		}
-	case packets.Pingreq:
-		w.awaitGone(w.link.written.Load())
-	}
-	return n, err
-}
-
-// awaitGone waits until the bytes up to end have left, the link has moved
-// nothing for PingTimeout (a stall: paho's PingTimeout then ends the
-// connection), or the connection is closed.
-func (w *wireConn) awaitGone(end int64) { w.link.awaitGone(end, w.pingTimeout, w.closed) }
 
 // awaitGone waits until the bytes up to end have left, the link has moved
 // nothing for timeout (a stall, which it records), or closed is closed. It
@@ -132,24 +35,6 @@ func (l *linkConn) awaitGone(end int64, timeout time.Duration, closed <-chan str
 		}
 		delay = min(2*delay, 100*time.Millisecond)
 	}
-}
-
-// SetWriteDeadline is paho's per-publish deadline: linkConn applies it as
-// a deadline on progress.
-func (w *wireConn) SetWriteDeadline(t time.Time) error {
-	w.link.armed.Store(!t.IsZero())
-	return nil
-}
-
-// SetDeadline is paho's bound on the MQTT handshake: a plain deadline.
-func (w *wireConn) SetDeadline(t time.Time) error {
-	w.link.armed.Store(false)
-	return w.Conn.SetDeadline(t)
-}
-
-func (w *wireConn) Close() error {
-	w.closeOnce.Do(func() { close(w.closed) })
-	return w.Conn.Close()
 }
 
 // linkConn is the socket under paho (and under TLS). It counts the bytes

@@ -79,9 +79,9 @@ type MQTTOptions struct {
 
 // MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 5 or 3.1.1
 // (MQTTOptions.Protocol), for a Relay. It opens a fresh clean session for
-// every Connect and never reconnects by itself: paho's automatic
-// reconnection can complete a QoS 1 token without a PUBACK, so the relay
-// does it instead.
+// every Connect and never reconnects by itself: a reconnection under the
+// hood (paho.mqtt.golang's automatic one) can complete a QoS 1 token
+// without a PUBACK, so the relay does it instead.
 type MQTTPublisher struct {
 	opts MQTTOptions
 	urls []*url.URL
@@ -217,7 +217,7 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
-// pahoOptions builds what every connection of this package shares: MQTT
+// pahoOptions builds what the Subscriber's 3.1.1 connections share: MQTT
 // 3.1.1, no reconnection by paho (the caller reconnects, with backoff), TLS
 // for a TLS URL (TLS 1.2 at least unless a config is given), credentials and
 // timeouts.
@@ -459,7 +459,7 @@ func (p *MQTTPublisher) CarriesProperties() bool {
 }
 
 // Disconnect closes the connection at once; tokens in flight complete with
-// errors. It does not wait for paho to finish a write already under way
+// errors. It does not wait for a write already under way to finish
 // (bounded by WriteTimeout); Close does.
 func (p *MQTTPublisher) Disconnect() {
 	p.mu.Lock()

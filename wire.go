@@ -37,11 +37,11 @@ func (l *linkConn) awaitGone(end int64, timeout time.Duration, closed <-chan str
 	}
 }
 
-// linkConn is the socket under paho (and under TLS). It counts the bytes
-// written, tells how many have left — acknowledged by the peer's TCP where
-// the kernel says (Linux), else handed to the kernel — and, while paho's
-// write deadline is armed, fails a write only after WriteTimeout without
-// any byte moving.
+// linkConn is the socket under the publisher's connection (and under TLS).
+// It counts the bytes written, tells how many have left — acknowledged by
+// the peer's TCP where the kernel says (Linux), else handed to the kernel —
+// and, while a publish's write is armed, fails a write only after
+// WriteTimeout without any byte moving.
 type linkConn struct {
 	net.Conn
 	raw     syscall.RawConn // nil: the bytes acknowledged cannot be asked
@@ -77,10 +77,10 @@ func newLinkConn(c net.Conn, timeout time.Duration) *linkConn {
 	return l
 }
 
-// Read reads through a buffer. A reader of MQTT packets (paho's, and
-// mqtt5Conn's) asks for the first byte, then each byte of the length, then
-// the rest: on the bare socket, three system calls for each PUBACK, while a
-// window's worth of them waits in the kernel (mqtt5Conn's reads were 13 % of
+// Read reads through a buffer. A reader of MQTT packets (mqttConn's)
+// asks for the first byte, then each byte of the length, then the rest: on
+// the bare socket, three system calls for each PUBACK, while a window's
+// worth of them waits in the kernel (the MQTT 5 reads were 13 % of
 // a CPU profile of a relay draining to the in-process broker, the writing
 // of its backlog included).
 func (l *linkConn) Read(b []byte) (int, error) {

@@ -66,16 +66,20 @@ func (d *durableCommits) end(tx *sql.Tx, committed bool) {
 	if !d.full || tx == nil {
 		return
 	}
+	// The mark moves before the transaction leaves open, under the lock
+	// covers takes: a batch read in between would otherwise find the row
+	// in neither, and fsync for nothing (TestTransactAtFullNeedsNoSyncBeforePublish
+	// saw one under qemu-user).
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	last := d.open[tx]
-	delete(d.open, tx)
-	d.mu.Unlock()
 	for committed {
 		cur := d.seq.Load()
 		if last.seq <= cur || d.seq.CompareAndSwap(cur, last.seq) {
 			break
 		}
 	}
+	delete(d.open, tx)
 }
 
 // covers reports whether every row up to the row (seq, id), which the
@@ -89,6 +93,9 @@ func (d *durableCommits) covers(seq int64, id string) bool {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if seq <= d.seq.Load() {
+		return true // end moved it meanwhile
+	}
 	for _, r := range d.open {
 		if r.seq == seq && r.id == id {
 			return true // visible, so committed, so synced

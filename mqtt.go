@@ -379,23 +379,7 @@ func (p *MQTTPublisher) open311(ctx context.Context) (*mqttConn, error) {
 		return nil, &connackError{code: ca.ReturnCode}
 	}
 	conn.SetDeadline(time.Time{})
-	cn := &mqttConn{
-		wg:        &p.wg,
-		log:       p.opts.Logger,
-		since:     time.Now(),
-		conn:      conn,
-		link:      link,
-		v311:      true,
-		keepAlive: p.opts.KeepAlive,
-		pingWait:  p.opts.PingTimeout,
-		queue:     make(chan *pubToken, 64),
-		pingresp:  make(chan struct{}, 1),
-		lost:      make(chan struct{}),
-		stop:      make(chan struct{}),
-		pending:   make(map[uint16]*pubToken),
-		queued:    make(map[*pubToken]struct{}),
-		lastWrite: time.Now(),
-	}
+	cn := p.newConn(conn, link, true)
 	cn.start()
 	return cn, nil
 }

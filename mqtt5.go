@@ -129,22 +129,7 @@ func (p *MQTTPublisher) connect5(ctx context.Context) (*mqttConn, error) {
 		return nil, fmt.Errorf("outbox: mqtt: the broker allows QoS 0 only, and the outbox publishes at QoS 1")
 	}
 	conn.SetDeadline(time.Time{})
-	cn := &mqttConn{
-		wg:        &p.wg,
-		log:       p.opts.Logger,
-		since:     time.Now(),
-		conn:      conn,
-		link:      link,
-		keepAlive: p.opts.KeepAlive,
-		pingWait:  p.opts.PingTimeout,
-		queue:     make(chan *pubToken, 64),
-		pingresp:  make(chan struct{}, 1),
-		lost:      make(chan struct{}),
-		stop:      make(chan struct{}),
-		pending:   make(map[uint16]*pubToken),
-		queued:    make(map[*pubToken]struct{}),
-		lastWrite: time.Now(),
-	}
+	cn := p.newConn(conn, link, false)
 	if props.ServerKeepAlive != nil {
 		// The broker's word overrides the client's ([MQTT-3.2.2-21]); 0
 		// turns keepalive off.

@@ -59,6 +59,28 @@ type mqttConn struct {
 
 var errDisconnected = errors.New("disconnected before the acknowledgement")
 
+// newConn is a connection that has just been acknowledged (CONNACK), in
+// either version, with the publisher's keepalive; not yet started.
+func (p *MQTTPublisher) newConn(conn net.Conn, link *linkConn, v311 bool) *mqttConn {
+	return &mqttConn{
+		wg:        &p.wg,
+		log:       p.opts.Logger,
+		since:     time.Now(),
+		conn:      conn,
+		link:      link,
+		v311:      v311,
+		keepAlive: p.opts.KeepAlive,
+		pingWait:  p.opts.PingTimeout,
+		queue:     make(chan *pubToken, 64),
+		pingresp:  make(chan struct{}, 1),
+		lost:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		pending:   make(map[uint16]*pubToken),
+		queued:    make(map[*pubToken]struct{}),
+		lastWrite: time.Now(),
+	}
+}
+
 // start runs the connection's goroutines.
 func (c *mqttConn) start() {
 	c.wg.Add(3)

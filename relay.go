@@ -311,7 +311,7 @@ type RelayStats struct {
 	// marks durable, so that a power cut duplicates at most Window +
 	// max(Window, 256) messages, as a crash does (durable.go). They come only
 	// while that many run ahead of the last sync: none under a trickle, and
-	// about 4 per 1,000 events when draining fast (window 64, loopback).
+	// about 4–5 per 1,000 events when draining fast (window 64, loopback).
 	MarkSyncs int64
 	// Protocol is the MQTT version the publisher's connection speaks ("5"
 	// or "3.1.1"), as it last connected; empty for a publisher that does

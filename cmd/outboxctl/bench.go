@@ -77,25 +77,12 @@ directory.`,
 			case smoke:
 				cfg.Mode = bench.Smoke
 			}
-			for _, s := range strings.Split(sections, ",") {
-				if s = strings.TrimSpace(s); s == "" {
-					continue
-				}
-				n, err := strconv.Atoi(s)
-				if err != nil || n < 1 || n > 9 {
-					return usageError{fmt.Errorf("--sections: %q is not a section number 1..9", s)}
-				}
-				cfg.Sections = append(cfg.Sections, n)
+			var err error
+			if cfg.Sections, err = intList("--sections", "a section number", sections, 9); err != nil {
+				return err
 			}
-			for _, s := range strings.Split(windows, ",") {
-				if s = strings.TrimSpace(s); s == "" {
-					continue
-				}
-				n, err := strconv.Atoi(s)
-				if err != nil || n < 1 || n > 65535 {
-					return usageError{fmt.Errorf("--windows: %q is not a window 1..65535", s)}
-				}
-				cfg.Windows = append(cfg.Windows, n)
+			if cfg.Windows, err = intList("--windows", "a window", windows, 65535); err != nil {
+				return err
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -145,4 +132,20 @@ directory.`,
 		},
 	})
 	return cmd
+}
+
+// intList reads a flag's comma-separated numbers, each 1..most.
+func intList(flag, what, list string, most int) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > most {
+			return nil, usageError{fmt.Errorf("%s: %q is not %s 1..%d", flag, s, what, most)}
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

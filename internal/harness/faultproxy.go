@@ -149,14 +149,28 @@ func launchFaultProxy(target string, tight bool) (*FaultProxy, error) {
 	return p, nil
 }
 
-// smallRcvBuf asks for the smallest receive buffer (the kernel rounds it
-// up): set before the connection is made, it bounds the window the peer is
+// tightRcvBuf and tightMSS are what a shaped proxy's sockets ask for: the
+// least receive buffer (the kernel rounds it up, to about 2 KiB) and
+// segments of 536 bytes.
+const tightRcvBuf, tightMSS = 1, 536
+
+// smallRcvBuf asks for the smallest receive buffer and small segments. Set
+// before the connection is made, the buffer bounds the window the peer is
 // offered, so a peer's bytes wait in its own socket until the proxy reads
-// them.
+// them. The segments must fit that buffer: the receiver opens its window
+// only for room of a segment's size, and loopback's segments are 64 KiB, so
+// a peer that had filled the buffer was let through a few hundred bytes at
+// a time, about four times a second (a relay's window of 64 crawled at 3
+// messages a second; TestShapedProxyKeepsAWindowMoving). A bigger buffer
+// would hold seconds of a slow link's bytes as gone that have not left
+// (TestSlowLinkChargesNothing).
 func smallRcvBuf(_, _ string, c syscall.RawConn) error {
 	var err error
 	if cerr := c.Control(func(fd uintptr) {
-		err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1)
+		err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, tightRcvBuf)
+		if err == nil {
+			err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, tightMSS)
+		}
 	}); cerr != nil {
 		return cerr
 	}

@@ -176,3 +176,72 @@ func TestShapedProxyRoundTrip(t *testing.T) {
 		require.Less(t, rtt, 3*delay, "more than the two directions' latency")
 	}
 }
+
+// TestShapedProxyKeepsAWindowMoving: a window of 64 messages of 499 bytes,
+// each answered with 4 bytes and replaced at once, the replacements of the
+// answers that came together written together (as the relay writes), over
+// 75 ms each way and 250,000 B/s: it runs near the window's limit (64 per
+// round trip), as a link with such a window would. With the least receive
+// buffer the kernel allows on the proxy's sockets, the sender's bytes came
+// a few hundred at a time, about four times a second, once a write filled
+// the buffer (the receiver waits for room of a segment's size before it
+// opens its window, and loopback's segments are 64 KiB): 3 messages a
+// second.
+func TestShapedProxyKeepsAWindowMoving(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	const window, size, total = 64, 499, 1500
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the broker: an answer of 4 bytes for every message
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		msg := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(c, msg); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte("ack!")); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { ln.Close(); wg.Wait() }()
+	const delay = 75 * time.Millisecond
+	p := StartShapedProxy(t, ln.Addr().String(), 250_000, 250_000)
+	p.SetLatency(ToBroker, delay)
+	p.SetLatency(ToClient, delay)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	start := time.Now()
+	_, err = c.Write(make([]byte, window*size))
+	require.NoError(t, err)
+	sent, acked := window, 0
+	buf := make([]byte, 4*window)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(30*time.Second)))
+	for acked < total {
+		n, err := io.ReadAtLeast(c, buf, 4)
+		require.NoError(t, err, "%d of %d answered after %s", acked, total, time.Since(start))
+		for n%4 != 0 {
+			m, err := c.Read(buf[n : n+4-n%4])
+			require.NoError(t, err)
+			n += m
+		}
+		acked += n / 4
+		if more := min(n/4, total-sent); more > 0 {
+			_, err := c.Write(make([]byte, more*size))
+			require.NoError(t, err)
+			sent += more
+		}
+	}
+	took := time.Since(start)
+	limit := float64(window) / (2 * delay).Seconds()
+	rate := float64(total) / took.Seconds()
+	t.Logf("%d messages in %s: %.0f/s, the window's limit %.0f/s", total, took.Round(time.Millisecond), rate, limit)
+	require.Greater(t, rate, limit/2, "the link crawled")
+}

@@ -167,31 +167,11 @@ func writePacket(w io.Writer, cp *packets.ControlPacket) error {
 // answer to the MQTT 5 CONNECT (which packets would fail to decode): it
 // becomes a connackError, return code 1 meaning no MQTT 5.
 func readPacket(r io.Reader) (*packets.ControlPacket, error) {
-	var first [1]byte
-	if _, err := io.ReadFull(r, first[:]); err != nil {
+	first, body, err := readFrame(r, nil)
+	if err != nil {
 		return nil, err
 	}
-	var length, shift int
-	var lenBytes []byte
-	for {
-		var b [1]byte
-		if _, err := io.ReadFull(r, b[:]); err != nil {
-			return nil, noEOF(err)
-		}
-		lenBytes = append(lenBytes, b[0])
-		length |= int(b[0]&0x7f) << shift
-		if b[0]&0x80 == 0 {
-			break
-		}
-		if shift += 7; shift > 21 {
-			return nil, errors.New("outbox: mqtt: malformed remaining length")
-		}
-	}
-	body := make([]byte, length)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return nil, noEOF(err)
-	}
-	if first[0]>>4 == packets.CONNACK && length == 2 {
+	if first>>4 == packets.CONNACK && len(body) == 2 {
 		e := &connackError{code: body[1]}
 		if e.code == 0 {
 			return nil, errors.New("outbox: mqtt: the broker accepted the MQTT 5 CONNECT with a 3.1.1 CONNACK")
@@ -201,8 +181,46 @@ func readPacket(r io.Reader) (*packets.ControlPacket, error) {
 		}
 		return nil, e
 	}
-	whole := append(append([]byte{first[0]}, lenBytes...), body...)
-	return packets.ReadPacket(bytes.NewReader(whole))
+	return decodeFrame(first, body)
+}
+
+// readFrame reads one packet's first byte and its body (what follows the
+// Remaining Length), into buf if it is large enough.
+func readFrame(r io.Reader, buf []byte) (first byte, body []byte, err error) {
+	var b [1]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, nil, err
+	}
+	first = b[0]
+	length, shift := 0, 0
+	for {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return 0, nil, noEOF(err)
+		}
+		length |= int(b[0]&0x7f) << shift
+		if b[0]&0x80 == 0 {
+			break
+		}
+		if shift += 7; shift > 21 {
+			return 0, nil, errors.New("outbox: mqtt: malformed remaining length")
+		}
+	}
+	if cap(buf) >= length {
+		body = buf[:length]
+	} else {
+		body = make([]byte, length)
+	}
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, nil, noEOF(err)
+	}
+	return first, body, nil
+}
+
+// decodeFrame decodes a packet that readFrame read, with paho.golang's
+// packets.
+func decodeFrame(first byte, body []byte) (*packets.ControlPacket, error) {
+	whole := appendVarint([]byte{first}, len(body))
+	return packets.ReadPacket(bytes.NewReader(append(whole, body...)))
 }
 
 func noEOF(err error) error {
@@ -214,34 +232,4 @@ func noEOF(err error) error {
 
 func isReset(err error) bool {
 	return strings.Contains(err.Error(), "connection reset") || strings.Contains(err.Error(), "broken pipe")
-}
-
-// packetSize is the size of a QoS 1 PUBLISH with these properties (packed).
-func packetSize(topic string, props, payload []byte) int {
-	propLen := 1
-	for l := len(props); l >= 128; l >>= 7 {
-		propLen++
-	}
-	rem := 2 + len(topic) + 2 + propLen + len(props) + len(payload)
-	n := 1 + 1
-	for l := rem; l >= 128; l >>= 7 {
-		n++
-	}
-	return n + rem
-}
-
-// wireProperties converts p to the packet's properties; nil for none.
-func wireProperties(p *PublishProperties) *packets.Properties {
-	if p.empty() {
-		return nil
-	}
-	wp := &packets.Properties{ContentType: p.ContentType}
-	for _, u := range p.User {
-		wp.User = append(wp.User, packets.User{Key: u.Key, Value: u.Value})
-	}
-	if p.MessageExpiry > 0 {
-		s := mqttSecondsUp(p.MessageExpiry)
-		wp.MessageExpiry = &s
-	}
-	return wp
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // mqttConn is one connection to the broker, MQTT 5 or 3.1.1, with
-// paho.golang's packets package to encode and decode MQTT 5 and
+// paho.golang's packets package to decode MQTT 5 and encode all but the
+// PUBLISH (appendPublish5, appendPublish311: into one buffer, reused) and
 // paho.mqtt.golang's for the 3.1.1 handshake: one writer in hand-off order,
 // one reader matching PUBACKs by packet id, one pinger. Neither paho client
 // is used. paho.golang's Client's Publish waits for the PUBACK, so a window
@@ -47,7 +48,7 @@ type mqttConn struct {
 
 	wmu       sync.Mutex // one packet at a time on the wire
 	lastWrite time.Time  // under wmu
-	wbuf      []byte     // under wmu: a 3.1.1 PUBLISH, encoded
+	wbuf      []byte     // under wmu: a PUBLISH, encoded
 
 	mu      sync.Mutex
 	closed  bool
@@ -90,17 +91,20 @@ func (c *mqttConn) start() {
 }
 
 func (c *mqttConn) publish(topic string, payload []byte, props *PublishProperties) Token {
-	var wp *packets.Properties
-	if !c.v311 {
-		wp = wireProperties(props)
+	if c.v311 {
+		props = nil
 	}
 	if c.maxPacket > 0 {
-		if n := packetSize(topic, wp.Pack(packets.PUBLISH), payload); n > c.maxPacket {
+		rem := remainingLength(topic, len(payload), props, !c.v311)
+		if n := 1 + varintSize(rem) + rem; n > c.maxPacket {
 			return failedToken{&refusal{permanent: true,
 				msg: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
 		}
 	}
-	t := &pubToken{topic: topic, payload: payload, props: wp, done: make(chan struct{}), link: c.link}
+	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), link: c.link}
+	if props != nil {
+		t.props = *props
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -120,8 +124,14 @@ func (c *mqttConn) publish(topic string, payload []byte, props *PublishPropertie
 }
 
 // write sends publishes in hand-off order, each under a packet id of its
-// own.
+// own. What has been handed over by the time it writes goes in the same
+// write, up to coalesceMessages and coalesceBytes: a window refilled by a
+// burst of PUBACKs costs one system call, not one per message.
 func (c *mqttConn) write() {
+	batch := make([]*pubToken, 0, coalesceMessages)
+	ids := make([]uint16, 0, coalesceMessages)
+	ends := make([]int64, 0, coalesceMessages)
+	plain := c.conn == net.Conn(c.link) // no TLS: the link carries the packets as they are
 	for {
 		var t *pubToken
 		select {
@@ -129,29 +139,45 @@ func (c *mqttConn) write() {
 			return
 		case t = <-c.queue:
 		}
+		batch = append(batch[:0], t)
+		size := len(t.payload)
+	more:
+		for len(batch) < coalesceMessages && size < coalesceBytes {
+			select {
+			case t = <-c.queue:
+				batch = append(batch, t)
+				size += len(t.payload)
+			default:
+				break more
+			}
+		}
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
 			return
 		}
-		id := c.allocate()
-		delete(c.queued, t)
-		c.pending[id] = t
+		ids = ids[:0]
+		for _, t := range batch {
+			id := c.allocate()
+			delete(c.queued, t)
+			c.pending[id] = t
+			ids = append(ids, id)
+		}
 		c.mu.Unlock()
 		c.wmu.Lock()
 		c.link.armed.Store(true)
-		var err error
-		if c.v311 {
-			c.wbuf = appendPublish311(c.wbuf[:0], t.topic, id, t.payload)
-			_, err = c.conn.Write(c.wbuf)
-		} else {
-			cp := packets.NewControlPacket(packets.PUBLISH)
-			pb := cp.Content.(*packets.Publish)
-			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, t.topic, t.payload, id
-			pb.Properties = t.props
-			err = writePacket(c.conn, cp)
+		c.wbuf, ends = c.wbuf[:0], ends[:0]
+		for i, t := range batch {
+			if c.v311 {
+				c.wbuf = appendPublish311(c.wbuf, t.topic, ids[i], t.payload)
+			} else {
+				c.wbuf = appendPublish5(c.wbuf, t.topic, ids[i], t.payload, &t.props)
+			}
+			t.payload, t.props = nil, PublishProperties{}
+			ends = append(ends, int64(len(c.wbuf)))
 		}
-		t.payload, t.props = nil, nil
+		base := c.link.written.Load()
+		_, err := c.conn.Write(c.wbuf)
 		c.link.armed.Store(false)
 		c.lastWrite = time.Now()
 		c.wmu.Unlock()
@@ -159,12 +185,29 @@ func (c *mqttConn) write() {
 			c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
 			return
 		}
-		t.end.Store(c.link.written.Load())
+		// Where each packet ends on the link; under TLS, whose records
+		// the link carries, the write's end stands for each of its packets.
+		end := c.link.written.Load()
+		for i, t := range batch {
+			if plain {
+				t.end.Store(base + ends[i])
+			} else {
+				t.end.Store(end)
+			}
+			batch[i] = nil
+		}
 		if cap(c.wbuf) > 1<<20 {
 			c.wbuf = nil // not kept for the next small one
 		}
 	}
 }
+
+// At most this many publishes, and about this many payload bytes, go in one
+// write.
+const (
+	coalesceMessages = 64
+	coalesceBytes    = 64 << 10
+)
 
 // allocate returns a packet id not in use; the window is far below 65,535.
 func (c *mqttConn) allocate() uint16 {
@@ -179,32 +222,37 @@ func (c *mqttConn) allocate() uint16 {
 	}
 }
 
-// read completes tokens as their PUBACKs come.
+// read completes tokens as their PUBACKs come (through the link's read
+// buffer). A PUBACK without properties, every success, is decoded here,
+// without packets and its allocations.
 func (c *mqttConn) read() {
+	var buf [16]byte
 	for {
-		cp, err := readPacket(c.conn)
+		first, body, err := readFrame(c.conn, buf[:])
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if first == packets.PUBACK<<4 && (len(body) == 2 || len(body) == 3) {
+			code := byte(0) // 3.1.1, or MQTT 5's success without a reason code
+			if len(body) == 3 {
+				code = body[2]
+			}
+			c.acked(uint16(body[0])<<8|uint16(body[1]), code, "")
+			continue
+		}
+		cp, err := decodeFrame(first, body)
 		if err != nil {
 			c.fail(err)
 			return
 		}
 		switch p := cp.Content.(type) {
 		case *packets.Puback:
-			c.mu.Lock()
-			t := c.pending[p.PacketID]
-			delete(c.pending, p.PacketID)
-			c.mu.Unlock()
-			if t == nil {
-				continue // a PUBACK for nothing in flight: not ours to judge
+			reason := ""
+			if p.Properties != nil {
+				reason = p.Properties.ReasonString
 			}
-			var err error
-			if p.ReasonCode >= 0x80 {
-				reason := ""
-				if p.Properties != nil {
-					reason = p.Properties.ReasonString
-				}
-				err = pubackError(p.ReasonCode, reason)
-			}
-			t.complete(err)
+			c.acked(p.PacketID, p.ReasonCode, reason)
 		case *packets.Pingresp:
 			select {
 			case c.pingresp <- struct{}{}:
@@ -219,6 +267,23 @@ func (c *mqttConn) read() {
 			return
 		}
 	}
+}
+
+// acked completes the token a PUBACK is for: with an error for a reason code
+// of 0x80 or more.
+func (c *mqttConn) acked(id uint16, code byte, reason string) {
+	c.mu.Lock()
+	t := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if t == nil {
+		return // a PUBACK for nothing in flight: not ours to judge
+	}
+	var err error
+	if code >= 0x80 {
+		err = pubackError(code, reason)
+	}
+	t.complete(err)
 }
 
 // ping keeps the connection alive and notices a dead one: a PINGREQ after
@@ -353,7 +418,7 @@ func (c *mqttConn) shut(asked bool) {
 type pubToken struct {
 	topic   string
 	payload []byte
-	props   *packets.Properties // MQTT 5 only
+	props   PublishProperties // MQTT 5 only
 	done    chan struct{}
 	err     error
 	once    sync.Once
@@ -412,17 +477,50 @@ func (t failedToken) Error() error        { return t.err }
 // the Remaining Length, the topic, the packet id and the payload.
 func appendPublish311(b []byte, topic string, id uint16, payload []byte) []byte {
 	b = append(b, 0x32)
-	for rem := 2 + len(topic) + 2 + len(payload); ; {
-		d := byte(rem & 0x7f)
-		if rem >>= 7; rem > 0 {
-			b = append(b, d|0x80)
-			continue
-		}
-		b = append(b, d)
-		break
-	}
-	b = append(b, byte(len(topic)>>8), byte(len(topic)))
-	b = append(b, topic...)
+	b = appendVarint(b, 2+len(topic)+2+len(payload))
+	b = appendString(b, topic)
 	b = append(b, byte(id>>8), byte(id))
 	return append(b, payload...)
+}
+
+// appendPublish5 appends an MQTT 5 PUBLISH at QoS 1 with the properties p
+// carries, in the order paho.golang's packets writes them: Message Expiry
+// Interval, Content Type, the user properties.
+func appendPublish5(b []byte, topic string, id uint16, payload []byte, p *PublishProperties) []byte {
+	props := 0
+	if p != nil {
+		props = p.wireSize()
+	}
+	b = append(b, 0x32)
+	b = appendVarint(b, 2+len(topic)+2+varintSize(props)+props+len(payload))
+	b = appendString(b, topic)
+	b = append(b, byte(id>>8), byte(id))
+	b = appendVarint(b, props)
+	if props > 0 {
+		if p.MessageExpiry > 0 {
+			s := mqttSecondsUp(p.MessageExpiry)
+			b = append(b, 0x02, byte(s>>24), byte(s>>16), byte(s>>8), byte(s))
+		}
+		if p.ContentType != "" {
+			b = appendString(append(b, 0x03), p.ContentType)
+		}
+		for _, u := range p.User {
+			b = appendString(appendString(append(b, 0x26), u.Key), u.Value)
+		}
+	}
+	return append(b, payload...)
+}
+
+// appendVarint appends n as an MQTT Variable Byte Integer.
+func appendVarint(b []byte, n int) []byte {
+	for ; n >= 0x80; n >>= 7 {
+		b = append(b, byte(n&0x7f)|0x80)
+	}
+	return append(b, byte(n))
+}
+
+// appendString appends s as an MQTT UTF-8 string: its length in two bytes,
+// then its bytes.
+func appendString(b []byte, s string) []byte {
+	return append(append(b, byte(len(s)>>8), byte(len(s))), s...)
 }

@@ -66,6 +66,9 @@ func (s *session) publish(m *row) Token {
 
 // wireSize is how many bytes p takes in a PUBLISH's properties.
 func (p *PublishProperties) wireSize() int {
+	if p == nil {
+		return 0
+	}
 	n := 0
 	if p.ContentType != "" {
 		n += 1 + 2 + len(p.ContentType)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 )
@@ -317,13 +318,30 @@ func BenchmarkDiskPerPendingEvent(b *testing.B) {
 
 // BenchmarkInsertPath is the CPU of one outbox row as the library writes
 // it, at synchronous=OFF inside transactions of 20,000 rows, next to a bare
-// row (seq, topic, payload; no index, no trigger) and to the same row on
-// schema 5 with the statement Enqueue used then: what the schema and the
-// statement add to a row (issue #17).
+// row (seq, topic, payload; no index, no trigger), to the outbox's columns
+// alone and with each of the schema's features on them
+// (testdata/insert_features.sql), and to the same row on schema 5 with the
+// statement Enqueue used then: what the schema and the statement add to a
+// row (issue #17).
 func BenchmarkInsertPath(b *testing.B) {
 	pl := benchPayload(1)
 	id := NewID()
 	now := time.Now().UnixMilli()
+	features, err := os.ReadFile("testdata/insert_features.sql")
+	if err != nil {
+		b.Fatal(err)
+	}
+	withFeatures := func(ctx context.Context, db *sql.DB) error {
+		if err := migrate(ctx, db); err != nil {
+			return err
+		}
+		_, err := db.ExecContext(ctx, string(features))
+		return err
+	}
+	featureInsert := func(table string) string {
+		return `INSERT INTO ` + table + ` (id, topic, payload, type, created_at) VALUES (?, ?, ?, ?, ?)`
+	}
+	rowArgs := []any{id, "pos/1/orders", pl, "com.example.order.created", now}
 	const schema5Insert = `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END)`
 	for _, v := range []struct {
@@ -336,10 +354,14 @@ func BenchmarkInsertPath(b *testing.B) {
 			_, err := db.ExecContext(ctx, `CREATE TABLE outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL)`)
 			return err
 		}, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`, []any{"pos/1/orders", pl}},
+		{"columns", withFeatures, featureInsert("wide"), rowArgs},
+		{"columns+check", withFeatures, featureInsert("wide_checked"), rowArgs},
+		{"columns+indexes", withFeatures, featureInsert("wide_indexed"), rowArgs},
+		{"columns+trigger", withFeatures, featureInsert("wide_triggered"), rowArgs},
 		{"schema5", func(ctx context.Context, db *sql.DB) error {
 			return migrateSet(ctx, db, "outbox_schema", outboxMigrations[:5], "")
 		}, schema5Insert, []any{id, "pos/1/orders", pl, "com.example.order.created", "", now, now, int64(0)}},
-		{"schema" + fmt.Sprint(SchemaVersion), migrate, insertSQLs[insertNoContentType], []any{id, "pos/1/orders", pl, "com.example.order.created", now}},
+		{"schema" + fmt.Sprint(SchemaVersion), migrate, insertSQLs[insertNoContentType], rowArgs},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()

@@ -233,12 +233,8 @@ func (c *mqttConn) read() {
 			c.fail(err)
 			return
 		}
-		if first == packets.PUBACK<<4 && (len(body) == 2 || len(body) == 3) {
-			code := byte(0) // 3.1.1, or MQTT 5's success without a reason code
-			if len(body) == 3 {
-				code = body[2]
-			}
-			c.acked(uint16(body[0])<<8|uint16(body[1]), code, "")
+		if id, code, ok := plainPuback(first, body); ok {
+			c.acked(id, code, "")
 			continue
 		}
 		cp, err := decodeFrame(first, body)
@@ -267,6 +263,19 @@ func (c *mqttConn) read() {
 			return
 		}
 	}
+}
+
+// plainPuback decodes a PUBACK without properties: its packet id and reason
+// code (0 when it has none: 3.1.1, or MQTT 5's success); ok is false for any
+// other packet.
+func plainPuback(first byte, body []byte) (id uint16, code byte, ok bool) {
+	if first != packets.PUBACK<<4 || len(body) < 2 || len(body) > 3 {
+		return 0, 0, false
+	}
+	if len(body) == 3 {
+		code = body[2]
+	}
+	return uint16(body[0])<<8 | uint16(body[1]), code, true
 }
 
 // acked completes the token a PUBACK is for: with an error for a reason code

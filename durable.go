@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"os"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,27 +15,36 @@ import (
 // relay's: those that Transact committed at synchronous=FULL on a database
 // that Open opened (so at FULL for certain). Such a COMMIT syncs the WAL
 // before it updates the WAL index, so once the relay can see a row of it,
-// that row and everything committed before it are on the disk. The relay
-// skips the fsync of a batch read whose last row is one of those: the
-// common path of an application that commits through Transact no longer
-// waits for a second fsync of what its COMMIT synced. A row is known by its
-// seq and its id, noted by Enqueue before the COMMIT: the relay may see it
-// before Transact returns, and a seq alone could be another writer's after
-// a rollback. Rows of an application's own transaction or of another
-// process (either may be at NORMAL) are synced as before, and so is a
-// renumbered row (its seq moved: schema/outbox.sql).
+// that row is on the disk. The relay skips the fsync of a batch read whose
+// rows are all of those: the common path of an application that commits
+// through Transact no longer waits for a second fsync of what its COMMIT
+// synced. Each transaction's rows are known by the range of seqs it
+// inserted, noted by Enqueue before the COMMIT; while the transaction is
+// open (the relay may see its rows before Transact returns) only together
+// with its last row's id, since a seq alone could be another writer's after
+// a rollback. Every other row is synced as before: an application's own
+// transaction's, another process's (either may be at NORMAL), a renumbered
+// one (its seq moved: schema/outbox.sql), and one that a writer set into a
+// gap below a Transact row (committed later, at NORMAL perhaps, but read in
+// the same batch: judging a batch by its last row alone let it out unsynced).
 type durableCommits struct {
-	full bool         // the database is at FULL: Open with SyncFull
-	seq  atomic.Int64 // every row up to it is durable
+	full bool // the database is at FULL: Open with SyncFull
 
 	mu   sync.Mutex
-	open map[*sql.Tx]durableRow // Transact's transactions: the last row each enqueued
+	open map[*sql.Tx]durableRange // Transact's transactions, with what each enqueued
+	done []durableRange           // committed, merged where adjacent; at most maxDurableRanges
 }
 
-type durableRow struct {
-	seq int64
-	id  string
+// durableRange is the seqs one transaction inserted, first to last, and the
+// id of its last row.
+type durableRange struct {
+	first, last int64
+	id          string
 }
+
+// maxDurableRanges bounds what is kept while no relay reads (the oldest go
+// first: their rows are then synced before publishing, as any other's).
+const maxDurableRanges = 1024
 
 // begin notes a transaction of Transact's, so that Enqueue tells it its rows.
 func (d *durableCommits) begin(tx *sql.Tx) {
@@ -43,20 +53,27 @@ func (d *durableCommits) begin(tx *sql.Tx) {
 	}
 	d.mu.Lock()
 	if d.open == nil {
-		d.open = make(map[*sql.Tx]durableRow)
+		d.open = make(map[*sql.Tx]durableRange)
 	}
-	d.open[tx] = durableRow{}
+	d.open[tx] = durableRange{}
 	d.mu.Unlock()
 }
 
-// enqueued notes the last row tx inserted, if tx is Transact's.
-func (d *durableCommits) enqueued(tx *sql.Tx, seq int64, id string) {
-	if !d.full {
+// enqueued notes rows tx inserted, first to last (the last with its id), if
+// tx is Transact's.
+func (d *durableCommits) enqueued(tx *sql.Tx, first, last int64, id string) {
+	if !d.full || first <= 0 || last < first {
 		return
 	}
 	d.mu.Lock()
-	if last, ok := d.open[tx]; ok && seq > last.seq {
-		d.open[tx] = durableRow{seq, id}
+	if r, ok := d.open[tx]; ok {
+		if r.first == 0 || first < r.first {
+			r.first = first
+		}
+		if last > r.last {
+			r.last, r.id = last, id
+		}
+		d.open[tx] = r
 	}
 	d.mu.Unlock()
 }
@@ -66,42 +83,68 @@ func (d *durableCommits) end(tx *sql.Tx, committed bool) {
 	if !d.full || tx == nil {
 		return
 	}
-	// The mark moves before the transaction leaves open, under the lock
-	// covers takes: a batch read in between would otherwise find the row
-	// in neither, and fsync for nothing (TestTransactAtFullNeedsNoSyncBeforePublish
+	// The range joins done before the transaction leaves open, under the
+	// lock covers takes: a batch read in between would otherwise find the
+	// rows in neither, and fsync for nothing (TestTransactAtFullNeedsNoSyncBeforePublish
 	// saw one under qemu-user).
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	last := d.open[tx]
-	for committed {
-		cur := d.seq.Load()
-		if last.seq <= cur || d.seq.CompareAndSwap(cur, last.seq) {
-			break
+	if r := d.open[tx]; committed && r.last > 0 {
+		if n := len(d.done); n > 0 && d.done[n-1].last+1 == r.first {
+			d.done[n-1].last, d.done[n-1].id = r.last, r.id
+		} else {
+			if n == maxDurableRanges {
+				d.done = append(d.done[:0], d.done[1:]...)
+			}
+			d.done = append(d.done, r)
 		}
 	}
 	delete(d.open, tx)
 }
 
-// covers reports whether every row up to the row (seq, id), which the
-// caller has read, is known durable.
-func (d *durableCommits) covers(seq int64, id string) bool {
-	if !d.full {
+// covers reports whether every row of a batch the caller has read (in seq
+// order) is known durable, and forgets the ranges that end before it: the
+// relay reads forward (after a new session it reads again what was not
+// marked, and then syncs).
+func (d *durableCommits) covers(rows []row) bool {
+	if !d.full || len(rows) == 0 {
 		return false
-	}
-	if seq <= d.seq.Load() {
-		return true
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if seq <= d.seq.Load() {
-		return true // end moved it meanwhile
+	k := 0
+	for k < len(d.done) && d.done[k].last < rows[0].seq {
+		k++
+	}
+	d.done = append(d.done[:0], d.done[k:]...)
+	for i := range rows {
+		if !d.known(rows[i].seq, rows) {
+			return false
+		}
+	}
+	return true
+}
+
+// known reports whether seq is a row of a committed range, or of an open
+// transaction whose last row is in rows: visible, so committed, so synced.
+func (d *durableCommits) known(seq int64, rows []row) bool {
+	for _, r := range d.done {
+		if r.first <= seq && seq <= r.last {
+			return true
+		}
 	}
 	for _, r := range d.open {
-		if r.seq == seq && r.id == id {
-			return true // visible, so committed, so synced
+		if r.first <= seq && seq <= r.last && hasRow(rows, r.last, r.id) {
+			return true
 		}
 	}
 	return false
+}
+
+// hasRow reports whether rows, in seq order, hold the row (seq, id).
+func hasRow(rows []row, seq int64, id string) bool {
+	i := sort.Search(len(rows), func(i int) bool { return rows[i].seq >= seq })
+	return i < len(rows) && rows[i].seq == seq && rows[i].id == id
 }
 
 // walSyncer makes the WAL durable before the relay publishes what it read

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -354,4 +355,74 @@ func TestDurableGateSyncsLate(t *testing.T) {
 	// (124), half that when asked again at once for an ask made during it;
 	// now about bound − 2×4 − 8 − window + 4 (244).
 	require.Greater(t, perSync, float64(g.bound)*3/4, "a sync asked for too early covers too little")
+}
+
+// TestRowIntoAGapBelowTransactsIsSynced: a writer that sets seq (against
+// the table's contract, which the schema tolerates) commits a row at
+// NORMAL into a gap below a row that Transact committed at FULL, after it.
+// Read in one batch with Transact's row, it must be synced before it is
+// published: judging the batch by its last row, Transact's, let it out with
+// no fsync at all, to be lost in a power cut after the broker had it.
+func TestRowIntoAGapBelowTransactsIsSynced(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{}) // SyncFull, the default
+	side, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)")
+	require.NoError(t, err)
+	defer side.Close()
+	_, err = side.Exec(`INSERT INTO outbox (seq, topic, payload) VALUES (100, 'shop/1', '{"n":100}')`)
+	require.NoError(t, err)
+	commitOrder(t, ob, "t", 1) // seq 101, durable at its COMMIT, and 100 with it
+	_, err = side.Exec(`INSERT INTO outbox (seq, topic, payload) VALUES (50, 'shop/1', '{"n":50}')`)
+	require.NoError(t, err)
+	var seqs []int64
+	rows, err := ob.DB().QueryContext(ctx, `SELECT seq FROM outbox ORDER BY seq`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s int64
+		require.NoError(t, rows.Scan(&s))
+		seqs = append(seqs, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []int64{50, 100, 101}, seqs, "the row into the gap keeps its seq (no limit is set)")
+
+	pub := &fakePublisher{}
+	r, err := ob.NewRelay(pub, fastRelay())
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "three published", func() bool { return pub.publishedCount() == 3 })
+	st, err := r.Stats(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, st.WALSyncs-st.MarkSyncs, "a row committed at NORMAL went out without an fsync")
+}
+
+// TestDurableCommitsRanges: what durableCommits counts as durable — the
+// rows of committed ranges and of an open transaction whose last row the
+// batch holds — and nothing else.
+func TestDurableCommitsRanges(t *testing.T) {
+	d := &durableCommits{full: true}
+	batch := func(seqs ...int64) []row {
+		rs := make([]row, len(seqs))
+		for i, s := range seqs {
+			rs[i].seq, rs[i].id = s, fmt.Sprint("id-", s)
+		}
+		return rs
+	}
+	a, b, c := new(sql.Tx), new(sql.Tx), new(sql.Tx)
+	d.begin(a)
+	d.enqueued(a, 1, 3, "id-3")
+	require.False(t, d.covers(batch(1, 2)), "an open transaction's rows without its last")
+	require.True(t, d.covers(batch(1, 2, 3)), "an open transaction's rows with its last: visible, so committed")
+	require.False(t, d.covers(batch(1, 2, 3, 4)), "a row of no transaction's")
+	d.end(a, true)
+	d.begin(b)
+	d.enqueued(b, 4, 5, "id-5")
+	d.end(b, true)
+	require.True(t, d.covers(batch(2, 3, 4, 5)), "two committed ranges, merged")
+	d.begin(c)
+	d.enqueued(c, 6, 6, "id-6")
+	d.end(c, false)
+	require.False(t, d.covers(batch(5, 6)), "a rolled-back transaction's seq is another writer's")
+	require.False(t, d.covers(batch(7)))
+	require.False(t, d.covers(batch(1)), "ranges that end before a batch are forgotten")
+	require.False(t, (&durableCommits{}).covers(batch(1)), "at NORMAL nothing is known")
 }

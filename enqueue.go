@@ -73,6 +73,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	created := now.UnixMilli()
 	tick, storeClock := o.clock.due()
 	expiring := false
+	var first int64 // the first message's seq, for durableCommits
 	for i := range msgs {
 		m := &msgs[i]
 		id := m.ID
@@ -108,9 +109,14 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
-		if i == len(msgs)-1 && o.durable.full {
+		if o.durable.full && (i == 0 || i == len(msgs)-1) {
 			if seq, err := res.LastInsertId(); err == nil {
-				o.durable.enqueued(tx, seq, id)
+				if i == 0 {
+					first = seq
+				}
+				if i == len(msgs)-1 {
+					o.durable.enqueued(tx, first, seq, id)
+				}
 			}
 		}
 	}

@@ -477,7 +477,7 @@ type batch struct {
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
-	if last := len(b.rows) - 1; b.err == nil && last >= 0 && !s.r.ob.durable.covers(b.rows[last].seq, b.rows[last].id) {
+	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.covers(b.rows) {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
 		// it after the broker had its event (a phantom, and its seq given

@@ -245,3 +245,19 @@ func countState(t testing.TB, ob *Outbox, state string) int {
 	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = ?`, state).Scan(&n))
 	return n
 }
+
+// outboxSeqs is every row's seq, in order.
+func outboxSeqs(t *testing.T, db *sql.DB) []int64 {
+	t.Helper()
+	rows, err := db.Query(`SELECT seq FROM outbox ORDER BY seq`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var seqs []int64
+	for rows.Next() {
+		var s int64
+		require.NoError(t, rows.Scan(&s))
+		seqs = append(seqs, s)
+	}
+	require.NoError(t, rows.Err())
+	return seqs
+}

@@ -328,22 +328,32 @@ func (p *MQTTPublisher) connect311(ctx context.Context) error {
 	return nil
 }
 
+// dialForConnect dials the broker for a CONNECT of either version: until
+// stopWatch is called (at the CONNACK), a cancelled ctx closes the
+// connection at once, and ConnectTimeout bounds the handshake.
+func (p *MQTTPublisher) dialForConnect(ctx context.Context) (conn net.Conn, link *linkConn, stopWatch func() bool, err error) {
+	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	conn, link, err = p.dial(p.url, tlsCfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stopWatch = context.AfterFunc(ctx, func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(p.opts.ConnectTimeout))
+	return conn, link, stopWatch, nil
+}
+
 // open311 opens an MQTT 3.1.1 connection with a clean session; the CONNECT
 // and its CONNACK go through paho.mqtt.golang's packets package, whose
 // errors for a refusal explainConnectError knows.
 func (p *MQTTPublisher) open311(ctx context.Context) (*mqttConn, error) {
-	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
+	conn, link, stopWatch, err := p.dialForConnect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	conn, link, err := p.dial(p.url, tlsCfg)
-	if err != nil {
-		return nil, err
-	}
-	// Until the CONNACK, a cancelled ctx ends the attempt at once.
-	stopWatch := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stopWatch()
-	conn.SetDeadline(time.Now().Add(p.opts.ConnectTimeout))
 	cp := packets311.NewControlPacket(packets311.Connect).(*packets311.ConnectPacket)
 	cp.ProtocolName, cp.ProtocolVersion, cp.CleanSession = "MQTT", 4, true
 	cp.ClientIdentifier = p.opts.ClientID

@@ -67,18 +67,11 @@ var (
 // connect5 opens an MQTT 5 connection with a clean start and no session
 // kept by the broker.
 func (p *MQTTPublisher) connect5(ctx context.Context) (*mqttConn, error) {
-	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
+	conn, link, stopWatch, err := p.dialForConnect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	conn, link, err := p.dial(p.url, tlsCfg)
-	if err != nil {
-		return nil, err
-	}
-	// Until the CONNACK, a cancelled ctx ends the attempt at once.
-	stopWatch := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stopWatch()
-	conn.SetDeadline(time.Now().Add(p.opts.ConnectTimeout))
 	cp := packets.NewControlPacket(packets.CONNECT)
 	c := cp.Content.(*packets.Connect)
 	c.ProtocolName, c.ProtocolVersion, c.CleanStart = "MQTT", 5, true

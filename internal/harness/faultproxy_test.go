@@ -158,12 +158,8 @@ func TestShapedProxyRoundTrip(t *testing.T) {
 	}()
 	defer func() { ln.Close(); wg.Wait() }()
 	const delay = 75 * time.Millisecond
-	p := StartShapedProxy(t, ln.Addr().String(), 250_000, 250_000)
-	p.SetLatency(ToBroker, delay)
-	p.SetLatency(ToClient, delay)
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
+	c := dialCellular(t, ln.Addr().String(), delay)
+	defer c.Close() // before the server is waited for
 	for i := 0; i < 3; i++ {
 		start := time.Now()
 		_, err := c.Write([]byte("ping"))
@@ -212,12 +208,8 @@ func TestShapedProxyKeepsAWindowMoving(t *testing.T) {
 	}()
 	defer func() { ln.Close(); wg.Wait() }()
 	const delay = 75 * time.Millisecond
-	p := StartShapedProxy(t, ln.Addr().String(), 250_000, 250_000)
-	p.SetLatency(ToBroker, delay)
-	p.SetLatency(ToClient, delay)
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
+	c := dialCellular(t, ln.Addr().String(), delay)
+	defer c.Close() // before the server is waited for
 	start := time.Now()
 	_, err = c.Write(make([]byte, window*size))
 	require.NoError(t, err)
@@ -244,4 +236,16 @@ func TestShapedProxyKeepsAWindowMoving(t *testing.T) {
 	rate := float64(total) / took.Seconds()
 	t.Logf("%d messages in %s: %.0f/s, the window's limit %.0f/s", total, took.Round(time.Millisecond), rate, limit)
 	require.Greater(t, rate, limit/2, "the link crawled")
+}
+
+// dialCellular connects to target through a shaped proxy of 250,000 B/s
+// and delay each way; the caller closes the connection.
+func dialCellular(t *testing.T, target string, delay time.Duration) net.Conn {
+	t.Helper()
+	p := StartShapedProxy(t, target, 250_000, 250_000)
+	p.SetLatency(ToBroker, delay)
+	p.SetLatency(ToClient, delay)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	return c
 }

@@ -301,6 +301,49 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 	require.Equal(t, 1, pub.connectCount(), "one session: another reads the unmarked rows again")
 }
 
+// TestWritersAtFullNeedNoSyncBeforePublish: with every writer declared at
+// FULL, the rows of a transaction of one's own and of another connection
+// go out with no fsync of the relay's, as Transact's do; without the
+// declaration each is synced first (the test above). A relay on an Outbox
+// opened at NORMAL refuses the declaration.
+func TestWritersAtFullNeedNoSyncBeforePublish(t *testing.T) {
+	ctx := context.Background()
+	_, err := openTest(t, Options{Synchronous: SyncNormal}).NewRelay(&fakePublisher{}, RelayOptions{WritersAtFull: true})
+	require.ErrorContains(t, err, "WritersAtFull on an Outbox opened at SyncNormal")
+
+	ob := openTest(t, Options{}) // SyncFull, the default
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.LeaseTTL = time.Minute
+	opts.WritersAtFull = true
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	published := 0
+	next := func(what string) {
+		t.Helper()
+		published++
+		eventually(t, 5*time.Second, what, func() bool { return pub.publishedCount() == published })
+	}
+	for i := 0; i < 5; i++ {
+		tx, err := ob.DB().BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))
+		require.NoError(t, tx.Commit())
+		ob.Notify()
+		next("a transaction of one's own")
+		sidecarInsert(t, dbPath(t, ob), "FULL", i)
+		next("another connection's insert")
+		commitOrder(t, ob, "t", i)
+		next("Transact's event")
+	}
+	st, err := r.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.WALSyncs-st.MarkSyncs, "writers declared at FULL: no fsync before publishing")
+	require.Equal(t, 1, pub.connectCount())
+}
+
 // TestDurableGateSyncsLate: the gate asks for a sync as late as it can
 // without making dispatch wait, so that each sync covers most of what the
 // bound allows; asking at half the bound, as it did, covered 41 messages per

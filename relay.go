@@ -110,6 +110,20 @@ type RelayOptions struct {
 	// Owner names this relay in the lease. Default: host name, process id
 	// and a random suffix.
 	Owner string
+	// WritersAtFull declares that every connection that writes to this
+	// database — this process's and every other's, a sidecar's writers in
+	// other languages included — commits at synchronous=FULL (or EXTRA).
+	// Such a COMMIT syncs the WAL before its rows become visible, so a row
+	// the relay can see is on the disk already, and the relay publishes it
+	// without an fsync of its own first: a sidecar writer's commit → PUBACK
+	// no longer waits for one (a few hundred µs to several ms on flash and
+	// virtual disks). The relay's own marks are synced as before. Without
+	// it, only the rows Transact committed on an Outbox opened at SyncFull
+	// go out unsynced. Declared wrongly — one writer at NORMAL, which many
+	// applications choose for WAL — a power cut can undo a row after the
+	// broker had its event: a phantom. NewRelay refuses it on an Outbox
+	// that Open opened at SyncNormal.
+	WritersAtFull bool
 }
 
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
@@ -262,6 +276,9 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if opts.WritersAtFull && o.ownsDB && !o.durable.full {
+		return nil, errors.New("outbox: relay: WritersAtFull on an Outbox opened at SyncNormal: its own commits are not synced")
 	}
 	r := &Relay{
 		ob:       o,

@@ -477,14 +477,16 @@ type batch struct {
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
-	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.covers(b.rows) {
+	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.covers(b.rows) && !s.r.opts.WritersAtFull {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
 		// it after the broker had its event (a phantom, and its seq given
 		// to the next commit). One fsync per batch read makes every row of
 		// the batch, and the relay's own marks before it, durable. Rows
-		// that Transact committed at FULL are durable already; the marks
-		// are then the gate's to sync.
+		// that Transact committed at FULL are durable already, and so is
+		// every row when all writers are declared at FULL; the marks are
+		// then the gate's to sync. (covers is asked first either way: it
+		// forgets the ranges the relay has read past.)
 		if err := s.gate.syncNow(); err != nil {
 			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 		}

@@ -446,19 +446,28 @@ func (b *broker) count() int {
 // TestRelaySidecar runs the relay command with auto (which picks 5 on mochi)
 // and with --mqtt-version 3.1.1.
 func TestRelaySidecar(t *testing.T) {
-	for _, v := range []struct{ flag, speaks string }{{"auto", "5"}, {"3.1.1", "3.1.1"}} {
-		t.Run("mqtt "+v.flag, func(t *testing.T) { testRelaySidecar(t, v.flag, v.speaks) })
+	// The 3.1.1 run declares the writer (SQLite's default, FULL) with
+	// --writers-full: it publishes with no fsync of the WAL, where the
+	// other syncs before each batch.
+	for _, v := range []struct {
+		flag, speaks string
+		writersFull  bool
+	}{{"auto", "5", false}, {"3.1.1", "3.1.1", true}} {
+		t.Run("mqtt "+v.flag, func(t *testing.T) { testRelaySidecar(t, v.flag, v.speaks, v.writersFull) })
 	}
 }
 
-func testRelaySidecar(t *testing.T, version, speaks string) {
+func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 	b := startBroker(t)
 	path := filepath.Join(t.TempDir(), "shop.db")
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	require.NoError(t, os.WriteFile(pwFile, []byte("hunter2-secret\n"), 0o600))
 	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "tcp://"+b.addr,
 		"--client-id", "sidecar-test", "--source", "/shops/9", "--topic-prefix", "shop/9/", "--username", "u", "--password-file", pwFile,
-		"--log-format", "json", "--log-level", "debug", "--mqtt-version", version)
+		"--log-format", "json", "--log-level", "debug", "--mqtt-version", version, "--stats-interval", "50ms")
+	if writersFull {
+		cmd.Args = append(cmd.Args, "--writers-full")
+	}
 	var stderr harness.LogBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
@@ -507,6 +516,26 @@ func testRelaySidecar(t *testing.T, version, speaks string) {
 		require.Equal(t, int64(i+1), ev.Sequence)
 	}
 	b.mu.Unlock()
+	// The relay's stats line, once it counts the 21 messages settled.
+	var stats struct {
+		Sent     int64 `json:"sent"`
+		WALSyncs int64 `json:"wal_syncs"`
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for stats.Sent < 20 {
+		require.True(t, time.Now().Before(deadline), "no stats line counting 20 sent: %s", stderr.String())
+		time.Sleep(10 * time.Millisecond)
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			if strings.Contains(line, `"msg":"outbox relay stats"`) {
+				require.NoError(t, json.Unmarshal([]byte(line), &stats))
+			}
+		}
+	}
+	if writersFull {
+		require.Zero(t, stats.WALSyncs, "--writers-full: no fsync before publishing (and none for the marks of a trickle)")
+	} else {
+		require.Positive(t, stats.WALSyncs, "the writer's commits are synced before publishing")
+	}
 	// status, another process, says which version the relay speaks.
 	r := ctl(t, "status", "--db", path, "--json")
 	require.Equal(t, 0, r.code, r.stderr)

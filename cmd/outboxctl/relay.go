@@ -40,6 +40,7 @@ type relayFlags struct {
 	statsInterval time.Duration
 	metricsListen string
 	tokenFile     string
+	writersFull   bool
 }
 
 func (a *app) relayCmd() *cobra.Command {
@@ -131,6 +132,7 @@ messages only with --admin-token-file: without one it is read-only.`,
 				MaxAttempts:     f.maxAttempts,
 				ShutdownTimeout: f.shutdown,
 				TopicPrefix:     f.topicPrefix,
+				WritersAtFull:   f.writersFull,
 			})
 			if err != nil {
 				return usageError{err}
@@ -172,6 +174,7 @@ messages only with --admin-token-file: without one it is read-only.`,
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 5*time.Second, "wait for in-flight acknowledgements when stopping")
 	fl.DurationVar(&f.statsInterval, "stats-interval", time.Minute, "log the relay's counters this often (0: never)")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz, /readyz and the status page on this address, e.g. 127.0.0.1:9464 (default: off)")
+	fl.BoolVar(&f.writersFull, "writers-full", false, "declare that every program writing the database commits at synchronous=FULL: publish without an fsync of the relay's first (declared wrongly, a power cut can undo a commit whose event went out)")
 	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's requeue button, with the token in this file (default: read-only page)")
 	return cmd
 }

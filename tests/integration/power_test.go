@@ -30,7 +30,9 @@ import (
 // is not (a phantom: published, then undone by a cut), no sequence number
 // under two ids, duplicates within the crash bound (the relay syncs its
 // marks before more than that run ahead of them); at FULL no commit
-// undone, at NORMAL some.
+// undone, at NORMAL some. At FULL every other child commits in
+// transactions of its own and declares RelayOptions.WritersAtFull, so that
+// its relay publishes with no fsync of the WAL first.
 //
 //	OUTBOX_POWERLOSS_CUTS=500 go test -race -run TestPowerLoss -v ./tests/integration  # per mode (default 20)
 //	OUTBOX_POWERLOSS_SEED=12345 ...                                                     # the same schedule again
@@ -96,7 +98,8 @@ func (p *powerRun) cycle(n int, verbose bool) (pending int) {
 	}
 	child := startKilledChild(t, client, "TestPowerLossChild", powerEnvChild, ordersChild{
 		DB: p.path, Broker: p.link.URL(), Client: client, RolledBack: p.sidePath, Seed: p.rng.Uint64(),
-		Sync: p.sync, Report: true, Checkpoint: true, Protocol: childProtocol(n)})
+		Sync: p.sync, Report: true, Checkpoint: true, Protocol: childProtocol(n),
+		OwnTx: p.sync == outbox.SyncFull && n%2 == 0})
 	defer child.done(verbose)
 	switch kind {
 	case cutAtStart:

@@ -46,6 +46,13 @@ func TestBenchSmoke(t *testing.T) {
 	require.Equal(t, true, rep["drain_mochi_order_held"])
 	require.Equal(t, rep["baseline_ours_outage_committed"], rep["baseline_ours_outage_delivered"], "ours loses nothing in an outage")
 	require.Nil(t, rep["drain_mosquitto_w64_ratio"], "--mosquitto none")
+	// A sidecar's rows are synced before publishing unless its writers are
+	// declared at FULL (RelayOptions.WritersAtFull).
+	undeclared, ok := rep["latency_sidecar_mochi_fsyncs_per_event"].(float64)
+	declared, ok2 := rep["latency_sidecar_full_mochi_fsyncs_per_event"].(float64)
+	require.True(t, ok && ok2, "the sidecar cases' fsyncs are reported")
+	require.Positive(t, undeclared, "undeclared sidecar: fsyncs before publishing")
+	require.Zero(t, declared, "declared sidecar: no fsync before publishing")
 	// Durable before publish: at NORMAL at most one fsync per batch read,
 	// and some; at FULL none, since the events were committed by Transact,
 	// whose COMMIT synced them.

@@ -62,7 +62,7 @@ var keys = func() []keyDoc {
 	}
 
 	// 3. Latency online.
-	for _, c := range []struct{ key, name string }{{"raw", "raw paho, no database (the floor)"}, {"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}} {
+	for _, c := range []struct{ key, name string }{{"raw", "raw paho, no database (the floor)"}, {"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}, {"sidecar_full", "rows inserted by another process at FULL, declared (WritersAtFull)"}} {
 		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
 			for _, what := range []struct{ key, name string }{{"puback", "commit → PUBACK"}, {"delivered", "commit → subscriber"}} {
 				p := fmt.Sprintf("latency_%s_%s_%s_", c.key, b.key, what.key)
@@ -74,6 +74,11 @@ var keys = func() []keyDoc {
 				add(3, p+"p99_ms", fmt.Sprintf("%s, %s: %s p99", c.name, b.name, what.name), "ms", target)
 				add(3, p+"max_ms", fmt.Sprintf("%s, %s: %s max", c.name, b.name, what.name), "ms", "")
 			}
+		}
+	}
+	for _, c := range []struct{ key, name string }{{"sidecar", "rows inserted by another process"}, {"sidecar_full", "rows inserted by another process at FULL, declared"}} {
+		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
+			add(3, fmt.Sprintf("latency_%s_%s_fsyncs_per_event", c.key, b.key), fmt.Sprintf("%s, %s: the relay's fsyncs of the WAL before publishing, per event", c.name, b.name), "fsyncs", "")
 		}
 	}
 	add(3, "latency_events", "events per case", "count", "")

@@ -130,14 +130,14 @@ func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, on
 }
 
 // startTrackedRelay has tr told of b's deliveries and of the PUBACKs of a
-// relay it starts on ob, and returns once that relay is connected; stop
-// stops the relay, then the deliveries to tr.
-func (r *runner) startTrackedRelay(ctx context.Context, ob *outbox.Outbox, b broker, tr *latTracker) (stop func(), err error) {
+// relay it starts on ob with opts, and returns once that relay is
+// connected; stop stops the relay, then the deliveries to tr.
+func (r *runner) startTrackedRelay(ctx context.Context, ob *outbox.Outbox, b broker, tr *latTracker, opts outbox.RelayOptions) (stop func(), relay *outbox.Relay, err error) {
 	b.setHandler(tr.deliver)
-	stopRelay, relay, err := r.startRelay(ctx, ob, b, tr.ack, outbox.RelayOptions{})
+	stopRelay, relay, err := r.startRelay(ctx, ob, b, tr.ack, opts)
 	if err != nil {
 		b.setHandler(nil)
-		return nil, err
+		return nil, nil, err
 	}
 	stop = func() {
 		stopRelay()
@@ -145,9 +145,9 @@ func (r *runner) startTrackedRelay(ctx context.Context, ob *outbox.Outbox, b bro
 	}
 	if err := waitConnected(ctx, relay); err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
-	return stop, nil
+	return stop, relay, nil
 }
 
 // waitConnected waits until the relay is connected.
@@ -195,7 +195,7 @@ func (r *runner) latency(ctx context.Context) error {
 	r.rep.set("latency_rate_per_s", sz.latRate)
 	for _, b := range bs {
 		bk := brokerKey(b)
-		for _, c := range []string{"raw", "library", "sidecar"} {
+		for _, c := range []string{"raw", "library", "sidecar", "sidecar_full"} {
 			tr := newLatTracker(sz.latN)
 			var err error
 			switch c {
@@ -204,7 +204,7 @@ func (r *runner) latency(ctx context.Context) error {
 			case "library":
 				err = r.latencyLibrary(ctx, b, tr)
 			default:
-				err = r.latencySidecar(ctx, b, tr)
+				err = r.latencySidecar(ctx, b, tr, c == "sidecar_full")
 			}
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", bk, c, err)
@@ -231,7 +231,8 @@ func (r *runner) latency(ctx context.Context) error {
 	}
 	r.rep.note(3, "%s events per case%s committed one per transaction at %d/s (synchronous FULL, the default) while the relay is connected (window 64). "+
 		"Latency is measured from the return of COMMIT (a FULL commit's fsync is not counted). Library: `Transact` (at FULL its rows need no fsync of the relay's before publishing: its COMMIT synced them). "+
-		"Sidecar: another process (`outboxctl bench child writer`) inserts order and outbox rows with plain SQL; the relay notices them by watching the WAL (inotify and SQLite's WAL index; `PRAGMA data_version` where it cannot). "+
+		"Sidecar: another process (`outboxctl bench child writer`) inserts order and outbox rows with plain SQL at synchronous=FULL; the relay notices them by watching the WAL (inotify and SQLite's WAL index; `PRAGMA data_version` where it cannot), and, not knowing the writer's level, fsyncs the WAL before publishing them; "+
+		"declared (`RelayOptions.WritersAtFull`, `outboxctl relay --writers-full`), it publishes them with no fsync first. "+
 		"Raw paho, the floor: the same payloads published at the same rate by paho alone (MQTT 3.1.1, no database), from the call to `Publish`: what the broker, the client and this machine's scheduling cost before any outbox.",
 		thousands(int64(sz.latN)), scale, sz.latRate)
 	return nil
@@ -295,7 +296,7 @@ func (r *runner) latencyLibrary(ctx context.Context, b broker, tr *latTracker) e
 		return err
 	}
 	defer ob.Close()
-	stop, err := r.startTrackedRelay(ctx, ob, b, tr)
+	stop, _, err := r.startTrackedRelay(ctx, ob, b, tr, outbox.RelayOptions{})
 	if err != nil {
 		return err
 	}
@@ -332,8 +333,15 @@ func (r *runner) latencyLibrary(ctx context.Context, b broker, tr *latTracker) e
 	return tr.wait(ctx, 30*time.Second)
 }
 
-func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker) error {
-	path := filepath.Join(r.dir, "latency-sidecar-"+brokerKey(b)+".db")
+// latencySidecar has another process insert the rows with plain SQL at
+// FULL (SQLite's default), the relay told so if writersFull
+// (RelayOptions.WritersAtFull): then it publishes with no fsync first.
+func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker, writersFull bool) error {
+	name := "latency-sidecar-"
+	if writersFull {
+		name = "latency-sidecar-full-"
+	}
+	path := filepath.Join(r.dir, name+brokerKey(b)+".db")
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
 	if err != nil {
 		return err
@@ -342,7 +350,7 @@ func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker) e
 	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
 		return err
 	}
-	stop, err := r.startTrackedRelay(ctx, ob, b, tr)
+	stop, relay, err := r.startTrackedRelay(ctx, ob, b, tr, outbox.RelayOptions{WritersAtFull: writersFull})
 	if err != nil {
 		return err
 	}
@@ -367,7 +375,21 @@ func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker) e
 	tr.mu.Lock()
 	copy(tr.commit, res.Commits)
 	tr.mu.Unlock()
-	return tr.wait(ctx, 30*time.Second)
+	if err := tr.wait(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	// The fsyncs the relay made before publishing, per event (the 50 of
+	// the warm-up counted in): one per batch read undeclared, none declared.
+	st, err := relay.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	key := "latency_sidecar_"
+	if writersFull {
+		key = "latency_sidecar_full_"
+	}
+	r.rep.set(key+brokerKey(b)+"_fsyncs_per_event", float64(st.WALSyncs-st.MarkSyncs)/float64(len(tr.commit)+50))
+	return nil
 }
 
 // writerResult is what the writer process prints: the commit times (Unix

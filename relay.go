@@ -234,6 +234,9 @@ type Relay struct {
 	// walIdx, while Run runs and watches, reads SQLite's WAL index so that
 	// a look need not be a query (walindex.go); nil: every look asks.
 	walIdx *walIndex
+	// napper, while Run runs and watches, times the looks' gaps under
+	// walNapBelow (walwatch_linux.go); nil: Go timers do.
+	napper *napTimer
 	looks  atomic.Int64 // data_version queries while waiting, for tests
 	// ownStarted and ownDone count the relay's own commits that
 	// waitForWAL may discount: lease renewals, each of which commits when
@@ -448,7 +451,7 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
-	r.walEvents, r.walIdx = nil, nil
+	r.walEvents, r.walIdx, r.napper = nil, nil, nil
 	if r.ob.path != "" {
 		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
 			defer sub.Close()
@@ -456,6 +459,10 @@ func (r *Relay) run(ctx context.Context) error {
 			if idx, err := r.openWALIndex(r.ob.path); err == nil {
 				defer idx.close()
 				r.walIdx = idx
+			}
+			if n, err := newNapTimer(); err == nil {
+				defer n.close()
+				r.napper = n
 			}
 		} else {
 			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)

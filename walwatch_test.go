@@ -116,3 +116,37 @@ func TestRelaysShareOneWALWatcher(t *testing.T) {
 	defer walWatchers.mu.Unlock()
 	require.Nil(t, walWatchers.w, "closed with the last relay")
 }
+
+// TestNapTimer: an armed gap fires once, however often it is armed again
+// before (each arming forgets the last); a disarmed one leaves nothing;
+// close ends its reader (goleak checks the package's goroutines).
+func TestNapTimer(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("a timerfd is Linux's")
+	}
+	n, err := newNapTimer()
+	require.NoError(t, err)
+	defer n.close()
+	for i := 0; i < 3; i++ {
+		n.arm(200 * time.Microsecond)
+		select {
+		case <-n.fired:
+		case <-time.After(5 * time.Second):
+			t.Fatal("an armed napTimer did not fire")
+		}
+	}
+	// Fired and not taken: the next arming forgets it, and a disarmed
+	// timer is quiet for as long as a long gap would have taken.
+	n.arm(time.Microsecond)
+	require.Eventually(t, func() bool { return len(n.fired) == 1 }, 5*time.Second, time.Millisecond)
+	n.arm(time.Hour)
+	require.Empty(t, n.fired, "arm forgets the value an earlier gap left")
+	n.disarm()
+	n.arm(50 * time.Millisecond)
+	n.disarm()
+	select {
+	case <-n.fired:
+		t.Fatal("a disarmed napTimer fired")
+	case <-time.After(200 * time.Millisecond):
+	}
+}

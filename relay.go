@@ -235,8 +235,10 @@ type Relay struct {
 	// a look need not be a query (walindex.go); nil: every look asks.
 	walIdx *walIndex
 	// napper, while Run runs and watches, times the looks' gaps under
-	// walNapBelow (walwatch_linux.go); nil: Go timers do.
-	napper *napTimer
+	// walNapBelow (walwatch_linux.go), once a look has needed one; nil:
+	// Go timers do (napFailed: no timerfd could be made).
+	napper    *napTimer
+	napFailed bool
 	looks  atomic.Int64 // data_version queries while waiting, for tests
 	// ownStarted and ownDone count the relay's own commits that
 	// waitForWAL may discount: lease renewals, each of which commits when
@@ -451,7 +453,7 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
-	r.walEvents, r.walIdx, r.napper = nil, nil, nil
+	r.walEvents, r.walIdx, r.napper, r.napFailed = nil, nil, nil, false
 	if r.ob.path != "" {
 		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
 			defer sub.Close()
@@ -460,10 +462,14 @@ func (r *Relay) run(ctx context.Context) error {
 				defer idx.close()
 				r.walIdx = idx
 			}
-			if n, err := newNapTimer(); err == nil {
-				defer n.close()
-				r.napper = n
-			}
+			// The napTimer is made at the first nap (most relays of an idle
+			// fleet never nap), and closed here.
+			defer func() {
+				if r.napper != nil {
+					r.napper.close()
+					r.napper = nil
+				}
+			}()
 		} else {
 			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
 		}

@@ -210,6 +210,7 @@ type napTimer struct {
 	f     *os.File
 	fd    int
 	fired chan struct{} // a value (coalesced) when an armed gap has passed
+	done  chan struct{} // closed when the reader has ended
 }
 
 func newNapTimer() (*napTimer, error) {
@@ -217,8 +218,9 @@ func newNapTimer() (*napTimer, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &napTimer{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd, fired: make(chan struct{}, 1)}
+	n := &napTimer{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd, fired: make(chan struct{}, 1), done: make(chan struct{})}
 	go func() {
+		defer close(n.done)
 		var b [8]byte // the count of expirations
 		for {
 			if _, err := n.f.Read(b[:]); err != nil {
@@ -251,5 +253,8 @@ func (n *napTimer) disarm() {
 	}
 }
 
-// close ends the reader.
-func (n *napTimer) close() { n.f.Close() }
+// close ends the reader and waits for it.
+func (n *napTimer) close() {
+	n.f.Close()
+	<-n.done
+}

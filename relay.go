@@ -239,7 +239,7 @@ type Relay struct {
 	// Go timers do (napFailed: no timerfd could be made).
 	napper    *napTimer
 	napFailed bool
-	looks  atomic.Int64 // data_version queries while waiting, for tests
+	looks     atomic.Int64 // data_version queries while waiting, for tests
 	// ownStarted and ownDone count the relay's own commits that
 	// waitForWAL may discount: lease renewals, each of which commits when
 	// it succeeds (it changes a row). Started is counted before the

@@ -252,20 +252,11 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 	pub := &fakePublisher{}
 	opts := fastRelay()
 	opts.LeaseTTL = time.Minute // one session: another reads the unmarked rows again
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
+	r, next := startRelayInSteps(t, ob, pub, opts)
 	batchSyncs := func() int64 {
 		st, err := r.Stats(ctx)
 		require.NoError(t, err)
 		return st.WALSyncs - st.MarkSyncs
-	}
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
-	published := 0
-	next := func(what string) {
-		t.Helper()
-		published++
-		eventually(t, 5*time.Second, what, func() bool { return pub.publishedCount() == published })
 	}
 	for i := 0; i < 20; i++ {
 		commitOrder(t, ob, "t", i)
@@ -275,19 +266,15 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 
 	// The relay sees the commit before Transact returns (it watches the
 	// WAL): the row is known as Transact's from before its COMMIT.
-	ob.afterCommit = func() {
-		eventually(t, 5*time.Second, "published before Transact returned", func() bool { return pub.publishedCount() == published+1 })
+	ob.afterCommit = func() { // the 20 above, and this one
+		eventually(t, 5*time.Second, "published before Transact returned", func() bool { return pub.publishedCount() == 21 })
 	}
 	commitOrder(t, ob, "t", 50)
 	ob.afterCommit = nil
 	next("Transact's event, seen before Transact returned")
 	require.Zero(t, batchSyncs(), "Transact at FULL, seen before it returned: no fsync before publishing")
 
-	tx, err := ob.DB().BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))
-	require.NoError(t, tx.Commit())
-	ob.Notify()
+	commitOwnTx(t, ob)
 	next("a transaction of one's own")
 	require.Equal(t, int64(1), batchSyncs(), "a transaction of one's own is synced before publishing")
 
@@ -299,6 +286,34 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 	next("Transact's event again")
 	require.Equal(t, int64(2), batchSyncs())
 	require.Equal(t, 1, pub.connectCount(), "one session: another reads the unmarked rows again")
+}
+
+// startRelayInSteps starts a relay on ob with pub and waits until it is
+// connected; next(what) waits for one more publish than the last call did.
+func startRelayInSteps(t *testing.T, ob *Outbox, pub *fakePublisher, opts RelayOptions) (r *Relay, next func(what string)) {
+	t.Helper()
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	published := 0
+	return r, func(what string) {
+		t.Helper()
+		published++
+		eventually(t, 5*time.Second, what, func() bool { return pub.publishedCount() == published })
+	}
+}
+
+// commitOwnTx commits one event in a transaction of the caller's own (not
+// Transact's), then wakes the relay.
+func commitOwnTx(t *testing.T, ob *Outbox) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := ob.DB().BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))
+	require.NoError(t, tx.Commit())
+	ob.Notify()
 }
 
 // TestWritersAtFullNeedNoSyncBeforePublish: with every writer declared at
@@ -316,22 +331,9 @@ func TestWritersAtFullNeedNoSyncBeforePublish(t *testing.T) {
 	opts := fastRelay()
 	opts.LeaseTTL = time.Minute
 	opts.WritersAtFull = true
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
-	published := 0
-	next := func(what string) {
-		t.Helper()
-		published++
-		eventually(t, 5*time.Second, what, func() bool { return pub.publishedCount() == published })
-	}
+	r, next := startRelayInSteps(t, ob, pub, opts)
 	for i := 0; i < 5; i++ {
-		tx, err := ob.DB().BeginTx(ctx, nil)
-		require.NoError(t, err)
-		require.NoError(t, ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: []byte(`{"own":1}`)}))
-		require.NoError(t, tx.Commit())
-		ob.Notify()
+		commitOwnTx(t, ob)
 		next("a transaction of one's own")
 		sidecarInsert(t, dbPath(t, ob), "FULL", i)
 		next("another connection's insert")

@@ -235,11 +235,9 @@ type Relay struct {
 	// a look need not be a query (walindex.go); nil: every look asks.
 	walIdx *walIndex
 	// napper, while Run runs and watches, times the looks' gaps under
-	// walNapBelow (walwatch_linux.go), once a look has needed one; nil:
-	// Go timers do (napFailed: no timerfd could be made).
-	napper    *napTimer
-	napFailed bool
-	looks     atomic.Int64 // data_version queries while waiting, for tests
+	// walNapBelow (walwatch_linux.go); nil: Go timers alone do.
+	napper *napTimer
+	looks  atomic.Int64 // data_version queries while waiting, for tests
 	// ownStarted and ownDone count the relay's own commits that
 	// waitForWAL may discount: lease renewals, each of which commits when
 	// it succeeds (it changes a row). Started is counted before the
@@ -453,7 +451,7 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.close()
 	}
 	r.reader = reader
-	r.walEvents, r.walIdx, r.napper, r.napFailed = nil, nil, nil, false
+	r.walEvents, r.walIdx, r.napper = nil, nil, nil
 	if r.ob.path != "" {
 		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
 			defer sub.Close()
@@ -462,14 +460,12 @@ func (r *Relay) run(ctx context.Context) error {
 				defer idx.close()
 				r.walIdx = idx
 			}
-			// The napTimer is made at the first nap (most relays of an idle
-			// fleet never nap), and closed here.
-			defer func() {
-				if r.napper != nil {
-					r.napper.close()
-					r.napper = nil
-				}
-			}()
+			// Every wait starts with a short gap, so every watching relay
+			// naps: one timerfd and one goroutine each.
+			if n, err := newNapTimer(); err == nil {
+				defer n.close()
+				r.napper = n
+			}
 		} else {
 			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
 		}

@@ -347,12 +347,6 @@ func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan str
 		// the napTimer in an idle one (the poller wakes for it), where the
 		// Go timer takes a millisecond; the first wins.
 		var napped <-chan struct{}
-		if gap < walNapBelow && r.napper == nil && !r.napFailed {
-			var err error
-			if r.napper, err = newNapTimer(); err != nil {
-				r.napper, r.napFailed = nil, true
-			}
-		}
 		if gap < walNapBelow && r.napper != nil {
 			r.napper.arm(gap)
 			napped = r.napper.fired

@@ -204,7 +204,7 @@ func (r *runner) latency(ctx context.Context) error {
 			case "library":
 				err = r.latencyLibrary(ctx, b, tr)
 			default:
-				err = r.latencySidecar(ctx, b, tr, c == "sidecar_full")
+				err = r.latencySidecar(ctx, b, tr, c)
 			}
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", bk, c, err)
@@ -334,14 +334,11 @@ func (r *runner) latencyLibrary(ctx context.Context, b broker, tr *latTracker) e
 }
 
 // latencySidecar has another process insert the rows with plain SQL at
-// FULL (SQLite's default), the relay told so if writersFull
-// (RelayOptions.WritersAtFull): then it publishes with no fsync first.
-func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker, writersFull bool) error {
-	name := "latency-sidecar-"
-	if writersFull {
-		name = "latency-sidecar-full-"
-	}
-	path := filepath.Join(r.dir, name+brokerKey(b)+".db")
+// FULL (SQLite's default); for the case "sidecar_full" the relay is told so
+// (RelayOptions.WritersAtFull), and publishes with no fsync first.
+func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker, c string) error {
+	writersFull := c == "sidecar_full"
+	path := filepath.Join(r.dir, "latency-"+c+"-"+brokerKey(b)+".db")
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
 	if err != nil {
 		return err
@@ -384,11 +381,7 @@ func (r *runner) latencySidecar(ctx context.Context, b broker, tr *latTracker, w
 	if err != nil {
 		return err
 	}
-	key := "latency_sidecar_"
-	if writersFull {
-		key = "latency_sidecar_full_"
-	}
-	r.rep.set(key+brokerKey(b)+"_fsyncs_per_event", float64(st.WALSyncs-st.MarkSyncs)/float64(len(tr.commit)+50))
+	r.rep.set("latency_"+c+"_"+brokerKey(b)+"_fsyncs_per_event", float64(st.WALSyncs-st.MarkSyncs)/float64(len(tr.commit)+50))
 	return nil
 }
 

@@ -24,9 +24,13 @@ func (r *runner) openBench(ctx context.Context, name string, sync outbox.Synchro
 		return nil, err
 	}
 	// outbox_bare is the least an outbox row can be: a second b-tree with
-	// a key and the message, nothing else (section 1's floor).
+	// a key and the message, nothing else (section 1's floor). outbox_plain
+	// holds what Enqueue binds for such a message (an id, the type, the
+	// time) with none of the schema's checks: between the two lies what the
+	// message's own fields cost, above it what the outbox's guarantees do.
 	if _, err := ob.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL, total_cents INTEGER NOT NULL);
-		CREATE TABLE IF NOT EXISTS outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL)`); err != nil {
+		CREATE TABLE IF NOT EXISTS outbox_bare (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL);
+		CREATE TABLE IF NOT EXISTS outbox_plain (seq INTEGER PRIMARY KEY, id TEXT, topic TEXT, payload BLOB, type TEXT, created_at INTEGER)`); err != nil {
 		ob.Close()
 		return nil, err
 	}
@@ -95,13 +99,15 @@ func (r *runner) enqueue(ctx context.Context) error {
 		r.rep.set("enqueue_"+mode.name+"_library10_vs_raw10", med["library10"]/med["raw10"])
 		r.rep.set("enqueue_"+mode.name+"_bare_vs_business", med["bare"]/med["business"])
 		r.rep.set("enqueue_"+mode.name+"_library_vs_bare", med["library"]/med["bare"])
+		r.rep.set("enqueue_"+mode.name+"_plain_vs_bare", med["plain"]/med["bare"])
+		r.rep.set("enqueue_"+mode.name+"_library_vs_plain", med["library"]/med["plain"])
 		r.rep.set("enqueue_"+mode.name+"_added_us", (1/med["library"]-1/med["business"])*1e6)
 		r.rep.check("enqueue_"+mode.name+"_library_vs_raw", vsRaw >= 0.95)
 		if mode.name == "full" {
 			r.rep.check("enqueue_full_library_vs_business", vsBusiness >= 0.90)
 		}
-		r.progress("  %s: business %.0f tx/s, bare %.0f, raw %.0f, library %.0f (%.2f of business, %.2f of bare, %.2f of raw); batches of 10: raw %.0f, library %.0f",
-			mode.name, med["business"], med["bare"], med["raw"], med["library"], vsBusiness, med["library"]/med["bare"], vsRaw, med["raw10"], med["library10"])
+		r.progress("  %s: business %.0f tx/s, bare %.0f, plain %.0f, raw %.0f, library %.0f (%.2f of business, %.2f of bare, %.2f of plain, %.2f of raw); batches of 10: raw %.0f, library %.0f",
+			mode.name, med["business"], med["bare"], med["plain"], med["raw"], med["library"], vsBusiness, med["library"]/med["bare"], med["library"]/med["plain"], vsRaw, med["raw10"], med["library10"])
 
 		if mode.name == "normal" {
 			if err := r.allocs(ctx, variants); err != nil {
@@ -115,8 +121,9 @@ func (r *runner) enqueue(ctx context.Context) error {
 			return err
 		}
 	}
-	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, bare, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
+	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, bare, plain, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
 		"on one file per setting. Business transaction: one order row. Bare: the same plus a row in a table of three columns (seq, topic, payload) with no index or trigger — the least any outbox row costs. "+
+		"Plain: the same plus a row of the fields Enqueue binds (a new id, topic, payload, type, created time) in a table with no constraint, index or trigger. "+
 		"Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
 		"Payloads are %d-byte JSON documents. Ratios are of transactions per second.", sz.enqRounds, sz.enqFullTx, sz.enqNormalTx, payloadLen)
 	return nil
@@ -134,6 +141,12 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 	bare, err := db.PrepareContext(ctx, `INSERT INTO outbox_bare (topic, payload) VALUES (?, ?)`)
 	if err != nil {
 		raw.Close()
+		return nil, nil, err
+	}
+	plain, err := db.PrepareContext(ctx, `INSERT INTO outbox_plain (id, topic, payload, type, created_at) VALUES (?, ?, ?, ?, ?)`)
+	if err != nil {
+		raw.Close()
+		bare.Close()
 		return nil, nil, err
 	}
 	pl := payload(0, payloadLen)
@@ -183,11 +196,22 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 				return err
 			})
 		}},
+		{"plain", func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				if err := insertOrder(ctx, tx, n); err != nil {
+					return err
+				}
+				st := tx.StmtContext(ctx, plain)
+				defer st.Close()
+				_, err := st.ExecContext(ctx, outbox.NewID(), benchTopic, pl, benchType, time.Now().UnixMilli())
+				return err
+			})
+		}},
 		{"raw", rawTx(1)},
 		{"library", libTx(1)},
 		{"raw10", rawTx(10)},
 		{"library10", libTx(10)},
-	}, func() { raw.Close(); bare.Close() }, nil
+	}, func() { raw.Close(); bare.Close(); plain.Close() }, nil
 }
 
 // allocs measures heap allocations per transaction of each variant, and

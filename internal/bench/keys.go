@@ -40,6 +40,9 @@ var keys = func() []keyDoc {
 		add(1, p+"bare_tx_per_s", m.name+": + one row in a bare table (the floor of any outbox row)", "tx/s", "")
 		add(1, p+"bare_vs_business", m.name+": bare table / business alone (the most any outbox table reaches)", "ratio", "")
 		add(1, p+"library_vs_bare", m.name+": library / bare table", "ratio", "")
+		add(1, p+"plain_tx_per_s", m.name+": + the fields Enqueue writes, in a table with no constraint, index or trigger", "tx/s", "")
+		add(1, p+"plain_vs_bare", m.name+": plain table / bare table (what the message's own fields cost)", "ratio", "")
+		add(1, p+"library_vs_plain", m.name+": library / plain table (what the outbox's guarantees cost)", "ratio", "")
 	}
 
 	// 2. Drain rate.

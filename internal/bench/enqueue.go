@@ -171,6 +171,21 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 			})
 		}
 	}
+	// floorTx is the business transaction plus one row of a floor table,
+	// written by st with the arguments args gives for each transaction.
+	floorTx := func(st *sql.Stmt, args func() []any) func(ctx context.Context, n int) error {
+		return func(ctx context.Context, n int) error {
+			return ob.Transact(ctx, func(tx *sql.Tx) error {
+				if err := insertOrder(ctx, tx, n); err != nil {
+					return err
+				}
+				txSt := tx.StmtContext(ctx, st)
+				defer txSt.Close()
+				_, err := txSt.ExecContext(ctx, args()...)
+				return err
+			})
+		}
+	}
 	libTx := func(k int) func(ctx context.Context, n int) error {
 		return func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error {
@@ -185,28 +200,10 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 		{"business", func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error { return insertOrder(ctx, tx, n) })
 		}},
-		{"bare", func(ctx context.Context, n int) error {
-			return ob.Transact(ctx, func(tx *sql.Tx) error {
-				if err := insertOrder(ctx, tx, n); err != nil {
-					return err
-				}
-				st := tx.StmtContext(ctx, bare)
-				defer st.Close()
-				_, err := st.ExecContext(ctx, benchTopic, pl)
-				return err
-			})
-		}},
-		{"plain", func(ctx context.Context, n int) error {
-			return ob.Transact(ctx, func(tx *sql.Tx) error {
-				if err := insertOrder(ctx, tx, n); err != nil {
-					return err
-				}
-				st := tx.StmtContext(ctx, plain)
-				defer st.Close()
-				_, err := st.ExecContext(ctx, outbox.NewID(), benchTopic, pl, benchType, time.Now().UnixMilli())
-				return err
-			})
-		}},
+		{"bare", floorTx(bare, func() []any { return []any{benchTopic, pl} })},
+		{"plain", floorTx(plain, func() []any {
+			return []any{outbox.NewID(), benchTopic, pl, benchType, time.Now().UnixMilli()}
+		})},
 		{"raw", rawTx(1)},
 		{"library", libTx(1)},
 		{"raw10", rawTx(10)},

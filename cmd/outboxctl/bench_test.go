@@ -29,7 +29,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	// One figure of each section that runs in smoke mode was measured.
 	for _, k := range []string{
-		"enqueue_normal_library_vs_raw", "enqueue_normal_library_vs_plain", "enqueue_allocs_per_message",
+		"enqueue_normal_library_vs_raw", "enqueue_normal_library_vs_plain", "enqueue_normal_pertx_library_vs_bare", "enqueue_allocs_per_message",
 		"drain_mochi_w64_library_msgs_per_s", "drain_mochi_w64_ratio",
 		"latency_library_mochi_delivered_p99_ms", "latency_sidecar_mochi_puback_p50_ms",
 		"catchup_seconds", "catchup_enqueue_p99_ms",

@@ -60,18 +60,20 @@ type Config struct {
 // sizes are the workload sizes of a mode.
 type sizes struct {
 	enqRounds, enqFullTx, enqNormalTx int
-	drainBacklog, drainBacklogW1      int
-	drainRounds                       int
-	drainWindows                      []int
-	drainMosquitto                    bool
-	latN, latRate                     int
-	catchBacklog, catchRate           int
-	memBacklog                        int
-	sizeBuild                         bool
-	baseSteady                        time.Duration
-	baseRate                          int
-	basePre, baseOutage, basePost     time.Duration
-	durBacklog, durTrickle            int
+	// Turns of section 1's steps, one transaction per step each turn.
+	enqStepsFull, enqStepsNormal  int
+	drainBacklog, drainBacklogW1  int
+	drainRounds                   int
+	drainWindows                  []int
+	drainMosquitto                bool
+	latN, latRate                 int
+	catchBacklog, catchRate       int
+	memBacklog                    int
+	sizeBuild                     bool
+	baseSteady                    time.Duration
+	baseRate                      int
+	basePre, baseOutage, basePost time.Duration
+	durBacklog, durTrickle        int
 	// The link profile (section 9): events per count of bytes, seconds
 	// each drain is sized for at its link's limit, whether every window
 	// and encoding drains (else window 64 only) and whether the day
@@ -86,7 +88,7 @@ func sizesFor(m Mode) sizes {
 	switch m {
 	case Full:
 		return sizes{
-			enqRounds: 61, enqFullTx: 100, enqNormalTx: 500,
+			enqRounds: 61, enqFullTx: 100, enqNormalTx: 500, enqStepsFull: 1000, enqStepsNormal: 10_000,
 			drainBacklog: 100_000, drainBacklogW1: 20_000, drainRounds: 3, drainWindows: []int{1, 16, 64, 256}, drainMosquitto: true,
 			latN: 10_000, latRate: 1000,
 			catchBacklog: 100_000, catchRate: 1000,
@@ -99,7 +101,7 @@ func sizesFor(m Mode) sizes {
 		}
 	case Smoke:
 		return sizes{
-			enqRounds: 3, enqFullTx: 5, enqNormalTx: 20,
+			enqRounds: 3, enqFullTx: 5, enqNormalTx: 20, enqStepsFull: 10, enqStepsNormal: 20,
 			drainBacklog: 500, drainBacklogW1: 200, drainRounds: 1, drainWindows: []int{1, 16, 64, 256},
 			latN: 200, latRate: 1000,
 			catchBacklog: 1000, catchRate: 200,
@@ -111,7 +113,7 @@ func sizesFor(m Mode) sizes {
 		}
 	}
 	return sizes{
-		enqRounds: 21, enqFullTx: 40, enqNormalTx: 200,
+		enqRounds: 21, enqFullTx: 40, enqNormalTx: 200, enqStepsFull: 200, enqStepsNormal: 2000,
 		drainBacklog: 20_000, drainBacklogW1: 5_000, drainRounds: 1, drainWindows: []int{1, 16, 64, 256}, drainMosquitto: true,
 		latN: 2000, latRate: 1000,
 		catchBacklog: 20_000, catchRate: 1000,

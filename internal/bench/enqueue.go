@@ -55,7 +55,8 @@ func (r *runner) enqueue(ctx context.Context) error {
 		name    string
 		sync    outbox.Synchronous
 		perTxns int
-	}{{"full", outbox.SyncFull, sz.enqFullTx}, {"normal", outbox.SyncNormal, sz.enqNormalTx}} {
+		steps   int
+	}{{"full", outbox.SyncFull, sz.enqFullTx, sz.enqStepsFull}, {"normal", outbox.SyncNormal, sz.enqNormalTx, sz.enqStepsNormal}} {
 		ob, err := r.openBench(ctx, "enqueue-"+mode.name+".db", mode.sync)
 		if err != nil {
 			return err
@@ -109,6 +110,11 @@ func (r *runner) enqueue(ctx context.Context) error {
 		r.progress("  %s: business %.0f tx/s, bare %.0f, plain %.0f, raw %.0f, library %.0f (%.2f of business, %.2f of bare, %.2f of plain, %.2f of raw); batches of 10: raw %.0f, library %.0f",
 			mode.name, med["business"], med["bare"], med["plain"], med["raw"], med["library"], vsBusiness, med["library"]/med["bare"], med["library"]/med["plain"], vsRaw, med["raw10"], med["library10"])
 
+		if err := r.enqueueSteps(ctx, ob, mode.name, variants, mode.steps); err != nil {
+			closeVariants()
+			ob.Close()
+			return err
+		}
 		if mode.name == "normal" {
 			if err := r.allocs(ctx, variants); err != nil {
 				closeVariants()
@@ -125,8 +131,35 @@ func (r *runner) enqueue(ctx context.Context) error {
 		"on one file per setting. Business transaction: one order row. Bare: the same plus a row in a table of three columns (seq, topic, payload) with no index or trigger — the least any outbox row costs. "+
 		"Plain: the same plus a row of the fields Enqueue binds (a new id, topic, payload, type, created time) in a table with no constraint, index or trigger. "+
 		"Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
-		"Payloads are %d-byte JSON documents. Ratios are of transactions per second.", sz.enqRounds, sz.enqFullTx, sz.enqNormalTx, payloadLen)
+		"Payloads are %d-byte JSON documents. Ratios are of transactions per second. "+
+		"Steps: the business transaction plus one row, the schema built up from the bare row — the fields Enqueue binds (plain), the outbox table's other columns, its CHECK, its indexes, its trigger (the outbox table itself, by SQL), then Enqueue — "+
+		"taking turns one transaction at a time in a new random order each turn (%d turns at FULL, %d at NORMAL); each step's figure is the median time of its transactions, which leaves out the checkpoints that the rounds share.",
+		sz.enqRounds, sz.enqFullTx, sz.enqNormalTx, payloadLen, sz.enqStepsFull, sz.enqStepsNormal)
 	return nil
+}
+
+// floorTx is the business transaction plus one row written by st, with the
+// arguments args gives for each transaction: a floor, or a step of the
+// schema (enqueuesteps.go).
+func floorTx(ob *outbox.Outbox, st *sql.Stmt, args func() []any) func(ctx context.Context, n int) error {
+	return func(ctx context.Context, n int) error {
+		return ob.Transact(ctx, func(tx *sql.Tx) error {
+			if err := insertOrder(ctx, tx, n); err != nil {
+				return err
+			}
+			txSt := tx.StmtContext(ctx, st)
+			defer txSt.Close()
+			_, err := txSt.ExecContext(ctx, args()...)
+			return err
+		})
+	}
+}
+
+// plainRow gives the arguments of a row of the fields Enqueue binds for a
+// message with no content type or expiry (id, topic, payload, type, created
+// time), made afresh per transaction as Enqueue makes them.
+func plainRow(pl []byte) func() []any {
+	return func() []any { return []any{outbox.NewID(), benchTopic, pl, benchType, time.Now().UnixMilli()} }
 }
 
 // enqueueVariants returns the business transaction alone, with a raw SQL
@@ -171,21 +204,6 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 			})
 		}
 	}
-	// floorTx is the business transaction plus one row of a floor table,
-	// written by st with the arguments args gives for each transaction.
-	floorTx := func(st *sql.Stmt, args func() []any) func(ctx context.Context, n int) error {
-		return func(ctx context.Context, n int) error {
-			return ob.Transact(ctx, func(tx *sql.Tx) error {
-				if err := insertOrder(ctx, tx, n); err != nil {
-					return err
-				}
-				txSt := tx.StmtContext(ctx, st)
-				defer txSt.Close()
-				_, err := txSt.ExecContext(ctx, args()...)
-				return err
-			})
-		}
-	}
 	libTx := func(k int) func(ctx context.Context, n int) error {
 		return func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error {
@@ -200,10 +218,8 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 		{"business", func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error { return insertOrder(ctx, tx, n) })
 		}},
-		{"bare", floorTx(bare, func() []any { return []any{benchTopic, pl} })},
-		{"plain", floorTx(plain, func() []any {
-			return []any{outbox.NewID(), benchTopic, pl, benchType, time.Now().UnixMilli()}
-		})},
+		{"bare", floorTx(ob, bare, func() []any { return []any{benchTopic, pl} })},
+		{"plain", floorTx(ob, plain, plainRow(pl))},
 		{"raw", rawTx(1)},
 		{"library", libTx(1)},
 		{"raw10", rawTx(10)},

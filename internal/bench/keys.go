@@ -43,6 +43,19 @@ var keys = func() []keyDoc {
 		add(1, p+"plain_tx_per_s", m.name+": + the fields Enqueue writes, in a table with no constraint, index or trigger", "tx/s", "")
 		add(1, p+"plain_vs_bare", m.name+": plain table / bare table (what the message's own fields cost)", "ratio", "")
 		add(1, p+"library_vs_plain", m.name+": library / plain table (what the outbox's guarantees cost)", "ratio", "")
+		for _, st := range []struct{ key, label string }{
+			{"bare", "the business transaction + a bare row"},
+			{"plain", "+ the fields Enqueue binds"},
+			{"columns", "+ the outbox table's other columns"},
+			{"check", "+ its CHECK"},
+			{"indexes", "+ its indexes"},
+			{"trigger", "+ its trigger (the outbox table, by SQL)"},
+			{"library", "+ Enqueue's Go side"},
+		} {
+			add(1, p+"step_"+st.key+"_us", m.name+", per transaction (median): "+st.label, "µs", "")
+		}
+		add(1, p+"pertx_plain_vs_bare", m.name+", per transaction: plain / bare (medians)", "ratio", "")
+		add(1, p+"pertx_library_vs_bare", m.name+", per transaction: library / bare (medians)", "ratio", "")
 	}
 
 	// 2. Drain rate.

@@ -31,7 +31,7 @@ func TestBenchSmoke(t *testing.T) {
 	for _, k := range []string{
 		"enqueue_normal_library_vs_raw", "enqueue_normal_library_vs_plain", "enqueue_normal_pertx_library_vs_bare", "enqueue_allocs_per_message",
 		"drain_mochi_w64_library_msgs_per_s", "drain_mochi_w64_ratio",
-		"latency_library_mochi_delivered_p99_ms", "latency_sidecar_mochi_puback_p50_ms",
+		"latency_library_mochi_delivered_p99_ms", "latency_sidecar_mochi_puback_p50_ms", "latency_sidecar_mochi_to_publish_p99_ms", "latency_library_mochi_publish_to_puback_p99_ms",
 		"catchup_seconds", "catchup_enqueue_p99_ms",
 		"memory_peak_heap_mib", "memory_peak_rss_mib",
 		"baseline_ours_steady_p50_ms", "baseline_articles_outage_attempts_charged",

@@ -256,7 +256,7 @@ func (r *runner) newSideBySide(ctx context.Context, b broker, name string) (*sid
 			s.artsT.deliver(parseN(payload))
 		}
 	})
-	stop, relay, err := r.startRelay(ctx, s.ours, b, nil, outbox.RelayOptions{
+	stop, relay, err := r.startRelay(ctx, s.ours, b, publishTimes{}, outbox.RelayOptions{
 		// Retry a lost broker as often as the articles' loop does.
 		Reconnect: outbox.Backoff{Initial: 100 * time.Millisecond, Max: articlesPoll},
 	})

@@ -91,7 +91,7 @@ func (r *runner) catchup(ctx context.Context) error {
 	tr := newOrderTracker(int(backlog))
 	b.setHandler(tr.handle)
 	t0 := time.Now()
-	stop, _, err := r.startRelay(ctx, ob, b, nil, outbox.RelayOptions{})
+	stop, _, err := r.startRelay(ctx, ob, b, publishTimes{}, outbox.RelayOptions{})
 	if err != nil {
 		return err
 	}

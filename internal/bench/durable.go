@@ -103,7 +103,7 @@ func (r *runner) durableBacklog(ctx context.Context, b broker, name string, sync
 	b.setHandler(tr.handle)
 	defer b.setHandler(nil)
 	start := time.Now()
-	stop, relay, err := r.startRelay(ctx, ob, b, nil, outbox.RelayOptions{})
+	stop, relay, err := r.startRelay(ctx, ob, b, publishTimes{}, outbox.RelayOptions{})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -150,7 +150,7 @@ func (r *runner) durableTrickle(ctx context.Context, b broker, name string, sync
 		default:
 		}
 	}
-	start, relay, err := r.startRelay(ctx, ob, b, onAck, outbox.RelayOptions{})
+	start, relay, err := r.startRelay(ctx, ob, b, publishTimes{acked: onAck}, outbox.RelayOptions{})
 	if err != nil {
 		return 0, dist{}, err
 	}

@@ -92,6 +92,15 @@ var keys = func() []keyDoc {
 			}
 		}
 	}
+	for _, c := range []struct{ key, name string }{{"library", "commits through the library"}, {"sidecar", "rows inserted by another process"}, {"sidecar_full", "rows inserted by another process at FULL, declared"}} {
+		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
+			for _, leg := range []struct{ key, name string }{{"to_publish", "commit → the relay's call to Publish"}, {"publish_to_puback", "the relay's call to Publish → PUBACK (the broker's round trip through the relay's client)"}} {
+				p := fmt.Sprintf("latency_%s_%s_%s_", c.key, b.key, leg.key)
+				add(3, p+"p50_ms", fmt.Sprintf("%s, %s: %s p50", c.name, b.name, leg.name), "ms", "")
+				add(3, p+"p99_ms", fmt.Sprintf("%s, %s: %s p99", c.name, b.name, leg.name), "ms", "")
+			}
+		}
+	}
 	for _, c := range []struct{ key, name string }{{"sidecar", "rows inserted by another process"}, {"sidecar_full", "rows inserted by another process at FULL, declared"}} {
 		for _, b := range []struct{ key, name string }{{"mochi", "mochi"}, {"mosquitto", "Mosquitto"}} {
 			add(3, fmt.Sprintf("latency_%s_%s_fsyncs_per_event", c.key, b.key), fmt.Sprintf("%s, %s: the relay's fsyncs of the WAL before publishing, per event", c.name, b.name), "fsyncs", "")

@@ -19,6 +19,7 @@ import (
 type latTracker struct {
 	mu        sync.Mutex
 	commit    []int64 // Unix ns; 0: not yet
+	published []int64 // when the relay called Publish (not for raw paho)
 	puback    []int64
 	delivered []int64
 	pending   int // events not yet both acknowledged and delivered
@@ -26,7 +27,7 @@ type latTracker struct {
 }
 
 func newLatTracker(n int) *latTracker {
-	return &latTracker{commit: make([]int64, n), puback: make([]int64, n), delivered: make([]int64, n), pending: 2 * n, done: make(chan struct{})}
+	return &latTracker{commit: make([]int64, n), published: make([]int64, n), puback: make([]int64, n), delivered: make([]int64, n), pending: 2 * n, done: make(chan struct{})}
 }
 
 func (t *latTracker) mark(list []int64, n int, at time.Time) {
@@ -47,6 +48,16 @@ func (t *latTracker) deliver(_ string, payload []byte) {
 }
 
 func (t *latTracker) ack(n int, at time.Time) { t.mark(t.puback, n, at) }
+
+// publishing notes when the relay called Publish for event n (the first
+// time: a resend after a reconnection keeps the first).
+func (t *latTracker) publishing(n int, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n >= 0 && n < len(t.published) && t.published[n] == 0 {
+		t.published[n] = at.UnixNano()
+	}
+}
 
 func (t *latTracker) wait(ctx context.Context, timeout time.Duration) error {
 	return waitDone(ctx, t.done, timeout, func() error {
@@ -75,11 +86,35 @@ func (t *latTracker) dists() (puback, delivered dist) {
 	return summarize(a), summarize(d)
 }
 
-// timedPublisher notes when each publish is acknowledged. It hands the
-// relay the MQTT publisher's own token, so the relay waits for nothing more.
+// legs splits commit → PUBACK at the relay's call to Publish: noticing,
+// reading and encoding the event, then the broker's round trip through the
+// relay's client (what raw paho's figure is whole).
+func (t *latTracker) legs() (toPublish, toPuback dist) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var a, b []time.Duration
+	for i, c := range t.commit {
+		if c == 0 || t.published[i] == 0 || t.puback[i] == 0 {
+			continue
+		}
+		a = append(a, time.Duration(max(0, t.published[i]-c)))
+		b = append(b, time.Duration(max(0, t.puback[i]-t.published[i])))
+	}
+	return summarize(a), summarize(b)
+}
+
+// publishTimes are told, by event number, when the relay calls Publish and
+// when the PUBACK came; either may be nil.
+type publishTimes struct {
+	published, acked func(n int, at time.Time)
+}
+
+// timedPublisher notes when each event is published and acknowledged. It
+// hands the relay the MQTT publisher's own token, so the relay waits for
+// nothing more.
 type timedPublisher struct {
 	*outbox.MQTTPublisher
-	onAck func(n int, at time.Time)
+	times publishTimes
 }
 
 func (p *timedPublisher) Publish(topic string, payload []byte) outbox.Token {
@@ -91,25 +126,31 @@ func (p *timedPublisher) Publish(topic string, payload []byte) outbox.Token {
 // embedded publisher's would be called, and nothing noted.
 func (p *timedPublisher) PublishWithProperties(topic string, payload []byte, props outbox.PublishProperties) outbox.Token {
 	n := parseN(payload)
+	if p.times.published != nil {
+		p.times.published(n, time.Now())
+	}
 	tok := p.MQTTPublisher.PublishWithProperties(topic, payload, props)
-	go func() {
-		<-tok.Done()
-		if tok.Error() == nil {
-			p.onAck(n, time.Now())
-		}
-	}()
+	if p.times.acked != nil {
+		go func() {
+			<-tok.Done()
+			if tok.Error() == nil {
+				p.times.acked(n, time.Now())
+			}
+		}()
+	}
 	return tok
 }
 
-// startRelay runs a relay on ob to b through a timedPublisher.
-func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, onAck func(int, time.Time), opts outbox.RelayOptions) (stop func() error, relay *outbox.Relay, err error) {
+// startRelay runs a relay on ob to b, through a timedPublisher if times
+// asks for any.
+func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, times publishTimes, opts outbox.RelayOptions) (stop func() error, relay *outbox.Relay, err error) {
 	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: b.url(), ClientID: "bench-relay-" + strconv.FormatInt(time.Now().UnixNano(), 36)})
 	if err != nil {
 		return nil, nil, err
 	}
 	var p outbox.Publisher = pub
-	if onAck != nil {
-		p = &timedPublisher{MQTTPublisher: pub, onAck: onAck}
+	if times.published != nil || times.acked != nil {
+		p = &timedPublisher{MQTTPublisher: pub, times: times}
 	}
 	opts.Source = benchSource
 	relay, err = ob.NewRelay(p, opts)
@@ -134,7 +175,7 @@ func (r *runner) startRelay(ctx context.Context, ob *outbox.Outbox, b broker, on
 // connected; stop stops the relay, then the deliveries to tr.
 func (r *runner) startTrackedRelay(ctx context.Context, ob *outbox.Outbox, b broker, tr *latTracker, opts outbox.RelayOptions) (stop func(), relay *outbox.Relay, err error) {
 	b.setHandler(tr.deliver)
-	stopRelay, relay, err := r.startRelay(ctx, ob, b, tr.ack, opts)
+	stopRelay, relay, err := r.startRelay(ctx, ob, b, publishTimes{published: tr.publishing, acked: tr.ack}, opts)
 	if err != nil {
 		b.setHandler(nil)
 		return nil, nil, err
@@ -222,7 +263,20 @@ func (r *runner) latency(ctx context.Context) error {
 					r.rep.check(p+"p99_ms", x.d.P99 <= 5)
 				}
 			}
-			r.progress("  %s %s: commit → PUBACK %s; → subscriber %s", bk, c, a, d)
+			legs := ""
+			if c != "raw" {
+				toPublish, toPuback := tr.legs()
+				for _, x := range []struct {
+					what string
+					d    dist
+				}{{"to_publish", toPublish}, {"publish_to_puback", toPuback}} {
+					p := fmt.Sprintf("latency_%s_%s_%s_", c, bk, x.what)
+					r.rep.set(p+"p50_ms", x.d.P50)
+					r.rep.set(p+"p99_ms", x.d.P99)
+				}
+				legs = fmt.Sprintf(" (p50 / p99: to Publish %s / %s, Publish → PUBACK %s / %s)", fmtMS(toPublish.P50), fmtMS(toPublish.P99), fmtMS(toPuback.P50), fmtMS(toPuback.P99))
+			}
+			r.progress("  %s %s: commit → PUBACK %s%s; → subscriber %s", bk, c, a, legs, d)
 		}
 	}
 	scale := ""
@@ -233,7 +287,8 @@ func (r *runner) latency(ctx context.Context) error {
 		"Latency is measured from the return of COMMIT (a FULL commit's fsync is not counted). Library: `Transact` (at FULL its rows need no fsync of the relay's before publishing: its COMMIT synced them). "+
 		"Sidecar: another process (`outboxctl bench child writer`) inserts order and outbox rows with plain SQL at synchronous=FULL; the relay notices them by watching the WAL (inotify and SQLite's WAL index; `PRAGMA data_version` where it cannot), and, not knowing the writer's level, fsyncs the WAL before publishing them; "+
 		"declared (`RelayOptions.WritersAtFull`, `outboxctl relay --writers-full`), it publishes them with no fsync first. "+
-		"Raw paho, the floor: the same payloads published at the same rate by paho alone (MQTT 3.1.1, no database), from the call to `Publish`: what the broker, the client and this machine's scheduling cost before any outbox.",
+		"Raw paho, the floor: the same payloads published at the same rate by paho alone (MQTT 3.1.1, no database), from the call to `Publish`: what the broker, the client and this machine's scheduling cost before any outbox. "+
+		"For the relay's cases commit → PUBACK is also split at the relay's call to `Publish`: noticing, reading and encoding the event, then the broker's round trip through the relay's client (raw paho's figure is that leg alone).",
 		thousands(int64(sz.latN)), scale, sz.latRate)
 	return nil
 }

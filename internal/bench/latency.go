@@ -256,8 +256,7 @@ func (r *runner) latency(ctx context.Context) error {
 				d    dist
 			}{{"puback", a}, {"delivered", d}} {
 				p := fmt.Sprintf("latency_%s_%s_%s_", c, bk, x.what)
-				r.rep.set(p+"p50_ms", x.d.P50)
-				r.rep.set(p+"p99_ms", x.d.P99)
+				r.setQuantiles(p, x.d)
 				r.rep.set(p+"max_ms", x.d.Max)
 				if c != "raw" {
 					r.rep.check(p+"p99_ms", x.d.P99 <= 5)
@@ -270,9 +269,7 @@ func (r *runner) latency(ctx context.Context) error {
 					what string
 					d    dist
 				}{{"to_publish", toPublish}, {"publish_to_puback", toPuback}} {
-					p := fmt.Sprintf("latency_%s_%s_%s_", c, bk, x.what)
-					r.rep.set(p+"p50_ms", x.d.P50)
-					r.rep.set(p+"p99_ms", x.d.P99)
+					r.setQuantiles(fmt.Sprintf("latency_%s_%s_%s_", c, bk, x.what), x.d)
 				}
 				legs = fmt.Sprintf(" (p50 / p99: to Publish %s / %s, Publish → PUBACK %s / %s)", fmtMS(toPublish.P50), fmtMS(toPublish.P99), fmtMS(toPuback.P50), fmtMS(toPuback.P99))
 			}
@@ -291,6 +288,13 @@ func (r *runner) latency(ctx context.Context) error {
 		"For the relay's cases commit → PUBACK is also split at the relay's call to `Publish`: noticing, reading and encoding the event, then the broker's round trip through the relay's client (raw paho's figure is that leg alone).",
 		thousands(int64(sz.latN)), scale, sz.latRate)
 	return nil
+}
+
+// setQuantiles reports d's p50 and p99 under the keys prefix+"p50_ms" and
+// prefix+"p99_ms".
+func (r *runner) setQuantiles(prefix string, d dist) {
+	r.rep.set(prefix+"p50_ms", d.P50)
+	r.rep.set(prefix+"p99_ms", d.P99)
 }
 
 // latencyRaw publishes the payloads with paho alone at the same rate as the

@@ -1,7 +1,7 @@
 package outbox
 
 import (
-	"context"
+	"errors"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -61,47 +61,77 @@ func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
 	return eb
 }
 
-// sleep waits d, or less when wake receives (a nil wake never does), and
-// reports false if ctx ended first: every wait between attempts must end
-// with the relay or the subscriber, and the relay's reconnection wait also
-// with ReconnectNow.
-func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	_, ok := waitTick(ctx, t.C, wake)
-	return ok
+// RetryPolicy decides what becomes of a message after a failed attempt
+// that counts against it: one the broker refused for itself (a Token error
+// wrapping ErrRejected), one that no connection can carry, or one the
+// isolation rule blames because the connection it went out alone on failed
+// too. Outages never reach it: a message is never charged for them.
+//
+// RelayOptions.Retry is the relay's; DefaultRetryPolicy is the default.
+type RetryPolicy interface {
+	// Decide is asked once the attempt has been recorded against the
+	// message (its row's attempts count it).
+	Decide(f Failure) Decision
 }
 
-// waitTick waits until ctx ends (ok false), wake receives (woken true; a nil
-// wake never does) or tick fires: the one wait of every loop that must end
-// with the relay or the subscriber.
-func waitTick(ctx context.Context, tick <-chan time.Time, wake <-chan struct{}) (woken, ok bool) {
-	select {
-	case <-ctx.Done():
-		return false, false
-	case <-wake:
-		return true, true
-	case <-tick:
-		return false, true
-	}
+// Failure is one failed attempt of one message, as a RetryPolicy sees it.
+type Failure struct {
+	// Attempts counts the failed attempts recorded against the message,
+	// this one included.
+	Attempts int
+	// Err says why. It wraps ErrRejected when the broker or the relay
+	// refused the message, and ErrUndeliverable too when retrying cannot
+	// deliver it (a policy that does not park such a message holds back
+	// every message behind it, for good).
+	Err error
 }
 
-// every calls fn every d, and at once when wake receives, until ctx ends.
-func every(ctx context.Context, d time.Duration, wake <-chan struct{}, fn func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		if _, ok := waitTick(ctx, t.C, wake); !ok {
-			return
-		}
-		fn()
-	}
+// Decision is what a RetryPolicy decided for a message.
+type Decision struct {
+	// Dead parks the message as dead: kept, listed, requeueable, and the
+	// messages behind it flow on.
+	Dead bool
+	// RetryAfter is the least wait before the message goes again, alone
+	// and first; the messages behind it wait too, so that order holds.
+	RetryAfter time.Duration
 }
 
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// DefaultRetryPolicy parks a message that retrying cannot deliver at once,
+// and any other once it has failed MaxAttempts times; until then it is
+// retried after Backoff's wait for that attempt. The zero value uses the
+// defaults given on each field.
+type DefaultRetryPolicy struct {
+	// Backoff is the wait before each retry, growing with the attempts.
+	// Defaults: 1 s initial, 1 min cap.
+	Backoff Backoff
+	// MaxAttempts is how many failed attempts park a message. Default 5.
+	MaxAttempts int
+}
+
+// Decide parks the message when it is undeliverable or has failed
+// MaxAttempts times, and otherwise asks for the backoff's wait.
+func (p DefaultRetryPolicy) Decide(f Failure) Decision {
+	maxAttempts := p.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = 5
 	}
-	return b
+	if errors.Is(f.Err, ErrUndeliverable) || f.Attempts >= maxAttempts {
+		return Decision{Dead: true}
+	}
+	b := p.Backoff
+	if b == (Backoff{}) {
+		b = Backoff{Initial: time.Second, Max: time.Minute}
+	}
+	return Decision{RetryAfter: retryDelay(b, f.Attempts)}
+}
+
+// retryDelay is the wait before attempt n+1 of a message that failed n
+// times: Initial × Multiplier^(n-1), at most Max, without jitter.
+func retryDelay(b Backoff, attempts int) time.Duration {
+	b = b.withDefaults()
+	d := float64(b.Initial)
+	for i := 1; i < attempts && d < float64(b.Max); i++ {
+		d *= b.Multiplier
+	}
+	return min(time.Duration(d), b.Max)
 }

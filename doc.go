@@ -54,13 +54,15 @@
 // and neither does a slow link. After a lost connection the first message
 // that was in flight goes alone on the next connection, and only if that one
 // fails too before its acknowledgement is the message charged an attempt;
-// a Publisher error wrapping [ErrRejected] (under MQTT 5, a PUBACK reason
-// code of 0x80 or more) charges it at once, on a connection kept, and one
-// wrapping [ErrUndeliverable] too parks it as dead at once. After
-// RelayOptions.MaxAttempts charged attempts a message is parked as dead —
+// a Publisher error wrapping [ErrRejected] (a [Refusal]; under MQTT 5, a
+// PUBACK reason code of 0x80 or more) charges it at once, on a connection
+// kept. A [RetryPolicy] (RelayOptions.Retry; [DefaultRetryPolicy]: 5
+// attempts) then decides when it goes again and when it is parked as dead —
 // kept, listed ([Outbox.List]) and requeueable ([Outbox.Requeue]), never
-// dropped — and the queue flows on; a row that can never be published (a
-// topic that is not UTF-8, a message too large for MQTT) is dead at once.
+// dropped — and the queue flows on; one wrapping [ErrUndeliverable], and a
+// row that can never be published (a topic that is not UTF-8, a message over
+// the Publisher's [SizeLimiter]), is dead at once. The whole contract
+// between the relay and a transport is in publisher.go ([Publisher]).
 // A message whose Message.Expiry ran out before its turn is parked as
 // expired ([StateExpired]), not published; expiry is measured on a stored
 // outbox clock that only monotonic time moves, so a wall-clock jump cannot

@@ -98,10 +98,8 @@ type encoder struct {
 	mode        Envelope
 	source      string
 	defaultType string
+	sizes       SizeLimiter // the Publisher's, if it has one
 }
-
-// errPermanent marks a failure that retrying cannot fix.
-var errPermanent = errors.New("permanent")
 
 // sequenceDigits zero-pads the sequence extension: the CloudEvents
 // sequence extension is a string compared lexicographically.
@@ -153,10 +151,10 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 // checkTopic refuses a topic no envelope can publish.
 func (e *encoder) checkTopic(m *outgoing) error {
 	if err := ValidateTopic(m.topic); err != nil {
-		return fmt.Errorf("%w: %w", errPermanent, err)
+		return undeliverable(err)
 	}
 	if !strings.HasPrefix(m.topic, e.prefix) {
-		return fmt.Errorf("%w: %w: %q is not under %q", errPermanent, ErrTopicOutsidePrefix, m.topic, e.prefix)
+		return undeliverable(fmt.Errorf("%w: %q is not under %q", ErrTopicOutsidePrefix, m.topic, e.prefix))
 	}
 	return nil
 }
@@ -170,11 +168,11 @@ func (e *encoder) attributes(m *outgoing) (typ string, err error) {
 	}
 	for _, s := range []string{m.id, typ, m.contentType} {
 		if !utf8.ValidString(s) {
-			return "", fmt.Errorf("%w: id, type or content type is not valid UTF-8", errPermanent)
+			return "", undeliverable(errors.New("id, type or content type is not valid UTF-8"))
 		}
 	}
 	if m.id == "" {
-		return "", fmt.Errorf("%w: empty id", errPermanent)
+		return "", undeliverable(errors.New("empty id"))
 	}
 	return typ, nil
 }
@@ -231,7 +229,7 @@ func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties
 	// would close the connection on it, over and over.
 	for _, s := range []string{m.id, typ, m.contentType, e.source} {
 		if strings.IndexByte(s, 0) >= 0 {
-			return nil, fmt.Errorf("%w: binary mode: id, source, type or content type holds U+0000, which an MQTT 5 property cannot", errPermanent)
+			return nil, undeliverable(errors.New("binary mode: id, source, type or content type holds U+0000, which an MQTT 5 property cannot"))
 		}
 	}
 	ct, _, _ := contentTypeOf(m)
@@ -249,8 +247,8 @@ func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties
 
 // encodeRow encodes m for a session whose connection carries properties
 // (carries) or not: binary mode where it can, structured mode where binary
-// mode was asked for and it cannot. A message larger than MQTT allows, as
-// it will be sent, cannot be published.
+// mode was asked for and it cannot. A message larger than the Publisher
+// allows, as it will be sent, cannot be published.
 func (e *encoder) encodeRow(m *row, carries bool) {
 	if e.mode == EnvelopeCloudEventsBinary && carries {
 		m.wire, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
@@ -262,9 +260,13 @@ func (e *encoder) encodeRow(m *row, carries bool) {
 			m.props.ContentType = structuredContentType
 		}
 	}
-	if m.encErr == nil {
-		if n := remainingLength(m.topic, len(m.wire), &m.props, carries); n > MaxMQTTPayloadBytes {
-			m.encErr = fmt.Errorf("%w: encoded message of %d bytes exceeds MQTT's limit", errPermanent, len(m.wire))
+	if m.encErr == nil && e.sizes != nil {
+		props := &m.props
+		if !carries {
+			props = nil
+		}
+		if err := e.sizes.CheckSize(m.topic, len(m.wire), props); err != nil {
+			m.encErr = undeliverable(err)
 		}
 	}
 }

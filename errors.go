@@ -66,17 +66,22 @@ var (
 var (
 	// ErrRejected is wrapped by Publisher errors that blame the message
 	// itself (the broker or endpoint refused it), as opposed to the
-	// connection. Such a message is retried with backoff up to
-	// RelayOptions.MaxAttempts, then parked as dead.
+	// connection (a *Refusal matches it). RelayOptions.Retry decides
+	// whether such a message goes again or is parked as dead.
 	ErrRejected = errors.New("outbox: message rejected")
-	// ErrUndeliverable is wrapped, with ErrRejected, by Publisher errors
-	// for a message that retrying cannot deliver (under MQTT 5: not
-	// authorized, topic name invalid, payload format invalid, packet too
-	// large): it is parked as dead at once.
+	// ErrUndeliverable is wrapped, with ErrRejected, by errors for a
+	// message that retrying cannot deliver (under MQTT 5: not authorized,
+	// topic name invalid, payload format invalid, packet too large; a row
+	// no connection can carry): the default RetryPolicy parks it as dead at
+	// once.
 	ErrUndeliverable = errors.New("outbox: message undeliverable")
 	// ErrNotConnected is wrapped by Publisher errors for a message that was
 	// never sent because there was no connection.
 	ErrNotConnected = errors.New("outbox: not connected")
+	// ErrStalled is wrapped by Publisher errors for a message whose
+	// connection was given up on because it moved no bytes before the
+	// message had left: the broker never had it, and nothing is charged.
+	ErrStalled = errors.New("outbox: the connection moved no bytes before the message had left")
 	// ErrLeaseLost: another relay took over this relay's lease, which happens
 	// only when this one failed to renew it for a whole lease period.
 	ErrLeaseLost = errors.New("outbox: relay lease lost to another relay")

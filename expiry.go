@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync"
 	"time"
@@ -174,32 +173,14 @@ func (s *session) atItsTurn(m *row) (publish, ok bool) {
 		m.props.MessageExpiry = left
 		return true, true
 	}
-	err := s.r.markExpired(s.conn, m, -left)
+	err := s.r.park(s.conn, parking{seq: m.seq, id: m.id, topic: m.topic, expired: true,
+		reason: fmt.Sprintf("expired (not published): its expiry ran out %s before its turn", -left)})
 	<-s.slots
 	if err != nil {
 		s.r.writeFailed(err)
-		s.setFail(failure{seq: m.seq, err: err, notSent: true})
+		s.setFail(failure{seq: m.seq, err: err, fault: faultNotSent})
 		return false, false
 	}
 	s.gate.settle(1)
 	return false, true
-}
-
-// markExpired parks a message whose expiry ran out before its turn: dead_at
-// set, as for a dead message (it leaves the pending counters the same way),
-// and expired, which tells the two apart. It charges no attempt.
-func (r *Relay) markExpired(conn *relayConn, m *row, late time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	msg := fmt.Sprintf("expired (not published): its expiry ran out %s before its turn", late)
-	err := conn.do(func(c *sql.Conn) error {
-		return conn.execPolling(ctx, c, `UPDATE outbox SET last_error = ?, dead_at = ?, expired = 1
-			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: mark expired: %w", classifyWriteErr(err))
-	}
-	r.expired.Add(1)
-	r.log.Warn("outbox message expired before its turn; parked, not published", "id", m.id, "seq", m.seq, "topic", m.topic, "late", late)
-	return nil
 }

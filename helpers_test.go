@@ -51,11 +51,17 @@ func fastRelay() RelayOptions {
 	return RelayOptions{
 		Source:          "/test/device",
 		Reconnect:       Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Retry:           Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Retry:           fastRetry(0),
 		AckTimeout:      2 * time.Second,
 		LeaseTTL:        2 * time.Second,
 		ShutdownTimeout: 2 * time.Second,
 	}
+}
+
+// fastRetry is the retry policy of fastRelay with maxAttempts (0: the
+// default).
+func fastRetry(maxAttempts int) RetryPolicy {
+	return DefaultRetryPolicy{Backoff: Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}, MaxAttempts: maxAttempts}
 }
 
 // startRelay runs r until the test ends and checks that Run returned nil.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 const leaseName = "relay"
@@ -90,7 +92,7 @@ func (l *lease) waitValid(ctx context.Context, d time.Duration) bool {
 	case l.kick <- struct{}{}:
 	default:
 	}
-	return sleep(ctx, d, l.told)
+	return wait.Sleep(ctx, d, l.told)
 }
 
 func (l *lease) expiresMillis() int64 { return l.now().Add(l.ttl).UnixMilli() }

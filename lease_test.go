@@ -249,7 +249,7 @@ func TestIdleRelayRenewsBeforeItPublishes(t *testing.T) {
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	leases := make(chan *lease, 1)
-	r.onLease = func(l *lease) { leases <- l }
+	r.hooks.onLease = func(l *lease) { leases <- l }
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
 	l := <-leases
@@ -407,7 +407,7 @@ func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	leases := make(chan *lease, 1)
-	r.onLease = func(l *lease) { leases <- l }
+	r.hooks.onLease = func(l *lease) { leases <- l }
 	startRelay(t, r)
 	l := <-leases
 

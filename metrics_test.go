@@ -35,7 +35,7 @@ func TestRelayMetrics(t *testing.T) {
 		return nil
 	}
 	opts := fastRelay()
-	opts.MaxAttempts = 2
+	opts.Retry = fastRetry(2)
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	require.Equal(t, RelayMetrics{LastWriteOK: true, Source: "/test/device"}, r.Metrics())

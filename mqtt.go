@@ -520,3 +520,26 @@ func (p *MQTTPublisher) LostReason() error {
 	}
 	return nil
 }
+
+// CheckSize implements SizeLimiter: a PUBLISH's Remaining Length (the
+// topic, the packet id, the properties on MQTT 5, the payload) is at most
+// 268,435,455 bytes.
+func (p *MQTTPublisher) CheckSize(topic string, payloadBytes int, props *PublishProperties) error {
+	if remainingLength(topic, payloadBytes, props, props != nil) > maxRemainingLength {
+		return fmt.Errorf("encoded message of %d bytes exceeds MQTT's limit", payloadBytes)
+	}
+	return nil
+}
+
+// The capabilities of the seam that MQTTPublisher has.
+var (
+	_ Publisher           = (*MQTTPublisher)(nil)
+	_ PropertiesPublisher = (*MQTTPublisher)(nil)
+	_ WindowLimiter       = (*MQTTPublisher)(nil)
+	_ SizeLimiter         = (*MQTTPublisher)(nil)
+	_ ConnectionWatcher   = (*MQTTPublisher)(nil)
+	_ LossExplainer       = (*MQTTPublisher)(nil)
+	_ ProtocolNamer       = (*MQTTPublisher)(nil)
+	_ BrokerNamer         = (*MQTTPublisher)(nil)
+	_ ProgressToken       = (*pubToken)(nil)
+)

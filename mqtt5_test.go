@@ -95,7 +95,7 @@ func TestMQTT5ReasonCodes(t *testing.T) {
 	b := startCodeBroker(t, h, nil)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
-	opts.MaxAttempts = 3
+	opts.Retry = fastRetry(3)
 	r := mqttRelayOn(t, ob, b.url(), opts, Protocol5)
 	// Each coded message between two good ones: seq 1, then per case
 	// (coded, good).

@@ -97,8 +97,8 @@ func (c *mqttConn) publish(topic string, payload []byte, props *PublishPropertie
 	if c.maxPacket > 0 {
 		rem := remainingLength(topic, len(payload), props, !c.v311)
 		if n := 1 + varintSize(rem) + rem; n > c.maxPacket {
-			return failedToken{&refusal{permanent: true,
-				msg: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
+			return failedToken{&Refusal{Permanent: true,
+				Reason: fmt.Sprintf("packet too large: the message is %d bytes as an MQTT packet, over the broker's Maximum Packet Size of %d (not sent)", n, c.maxPacket)}}
 		}
 	}
 	t := &pubToken{topic: topic, payload: payload, done: make(chan struct{}), link: c.link}
@@ -446,9 +446,9 @@ func (t *pubToken) complete(err error) {
 	})
 }
 
-// Wire implements wireToken: whether every byte of the packet has left,
+// Progress implements ProgressToken: whether every byte of the packet has left,
 // and since when; while it has not, when the connection last moved bytes.
-func (t *pubToken) Wire() (left bool, since time.Time) {
+func (t *pubToken) Progress() (left bool, since time.Time) {
 	if at := t.leftAt.Load(); at != nil {
 		return true, *at
 	}
@@ -468,10 +468,10 @@ func (t *pubToken) classify(err error) error {
 	if err == nil || !t.link.stalled.Load() {
 		return err
 	}
-	if left, _ := t.Wire(); left {
+	if left, _ := t.Progress(); left {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errStalled, err)
+	return fmt.Errorf("%w: %w", ErrStalled, err)
 }
 
 // failedToken is a token that failed before anything was sent.
@@ -498,7 +498,7 @@ func appendPublish311(b []byte, topic string, id uint16, payload []byte) []byte 
 func appendPublish5(b []byte, topic string, id uint16, payload []byte, p *PublishProperties) []byte {
 	props := 0
 	if p != nil {
-		props = p.wireSize()
+		props = propertiesSize(p)
 	}
 	b = append(b, 0x32)
 	b = appendVarint(b, 2+len(topic)+2+varintSize(props)+props+len(payload))
@@ -533,3 +533,56 @@ func appendVarint(b []byte, n int) []byte {
 func appendString(b []byte, s string) []byte {
 	return append(append(b, byte(len(s)>>8), byte(len(s))), s...)
 }
+
+// mqttSecondsUp is d in whole seconds, rounded up, for an MQTT 5 interval.
+func mqttSecondsUp(d time.Duration) uint32 {
+	s := (d + time.Second - 1) / time.Second
+	if s > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(s)
+}
+
+// propertiesSize is how many bytes p takes in a PUBLISH's properties.
+func propertiesSize(p *PublishProperties) int {
+	if p == nil {
+		return 0
+	}
+	n := 0
+	if p.ContentType != "" {
+		n += 1 + 2 + len(p.ContentType)
+	}
+	for _, u := range p.User {
+		n += 1 + 2 + len(u.Key) + 2 + len(u.Value)
+	}
+	if p.MessageExpiry > 0 {
+		n += 1 + 4
+	}
+	return n
+}
+
+// remainingLength is the Remaining Length of the QoS 1 PUBLISH of a payload
+// of n bytes to topic, which MQTT bounds at maxRemainingLength: the topic
+// and its length, the packet id, and on MQTT 5 (v5) the properties and
+// their length.
+func remainingLength(topic string, n int, p *PublishProperties, v5 bool) int {
+	rem := 2 + len(topic) + 2 + n
+	if v5 {
+		props := propertiesSize(p)
+		rem += varintSize(props) + props
+	}
+	return rem
+}
+
+// varintSize is the size of n as an MQTT Variable Byte Integer.
+func varintSize(n int) int {
+	s := 1
+	for ; n >= 128; n >>= 7 {
+		s++
+	}
+	return s
+}
+
+// maxRemainingLength is the largest Remaining Length an MQTT packet can
+// have: 268,435,455 bytes.
+const maxRemainingLength = 268_435_455

@@ -12,17 +12,19 @@ import (
 const (
 	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
 	DefaultMaxPayloadBytes = 256 << 10
-	// MaxMQTTPayloadBytes is the largest payload an MQTT packet can carry.
-	MaxMQTTPayloadBytes = 268_435_455
-	maxTopicBytes       = 65_535
-	maxIDBytes          = 128
-	maxTypeBytes        = 1024
+	// MaxPayloadBytesLimit is the largest Options.MaxPayloadBytes, which
+	// bounds what one row may bring into memory. A Publisher may allow less
+	// (a SizeLimiter): a message it can never carry is parked dead.
+	MaxPayloadBytesLimit = 268_435_455
+	maxTopicBytes        = 65_535
+	maxIDBytes           = 128
+	maxTypeBytes         = 1024
 )
 
 // Options configures an Outbox. The zero value is ready to use.
 type Options struct {
 	// MaxPayloadBytes limits each payload. Zero means
-	// DefaultMaxPayloadBytes; at most MaxMQTTPayloadBytes.
+	// DefaultMaxPayloadBytes; at most MaxPayloadBytesLimit.
 	MaxPayloadBytes int
 	// MaxPendingMessages and MaxPendingBytes cap what waits to be sent.
 	// When either is reached, Enqueue fails with ErrFull. The limits are
@@ -188,8 +190,8 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if db == nil {
 		return nil, fmt.Errorf("outbox: nil *sql.DB")
 	}
-	if opts.MaxPayloadBytes < 0 || opts.MaxPayloadBytes > MaxMQTTPayloadBytes {
-		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d outside 0..%d", opts.MaxPayloadBytes, MaxMQTTPayloadBytes)
+	if opts.MaxPayloadBytes < 0 || opts.MaxPayloadBytes > MaxPayloadBytesLimit {
+		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d outside 0..%d", opts.MaxPayloadBytes, MaxPayloadBytesLimit)
 	}
 	if opts.TopicPrefix != "" {
 		if err := validatePrefix(opts.TopicPrefix); err != nil {

@@ -227,7 +227,7 @@ func TestCapacity(t *testing.T) {
 		require.NoError(t, enqueue("bad", 30))
 		require.ErrorIs(t, enqueue("good", 11), ErrFull)
 		opts := fastRelay()
-		opts.MaxAttempts = 1
+		opts.Retry = fastRetry(1)
 		r, err := ob.NewRelay(&fakePublisher{reject: func(topic string) error {
 			if topic == "bad" {
 				return fmt.Errorf("%w: no", ErrRejected)

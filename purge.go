@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // purgeLoop deletes sent rows past retention and gives free pages back.
@@ -17,7 +19,7 @@ import (
 // --idle).
 func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
 	sentBefore, noneKept := int64(-1), false
-	every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {
+	wait.Every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {
 		// Read before the purge: r.sent grows after a mark has committed,
 		// so a mark the check below missed changes it.
 		sent := r.sent.Load()

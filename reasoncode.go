@@ -6,7 +6,7 @@ import (
 )
 
 // What an MQTT 5 broker's reason codes say: a CONNACK that refuses the
-// connection, a PUBACK that refuses one message (refusal), a DISCONNECT,
+// connection, a PUBACK that refuses one message (a Refusal), a DISCONNECT,
 // each in words a user can act on.
 
 // connackError is a CONNACK that refused the connection.
@@ -138,21 +138,6 @@ func reasonWords(code byte) string {
 	return "reason code"
 }
 
-// refusal is the broker refusing one message (an MQTT 5 PUBACK reason code
-// of 0x80 or more, or a limit it announced): the connection stays up. One
-// that retrying cannot change (permanent) parks the message dead at once;
-// the others charge an attempt. Its text is what last_error holds.
-type refusal struct {
-	msg       string
-	permanent bool
-}
-
-func (e *refusal) Error() string { return e.msg }
-
-func (e *refusal) Is(target error) bool {
-	return target == ErrRejected || (e.permanent && target == ErrUndeliverable)
-}
-
 // pubackError is what a PUBACK reason code of 0x80 or more makes of its
 // message: "not authorized (0x87)", with the broker's reason string if any.
 func pubackError(code byte, reason string) error {
@@ -162,9 +147,9 @@ func pubackError(code byte, reason string) error {
 	}
 	switch code {
 	case 0x87, 0x90, 0x99, 0x95:
-		return &refusal{msg: msg, permanent: true}
+		return &Refusal{Reason: msg, Permanent: true}
 	}
-	return &refusal{msg: msg}
+	return &Refusal{Reason: msg}
 }
 
 // disconnectError is a DISCONNECT the broker sent before closing.

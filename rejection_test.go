@@ -23,7 +23,7 @@ func relayGoodBadGood(t *testing.T, refusal error, maxAttempts int) (*Outbox, *f
 		return nil
 	}}
 	opts := fastRelay()
-	opts.MaxAttempts = maxAttempts
+	opts.Retry = fastRetry(maxAttempts)
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	commitOrder(t, ob, "good", 1)
@@ -60,7 +60,7 @@ func TestRelayUndeliverableDeadAtOnce(t *testing.T) {
 		return nil
 	}}
 	opts := fastRelay()
-	opts.MaxAttempts = 5
+	opts.Retry = fastRetry(5)
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	for i := 1; i <= 10; i++ {

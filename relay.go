@@ -11,36 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
-
-// Publisher sends messages to a broker. The relay owns the connection's
-// life: it calls Connect, with backoff, until it succeeds, publishes, and
-// calls Disconnect after any failure before connecting again.
-//
-// MQTTPublisher is the implementation for MQTT; tests and other transports
-// provide their own.
-type Publisher interface {
-	// Connect opens a new connection, returning when it is up or has failed.
-	Connect(ctx context.Context) error
-	// Publish starts sending one message and returns without waiting for the
-	// acknowledgement. The token completes with a nil error once the broker
-	// has acknowledged this very message, or with an error: one that wraps
-	// ErrRejected blames the message (the connection is kept), and with
-	// ErrUndeliverable too parks it as dead at once; ErrNotConnected says it
-	// was never sent; anything else is a connection failure.
-	Publish(topic string, payload []byte) Token
-	// Disconnect closes the connection. Tokens still in flight must then
-	// complete with an error.
-	Disconnect()
-}
-
-// Token tracks one publish. paho's mqtt.Token satisfies it.
-type Token interface {
-	// Done is closed when the publish completed or failed.
-	Done() <-chan struct{}
-	// Error is valid once Done is closed.
-	Error() error
-}
 
 // RelayOptions configures a Relay. The zero value is ready to use.
 type RelayOptions struct {
@@ -74,12 +47,10 @@ type RelayOptions struct {
 	// Reconnect is the backoff between connection attempts. It never gives
 	// up; RelayOptions.Reconnect.Max is the cap (default 30 s).
 	Reconnect Backoff
-	// Retry is the backoff before a message that failed by itself is tried
-	// again. Defaults: 1 s initial, 1 min cap.
-	Retry Backoff
-	// MaxAttempts is how many times a message may fail by itself before it
-	// is parked as dead. Default 5. Outages never count.
-	MaxAttempts int
+	// Retry decides what becomes of a message that failed by itself: when
+	// it goes again, and when it is parked as dead. Outages never count.
+	// Default: DefaultRetryPolicy{} (5 attempts, 1 s to 1 min apart).
+	Retry RetryPolicy
 	// PollInterval is how often the relay checks whether another connection
 	// or process committed (SQLite's PRAGMA data_version, a cheap call)
 	// where it cannot watch the WAL. On Linux it watches it (inotify, one
@@ -144,11 +115,8 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.AckTimeout <= 0 {
 		o.AckTimeout = 30 * time.Second
 	}
-	if o.Retry == (Backoff{}) {
-		o.Retry = Backoff{Initial: time.Second, Max: time.Minute}
-	}
-	if o.MaxAttempts <= 0 {
-		o.MaxAttempts = 5
+	if o.Retry == nil {
+		o.Retry = DefaultRetryPolicy{}
 	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = 2 * time.Millisecond
@@ -197,7 +165,7 @@ type Relay struct {
 	lastErr  error
 	errAt    time.Time
 	lastAck  time.Time
-	protocol string // what the publisher said it speaks (protocolSpeaker)
+	protocol string // what the publisher said it speaks (ProtocolNamer)
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -260,9 +228,8 @@ type Relay struct {
 	nudge     chan struct{}
 	working   chan struct{} // an idle spell ended (notIdle)
 	purges    atomic.Int64  // purges run, for tests
-	// onLease, if not nil, is given the lease once it is held (tests).
-	onLease func(*lease)
-	metrics relayMetrics // Metrics
+	hooks     relayHooks
+	metrics   relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
@@ -295,6 +262,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		working:  make(chan struct{}, 1),
 		wal:      &walSyncer{path: o.path + "-wal"},
 	}
+	r.enc.sizes, _ = pub.(SizeLimiter)
 	r.syncWAL = r.wal.sync
 	r.watchWAL, r.safetyPoll, r.openWALIndex = watchWAL, walSafetyPoll, openWALIndex
 	r.epoch = time.Now()
@@ -490,8 +458,8 @@ func (r *Relay) run(ctx context.Context) error {
 	}
 	r.metrics.leaseHeld.Store(true)
 	defer r.metrics.leaseHeld.Store(false)
-	if r.onLease != nil {
-		r.onLease(l)
+	if r.hooks.onLease != nil {
+		r.hooks.onLease(l)
 	}
 	r.log.Info("outbox relay started", "envelope", r.opts.Envelope.String(), "window", r.opts.Window)
 	defer func() {
@@ -542,15 +510,15 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			}
 			r.setErr(err)
 			failures++
-			wait := bo.NextBackOff()
+			delay := bo.NextBackOff()
 			// A long outage must not flood the log: warn when it starts,
 			// when the reason changes, and once a minute.
 			level := slog.LevelDebug
 			if msg := err.Error(); msg != lastMsg || time.Since(lastWarn) >= time.Minute {
 				level, lastMsg, lastWarn = slog.LevelWarn, msg, time.Now()
 			}
-			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", wait.Round(time.Millisecond))
-			if !sleep(ctx, wait, r.kick) {
+			r.log.Log(ctx, level, "outbox relay cannot connect", "err", err, "attempts", failures, "retry_in", delay.Round(time.Millisecond))
+			if !wait.Sleep(ctx, delay, r.kick) {
 				break
 			}
 			continue
@@ -568,7 +536,7 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 			// the message's retry delay has passed.
 			r.setErr(res.err)
 			r.log.Warn("outbox relay: the broker refused a message; connection kept", "err", res.err, "retry_in", res.retryAfter.Round(time.Millisecond))
-			if !sleep(ctx, res.retryAfter, nil) {
+			if !wait.Sleep(ctx, res.retryAfter, nil) {
 				break
 			}
 			res = r.session(ctx, conn, l)
@@ -590,9 +558,9 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 		if res.err != nil {
 			r.setErr(res.err)
 		}
-		wait := max(bo.NextBackOff(), res.retryAfter)
-		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", wait.Round(time.Millisecond))
-		if !sleep(ctx, wait, r.kick) {
+		delay := max(bo.NextBackOff(), res.retryAfter)
+		r.log.Warn("outbox relay connection lost", "err", res.err, "retry_in", delay.Round(time.Millisecond))
+		if !wait.Sleep(ctx, delay, r.kick) {
 			break
 		}
 	}
@@ -600,17 +568,10 @@ func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
 	return nil
 }
 
-// protocolSpeaker is implemented by publishers that can say which protocol
-// version their connection speaks (MQTTPublisher does): the relay logs it,
-// shows it in Stats and stores it with the lease, for status.
-type protocolSpeaker interface {
-	Protocol() string
-}
-
 // noteProtocol records what the new connection speaks, in Stats and in the
 // lease. A failed write costs only the status line.
 func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
-	ps, ok := r.pub.(protocolSpeaker)
+	ps, ok := r.pub.(ProtocolNamer)
 	if !ok {
 		return
 	}
@@ -627,15 +588,9 @@ func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
 	}
 }
 
-// brokerNamer is implemented by publishers that can say which address they
-// connected to (MQTTPublisher does: one of MQTTOptions.Brokers).
-type brokerNamer interface {
-	Broker() string
-}
-
 // broker is the publisher's address, if it says.
 func (r *Relay) broker() string {
-	if bn, ok := r.pub.(brokerNamer); ok {
+	if bn, ok := r.pub.(BrokerNamer); ok {
 		return bn.Broker()
 	}
 	return ""
@@ -647,4 +602,14 @@ func (r *Relay) Protocol() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.protocol
+}
+
+// relayHooks are what tests may set on a relay before Run, to watch it or
+// make it fail where a real fault is hard to arrange. Nil: none.
+type relayHooks struct {
+	// onLease is given the lease once it is held.
+	onLease func(*lease)
+	// beforeHandOff learns of each message just before the relay's last
+	// check of its lease and the hand-off (the stalled holder's test).
+	beforeHandOff func(seq int64)
 }

@@ -1,12 +1,14 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,7 +197,7 @@ func testRelayPoisonMessageRefusedByBroker(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
 	ob := openTest(t, Options{})
 	opts := fastRelay()
-	opts.MaxAttempts = 3
+	opts.Retry = fastRetry(3)
 	r := mqttRelayOn(t, ob, b.url(), opts, proto)
 	commitOrder(t, ob, "pos/orders", 1)
 	commitOrder(t, ob, "denied/orders", 2) // the broker refuses this one
@@ -629,7 +631,7 @@ func TestOptionChecks(t *testing.T) {
 	}
 	_, err := ob.NewRelay(nil, RelayOptions{})
 	require.Error(t, err)
-	_, err = New(context.Background(), ob.DB(), Options{MaxPayloadBytes: MaxMQTTPayloadBytes + 1})
+	_, err = New(context.Background(), ob.DB(), Options{MaxPayloadBytes: MaxPayloadBytesLimit + 1})
 	require.Error(t, err)
 	for _, u := range []string{"", "http://h:1", "tcp://h", "tcp://:1883", "::bad"} {
 		_, err := NewMQTTPublisher(MQTTOptions{Broker: u})
@@ -784,9 +786,9 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 		name  string
 		write func() error
 	}{
-		{"charge", func() error { _, _, err := r.charge(rc, 1, errors.New("refused")); return err }},
-		{"mark dead", func() error { return r.markDead(rc, &row{outgoing: outgoing{seq: 2}}, errors.New("too large")) }},
-		{"mark expired", func() error { return r.markExpired(rc, &row{outgoing: outgoing{seq: 3}}, time.Second) }},
+		{"charge", func() error { _, _, _, err := r.charge(rc, 1, errors.New("refused")); return err }},
+		{"park dead", func() error { return r.park(rc, parking{seq: 2, reason: "too large", charge: true}) }},
+		{"park expired", func() error { return r.park(rc, parking{seq: 3, reason: "expired", expired: true}) }},
 	} {
 		locked()
 		start := time.Now()
@@ -803,4 +805,85 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 	require.Equal(t, "dead", state)
 	state, _ = rowState(t, ob, 3)
 	require.Equal(t, "expired", state)
+}
+
+// TestParkSeesAFullDisk: parking a message dead or expired, and charging
+// it, are writes like the marks, and a full disk says ErrDiskFull there too
+// (the relay then spends its reserve and frees space, as for a mark).
+func TestParkSeesAFullDisk(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{})
+	for i := 0; i < 3; i++ {
+		commitOrder(t, ob, "t", i)
+	}
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	rc, err := openRelayConn(ctx, ob.DB())
+	require.NoError(t, err)
+	defer rc.close()
+	// No page more for this connection: a reason too long for its row's
+	// page needs overflow pages, which SQLite reports as a full disk.
+	require.NoError(t, rc.do(func(c *sql.Conn) error {
+		_, err := c.ExecContext(ctx, `PRAGMA max_page_count = 1`)
+		return err
+	}))
+	long := strings.Repeat("x", 64<<10)
+	for _, w := range []struct {
+		name  string
+		write func() error
+	}{
+		{"charge", func() error { _, _, _, err := r.charge(rc, 1, errors.New(long)); return err }},
+		{"park dead", func() error { return r.park(rc, parking{seq: 2, reason: long, charge: true}) }},
+		{"park expired", func() error { return r.park(rc, parking{seq: 3, reason: long, expired: true}) }},
+	} {
+		err := w.write()
+		require.ErrorIs(t, err, ErrDiskFull, w.name)
+	}
+	for seq := int64(1); seq <= 3; seq++ {
+		state, attempts := rowState(t, ob, seq)
+		require.Equal(t, "pending", state)
+		require.Zero(t, attempts)
+	}
+}
+
+// sizedPublisher is a fakePublisher whose protocol carries messages of at
+// most limit bytes.
+type sizedPublisher struct {
+	*fakePublisher
+	limit int
+}
+
+func (p *sizedPublisher) CheckSize(topic string, payloadBytes int, _ *PublishProperties) error {
+	if payloadBytes > p.limit {
+		return fmt.Errorf("%d bytes, over this transport's %d", payloadBytes, p.limit)
+	}
+	return nil
+}
+
+// TestRelayAsksThePublisherForItsSizeLimit: the relay sizes a row with the
+// Publisher's rules, not its own: a message its SizeLimiter says can never
+// be carried is parked dead at once, with the reason, and the rest flows.
+func TestRelayAsksThePublisherForItsSizeLimit(t *testing.T) {
+	ob := openTest(t, Options{})
+	opts := fastRelay()
+	opts.Envelope = EnvelopeRaw
+	pub := &sizedPublisher{fakePublisher: &fakePublisher{}, limit: 100}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	for i, n := range []int{10, 101, 100} {
+		require.NoError(t, ob.Transact(context.Background(), func(tx *sql.Tx) error {
+			return ob.Enqueue(context.Background(), tx, Message{Topic: "t", Payload: bytes.Repeat([]byte{'a' + byte(i)}, n)})
+		}))
+	}
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the two that fit sent", func() bool { return countState(t, ob, "sent") == 2 })
+	state, attempts := rowState(t, ob, 2)
+	require.Equal(t, "dead", state)
+	require.Equal(t, 1, attempts)
+	dead, err := ob.List(context.Background(), ListOptions{State: StateDead})
+	require.NoError(t, err)
+	require.Equal(t, "101 bytes, over this transport's 100", dead[0].LastError)
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	require.Equal(t, []string{strings.Repeat("a", 10), strings.Repeat("c", 100)}, pub.published)
 }

@@ -7,9 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // relayConn is the relay's own database connection, shared by its
@@ -253,7 +254,7 @@ func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan st
 	t := time.NewTicker(r.opts.PollInterval)
 	defer t.Stop()
 	for {
-		if woken, ok := waitTick(ctx, t.C, wake); !ok || woken {
+		if woken, ok := wait.Tick(ctx, t.C, wake); !ok || woken {
 			return ok
 		}
 		changed, ok := r.committed(ctx, conn, version)
@@ -577,47 +578,101 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *relayConn, c *sql.C
 	return nil
 }
 
-// markDead parks a message that can never be published.
-func (r *Relay) markDead(conn *relayConn, m *row, cause error) error {
+// charge records one failed attempt against a pending message, with why;
+// attempts is its count after. found is false for a message that is no
+// longer pending (requeued, purged, parked): nothing is charged.
+func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, id string, found bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msg := strings.TrimPrefix(cause.Error(), errPermanent.Error()+": ")
+	err = conn.do(func(c *sql.Conn) error {
+		return conn.queryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
+			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
+			RETURNING attempts, id`,
+			[]any{cause.Error(), seq}, &attempts, &id)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, "", false, nil
+	}
+	if err != nil {
+		return 0, "", false, fmt.Errorf("outbox: count attempt: %w", classifyWriteErr(err))
+	}
+	r.metrics.charged.Add(1)
+	return attempts, id, true, nil
+}
+
+// parking is a message to park, and how.
+type parking struct {
+	seq       int64
+	id, topic string // for the log
+	reason    string // what last_error says
+	charge    bool   // count an attempt too: none was recorded for this failure
+	expired   bool   // its expiry ran out: parked expired, not dead
+}
+
+// park parks a pending message: dead, or expired. It is the one write that
+// sets dead_at, and it goes through the same write-error classification as
+// the marks, so a full disk is recognised here too.
+func (r *Relay) park(conn *relayConn, p parking) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	charge := 0
+	if p.charge {
+		charge = 1
+	}
 	err := conn.do(func(c *sql.Conn) error {
-		return conn.execPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?, dead_at = ?
-			WHERE seq = ? AND dead_at IS NULL`, msg, r.ob.now().UnixMilli(), m.seq)
+		return conn.execPolling(ctx, c, `UPDATE outbox SET attempts = attempts + ?, last_error = ?, dead_at = ?, expired = ?
+			WHERE seq = ? AND dead_at IS NULL`, charge, p.reason, r.ob.now().UnixMilli(), p.expired, p.seq)
 	})
 	if err != nil {
-		return fmt.Errorf("outbox: mark dead: %w", err)
+		what := "dead"
+		if p.expired {
+			what = "expired"
+		}
+		return fmt.Errorf("outbox: mark %s: %w", what, classifyWriteErr(err))
+	}
+	if p.charge {
+		r.metrics.charged.Add(1)
+	}
+	if p.expired {
+		r.expired.Add(1)
+		r.log.Warn("outbox message expired before its turn; parked, not published", "id", p.id, "seq", p.seq, "topic", p.topic, "why", p.reason)
+		return nil
 	}
 	r.dead.Add(1)
-	r.metrics.charged.Add(1)
-	r.log.Warn("outbox message parked as dead", "id", m.id, "seq", m.seq, "topic", m.topic, "err", msg)
+	r.log.Warn("outbox message parked as dead", "id", p.id, "seq", p.seq, "topic", p.topic, "err", p.reason)
 	return nil
 }
 
-// charge counts one failed attempt against a message and parks it as dead
-// when it reached MaxAttempts.
-func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, dead bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var id string
-	err = conn.do(func(c *sql.Conn) error {
-		return conn.queryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?,
-			dead_at = CASE WHEN attempts + 1 >= ? THEN ? END
-			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
-			RETURNING attempts, dead_at IS NOT NULL, id`,
-			[]any{cause.Error(), r.opts.MaxAttempts, r.ob.now().UnixMilli(), seq}, &attempts, &dead, &id)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, true, nil // no longer pending (requeued, purged): nothing to charge
+// failed records a failed attempt of a message and asks the RetryPolicy
+// what becomes of it: parked dead, or retried after retryAfter. A message
+// that is no longer pending counts as settled (dead true).
+func (r *Relay) failed(conn *relayConn, seq int64, cause error) (retryAfter time.Duration, dead bool, err error) {
+	attempts, id, found, err := r.charge(conn, seq, cause)
+	if err != nil || !found {
+		return 0, !found && err == nil, err
 	}
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: count attempt: %w", err)
+	d := r.opts.Retry.Decide(Failure{Attempts: attempts, Err: cause})
+	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", d.Dead, "err", cause)
+	if !d.Dead {
+		return d.RetryAfter, false, nil
 	}
-	r.metrics.charged.Add(1)
-	r.log.Warn("outbox message failed", "id", id, "seq", seq, "attempts", attempts, "dead", dead, "err", cause)
-	if dead {
-		r.dead.Add(1)
+	if err := r.park(conn, parking{seq: seq, id: id, reason: cause.Error()}); err != nil {
+		return 0, false, err
 	}
-	return attempts, dead, nil
+	return 0, true, nil
+}
+
+// refusedForGood asks the RetryPolicy about a message refused for good (its
+// token, or its encoding, says ErrUndeliverable) before anything was
+// charged, and parks it at once if the policy says dead. parked is false
+// when the policy wants it retried or the park failed: the message then
+// goes through the charge of a rejected one (failed).
+func (r *Relay) refusedForGood(conn *relayConn, seq int64, id, topic string, attempts int, cause error) (parked bool, err error) {
+	if !r.opts.Retry.Decide(Failure{Attempts: attempts + 1, Err: cause}).Dead {
+		return false, nil
+	}
+	if err := r.park(conn, parking{seq: seq, id: id, topic: topic, reason: cause.Error(), charge: true}); err != nil {
+		return false, err
+	}
+	return true, nil
 }

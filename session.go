@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // How the relay tells a message's own failure from an outage
@@ -24,20 +26,21 @@ import (
 //     broker keeps refusing is parked as dead after MaxAttempts, while a
 //     broker that is merely down never sees the message and never charges it.
 //   - Slow is not broken. With a publisher whose tokens tell how far their
-//     packet has got (wireToken; MQTTPublisher's do), a message's AckTimeout
+//     packet has got (ProgressToken; MQTTPublisher's do), a message's AckTimeout
 //     counts from when its last byte left, and until then from the last
 //     time the connection moved bytes. A connection given up on because it
-//     moved no bytes before the message had left (a stall: errStalled)
+//     moved no bytes before the message had left (a stall: ErrStalled)
 //     charges nothing, even for the suspect: its bytes never got out.
 //   - A Publisher error wrapping ErrRejected charges the message at once.
 //     The broker refused that message and nothing else (an MQTT 5 PUBACK
 //     reason code): the connection is kept, the publishing stops until it
-//     is settled — retried after Retry backoff, alone first, or parked as
-//     dead — and then flows on. One wrapping ErrUndeliverable too cannot
-//     pass by retrying: it is parked as dead at once, and the messages
-//     behind it are not held back.
+//     is settled — retried when the RetryPolicy says, alone first, or
+//     parked as dead — and then flows on. One wrapping ErrUndeliverable too
+//     cannot pass by retrying: the default policy parks it at once, and the
+//     messages behind it are not held back.
 //   - A message that cannot be encoded (a bad topic written by plain SQL, or
-//     too large for MQTT) can never succeed and is parked as dead at once.
+//     over the Publisher's SizeLimiter) can never succeed and is treated
+//     as one refused for good.
 //
 // A message that keeps failing holds back the ones after it until it is
 // dead, so order holds for everything that is delivered.
@@ -65,47 +68,7 @@ const (
 var (
 	errNoAck          = errors.New("no acknowledgement within the ack timeout")
 	errConnectionLost = errors.New("connection lost")
-	errStalled        = errors.New("the connection moved no bytes before the message had left")
 )
-
-// wireToken is implemented by tokens that can tell how far their packet
-// has got on the wire (MQTTPublisher's), so that a slow link is not taken
-// for a broken one. Other tokens keep the plain AckTimeout from hand-off.
-type wireToken interface {
-	// Wire reports whether every byte of the packet has left this host,
-	// and since when; while it has not, the last time the connection moved
-	// any bytes. It may ask the kernel, so the relay calls it only for
-	// publishes that wait.
-	Wire() (left bool, since time.Time)
-}
-
-// windowLimiter is implemented by publishers whose broker may allow fewer
-// publishes in flight than Window (MQTT 5's Receive Maximum): asked after
-// each Connect; 0 means no limit.
-type windowLimiter interface {
-	MaxInFlight() int
-}
-
-// lostReasoner is implemented by publishers that can tell why the broker
-// ended a connection (an MQTT 5 DISCONNECT's reason code), for the log and
-// Stats.LastError.
-type lostReasoner interface {
-	LostReason() error
-}
-
-// connectionLoser is implemented by publishers that can tell when their
-// connection drops while idle (MQTTPublisher does), so the relay reconnects
-// before the next message is due rather than when it fails.
-type connectionLoser interface {
-	ConnectionLost() <-chan struct{}
-}
-
-// handOffWatcher is implemented by a test's Publisher that must learn of each
-// message just before the relay decides whether to hand it over, to tell
-// what a relay that stalled may still publish when it wakes.
-type handOffWatcher interface {
-	aboutToHandOff(seq int64)
-}
 
 // flight is a publish awaiting its acknowledgement.
 type flight struct {
@@ -118,17 +81,21 @@ type flight struct {
 	// created is the row's created_at (Unix ms), for the commit-to-PUBACK
 	// histogram.
 	created int64
+	// attempts is the row's failed attempts before this one.
+	attempts int
 }
 
 // failure is the first thing that went wrong in a session.
 type failure struct {
-	seq      int64
-	err      error
-	probe    bool
-	rejected bool // the publisher blamed the message
-	notSent  bool // the message never left: there was no connection
-	stalled  bool // the connection stopped moving bytes before it had left
+	seq   int64
+	err   error
+	probe bool
+	fault fault // whose fault it was (faultOf)
 }
+
+// refused reports whether the message itself was refused: the connection
+// stays up, and the message is charged.
+func (f *failure) refused() bool { return f.fault == faultMessage || f.fault == faultUndeliverable }
 
 // markSlots is how many acknowledged messages may wait for their mark.
 func markSlots(window int) int { return max(window, minMarkSlots) }
@@ -165,7 +132,6 @@ type session struct {
 	// carries properties (MQTT 5), else nil.
 	props    PropertiesPublisher
 	progress atomic.Bool
-	watch    handOffWatcher // nil but in tests
 
 	mu   sync.Mutex
 	fail *failure
@@ -193,7 +159,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 	dctx, halt := context.WithCancelCause(sctx)
 	defer halt(nil)
 	window := r.opts.Window
-	if wl, ok := r.pub.(windowLimiter); ok {
+	if wl, ok := r.pub.(WindowLimiter); ok {
 		if n := wl.MaxInFlight(); n > 0 && n < window {
 			window = n
 		}
@@ -208,11 +174,10 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 		probeOK:  make(chan struct{}),
 		gate:     newDurableGate(r.syncWAL, &r.markSyncs, r.opts.Window),
 	}
-	s.watch, _ = r.pub.(handOffWatcher)
 	s.props = r.carrier()
 	var watcher sync.WaitGroup
 	defer watcher.Wait()
-	if cl, ok := r.pub.(connectionLoser); ok {
+	if cl, ok := r.pub.(ConnectionWatcher); ok {
 		if lost := cl.ConnectionLost(); lost != nil {
 			watcher.Add(1)
 			go func() {
@@ -220,7 +185,7 @@ func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionR
 				select {
 				case <-lost:
 					cause := errConnectionLost
-					if lr, ok := r.pub.(lostReasoner); ok {
+					if lr, ok := r.pub.(LossExplainer); ok {
 						if why := lr.LostReason(); why != nil {
 							cause = fmt.Errorf("%w: %w", errConnectionLost, why)
 						}
@@ -280,18 +245,17 @@ func (s *session) result(fatal error) sessionResult {
 	}
 	res.err = f.err
 	switch {
-	case f.rejected:
+	case f.refused():
 		r.suspect = f.seq
-		attempts, dead, err := r.charge(s.conn, f.seq, f.err)
+		retryAfter, _, err := r.failed(s.conn, f.seq, f.err)
 		if err != nil {
 			r.writeFailed(err)
-		} else if !dead {
-			res.retryAfter = retryDelay(r.opts.Retry, attempts)
 		}
-	case f.notSent:
+		res.retryAfter = retryAfter
+	case f.fault == faultNotSent:
 		// Nothing reached the broker; the suspect stays as it was.
-	case f.probe && f.seq == r.suspect && !f.stalled:
-		_, dead, err := r.charge(s.conn, f.seq, f.err)
+	case f.probe && f.seq == r.suspect && f.fault != faultStalled:
+		_, dead, err := r.failed(s.conn, f.seq, f.err)
 		if err != nil {
 			r.writeFailed(err)
 		} else if dead {
@@ -303,16 +267,6 @@ func (s *session) result(fatal error) sessionResult {
 	return res
 }
 
-// retryDelay is the wait before attempt n+1 of a message that failed n times.
-func retryDelay(b Backoff, attempts int) time.Duration {
-	b = b.withDefaults()
-	d := float64(b.Initial)
-	for i := 1; i < attempts && d < float64(b.Max); i++ {
-		d *= b.Multiplier
-	}
-	return min(time.Duration(d), b.Max)
-}
-
 func (s *session) setFail(f failure) {
 	s.mu.Lock()
 	if s.fail == nil {
@@ -322,7 +276,7 @@ func (s *session) setFail(f failure) {
 		s.barrier = f.seq
 	}
 	s.mu.Unlock()
-	if f.rejected {
+	if f.refused() {
 		s.halt(f.err)
 		return
 	}
@@ -376,7 +330,7 @@ func (s *session) dispatch() error {
 			}
 			r.setErr(err)
 			r.log.Error("outbox relay cannot read the outbox", "err", err)
-			if !sleep(s.dctx, time.Second, nil) {
+			if !wait.Sleep(s.dctx, time.Second, nil) {
 				break
 			}
 			continue
@@ -414,11 +368,18 @@ func (s *session) dispatch() error {
 			m := &rows[i]
 			cursor = m.seq
 			if m.encErr != nil {
-				if err := r.markDead(s.conn, m, m.encErr); err != nil {
+				parked, err := r.refusedForGood(s.conn, m.seq, m.id, m.topic, m.attempts, m.encErr)
+				switch {
+				case err != nil:
 					// It stays pending and nothing after it may be
 					// marked: end the session, and try again on the next.
 					r.writeFailed(err)
-					s.setFail(failure{seq: m.seq, err: err, notSent: true})
+					s.setFail(failure{seq: m.seq, err: err, fault: faultNotSent})
+					return nil
+				case !parked:
+					// The policy wants it tried again: charged, as a
+					// message the broker refused.
+					s.setFail(failure{seq: m.seq, err: m.encErr, fault: faultOf(m.encErr)})
 					return nil
 				}
 				continue
@@ -431,8 +392,8 @@ func (s *session) dispatch() error {
 			if !s.gate.admit(s.dctx) {
 				return nil
 			}
-			if s.watch != nil {
-				s.watch.aboutToHandOff(m.seq)
+			if h := r.hooks.beforeHandOff; h != nil {
+				h(m.seq)
 			}
 			// Checked before every hand-off, not once per batch: a relay
 			// stopped (SIGSTOP, a frozen VM) for longer than the TTL while
@@ -451,7 +412,7 @@ func (s *session) dispatch() error {
 			}
 			tok := s.publish(m)
 			r.inFlight.Add(1)
-			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt}
+			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
 			if probe {
 				select {
 				case <-s.probeOK:
@@ -522,23 +483,23 @@ func (s *session) ackLoop() {
 			continue
 		}
 		var err error
-		wt, _ := f.tok.(wireToken)
+		wt, _ := f.tok.(ProgressToken)
 		if wt != nil {
 			timer.Reset(min(time.Until(f.sent.Add(r.opts.AckTimeout)), look))
 		} else {
 			timer.Reset(time.Until(f.sent.Add(r.opts.AckTimeout)))
 		}
-	wait:
+	await:
 		for {
 			select {
 			case <-f.tok.Done():
 				err = f.tok.Error()
-				break wait
+				break await
 			case <-timer.C:
 				stalled := false
 				if wt != nil {
-					left, since := wt.Wire()
-					if d := time.Until(later(f.sent, since).Add(r.opts.AckTimeout)); d > 0 {
+					left, since := wt.Progress()
+					if d := time.Until(wait.Later(f.sent, since).Add(r.opts.AckTimeout)); d > 0 {
 						if !left {
 							d = min(d, look)
 						}
@@ -549,9 +510,13 @@ func (s *session) ackLoop() {
 				}
 				cause := errNoAck
 				if stalled {
-					cause = errStalled
+					cause = ErrStalled
 				}
-				s.setFail(failure{seq: f.seq, err: cause, probe: f.probe, stalled: stalled})
+				flt := faultConnection
+				if stalled {
+					flt = faultStalled
+				}
+				s.setFail(failure{seq: f.seq, err: cause, probe: f.probe, fault: flt})
 				// Disconnecting completes this token with an error.
 				r.pub.Disconnect()
 			case <-done:
@@ -562,7 +527,7 @@ func (s *session) ackLoop() {
 				// next time.
 				abandoned = true
 				err = errors.New("abandoned at shutdown")
-				break wait
+				break await
 			}
 		}
 		timer.Stop()
@@ -582,30 +547,27 @@ func (s *session) ackLoop() {
 			s.settled(f)
 			continue
 		}
-		if !abandoned && errors.Is(err, ErrUndeliverable) && errors.Is(err, ErrRejected) && s.markable(f.seq) {
+		flt := faultOf(err)
+		if !abandoned && flt == faultUndeliverable && s.markable(f.seq) {
 			// Refused for good, on a connection that stays up: parked at
 			// once, and nothing behind it need wait or go again.
-			derr := r.markDead(s.conn, &row{outgoing: outgoing{seq: f.seq, id: f.id, topic: f.topic}}, err)
-			if derr == nil {
+			parked, perr := r.refusedForGood(s.conn, f.seq, f.id, f.topic, f.attempts, err)
+			if parked {
 				r.inFlight.Add(-1)
 				s.gate.settle(1)
 				s.settled(f)
 				continue
 			}
-			// Not recorded: it goes through the charge below instead.
-			r.writeFailed(derr)
+			// Not recorded, or the policy wants it retried: it goes
+			// through the charge below instead.
+			if perr != nil {
+				r.writeFailed(perr)
+			}
 		}
 		r.inFlight.Add(-1)
 		<-s.slots
 		if !abandoned {
-			s.setFail(failure{
-				seq:      f.seq,
-				err:      err,
-				probe:    f.probe,
-				rejected: errors.Is(err, ErrRejected),
-				notSent:  errors.Is(err, ErrNotConnected),
-				stalled:  errors.Is(err, errStalled),
-			})
+			s.setFail(failure{seq: f.seq, err: err, probe: f.probe, fault: flt})
 		}
 	}
 }
@@ -661,4 +623,39 @@ func (r *Relay) notIdle() {
 		default:
 		}
 	}
+}
+
+// publish hands m to the publisher, with its properties if it has any and
+// the connection carries them.
+func (s *session) publish(m *row) Token {
+	if s.props != nil && !m.props.empty() {
+		return s.props.PublishWithProperties(m.topic, m.wire, m.props)
+	}
+	return s.r.pub.Publish(m.topic, m.wire)
+}
+
+// carrier returns the publisher as a PropertiesPublisher if its connection
+// carries properties, else nil. In binary mode a connection that does not
+// is logged once per fallback — when the relay first finds itself without
+// properties, and again only after a connection that had them — so that a
+// relay on 3.1.1 for good says it once, not at every reconnection.
+func (r *Relay) carrier() PropertiesPublisher {
+	pp, ok := r.pub.(PropertiesPublisher)
+	carries := ok && pp.CarriesProperties()
+	if r.opts.Envelope == EnvelopeCloudEventsBinary {
+		if carries {
+			r.structured.Store(false)
+		} else if !r.structured.Swap(true) {
+			why := "the connection speaks MQTT 3.1.1"
+			if !ok {
+				why = "the Publisher cannot send MQTT 5 properties"
+			}
+			r.log.Warn("outbox relay: CloudEvents binary mode needs MQTT 5 properties and "+why+"; publishing structured mode until a connection carries them",
+				"protocol", r.Protocol())
+		}
+	}
+	if !carries {
+		return nil
+	}
+	return pp
 }

@@ -52,14 +52,15 @@ const (
 	stallReturn  = "run returned: "
 )
 
-// stallPublisher is the child's Publisher: it reports on stdout each
-// message the relay is about to hand over, before the relay's last check of
-// its lease, and delays the acknowledgements.
+// stallPublisher is the child's Publisher: it delays the
+// acknowledgements.
 type stallPublisher struct {
 	*MQTTPublisher
 }
 
-func (p stallPublisher) aboutToHandOff(seq int64) {
+// stallHandingOff reports on stdout each message the relay is about to hand
+// over, before the relay's last check of its lease.
+func stallHandingOff(seq int64) {
 	// One write per line, unbuffered: a stop cannot split it, and the
 	// parent has every line written before the stop.
 	fmt.Fprintf(os.Stdout, "%s%d\n", stallHandOff, seq)
@@ -128,6 +129,7 @@ func TestStallChild(t *testing.T) {
 	if err != nil {
 		die("relay: %v", err)
 	}
+	relay.hooks.beforeHandOff = stallHandingOff
 	err = relay.Run(context.Background())
 	fmt.Fprintf(os.Stdout, "%s%v\n", stallReturn, err)
 	os.Exit(0)

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/wait"
+
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
@@ -245,9 +247,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		if time.Since(start) > s.opts.Reconnect.withDefaults().Max {
 			bo.Reset()
 		}
-		wait := bo.NextBackOff()
-		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", wait.Round(time.Millisecond))
-		if !sleep(ctx, wait, nil) {
+		delay := bo.NextBackOff()
+		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", delay.Round(time.Millisecond))
+		if !wait.Sleep(ctx, delay, nil) {
 			break
 		}
 	}
@@ -255,7 +257,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 }
 
 func (s *Subscriber) purgeLoop(ctx context.Context) {
-	every(ctx, min(max(s.in.window/24, time.Second), time.Hour), nil, func() {
+	wait.Every(ctx, min(max(s.in.window/24, time.Second), time.Hour), nil, func() {
 		if _, err := s.in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("outbox inbox purge failed", "err", err)
 		}
@@ -415,9 +417,9 @@ func (s *Subscriber) process(ctx context.Context, m message) bool {
 			}
 			s.failures.Add(1)
 			s.setErr(err)
-			wait := retry.NextBackOff()
-			s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", wait.Round(time.Millisecond))
-			if !sleep(ctx, wait, nil) {
+			delay := retry.NextBackOff()
+			s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", delay.Round(time.Millisecond))
+			if !wait.Sleep(ctx, delay, nil) {
 				return false
 			}
 			continue
@@ -441,7 +443,7 @@ func (s *Subscriber) quarantine(ctx context.Context, m message, ev Event, cause 
 			break
 		}
 		s.setErr(err)
-		if !sleep(ctx, retry.NextBackOff(), nil) {
+		if !wait.Sleep(ctx, retry.NextBackOff(), nil) {
 			return false
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/wait"
+
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	paholog "github.com/eclipse/paho.golang/paho/log"
@@ -174,7 +176,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		defer wg.Done()
 		for {
 			sa, err := c.Subscribe(sctx, &paho.Subscribe{Subscriptions: subs})
-			if err != nil && sa != nil && idInUse(sa.Reasons) && sleep(sctx, 20*time.Millisecond, nil) {
+			if err != nil && sa != nil && idInUse(sa.Reasons) && wait.Sleep(sctx, 20*time.Millisecond, nil) {
 				// A broker that mixes its packet ids with the client's
 				// (mochi does) refuses the SUBSCRIBE when its id is that
 				// of a message of the resumed session still in flight.

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // awaitGone waits until the bytes up to end have left, the link has moved
@@ -22,7 +24,7 @@ func (l *linkConn) awaitGone(end int64, timeout time.Duration, closed <-chan str
 		if gone >= end {
 			return
 		}
-		if time.Since(later(start, moved)) >= timeout {
+		if time.Since(wait.Later(start, moved)) >= timeout {
 			l.stalled.Store(true)
 			return
 		}

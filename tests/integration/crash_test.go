@@ -67,7 +67,7 @@ func crashRelayOptions(owner string) outbox.RelayOptions {
 		BatchSize:       crashBatch,
 		AckTimeout:      10 * time.Second, // nothing here withholds a PUBACK: only a stall would
 		Reconnect:       outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-		Retry:           outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Retry:           outbox.DefaultRetryPolicy{Backoff: outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}},
 		Retention:       50 * time.Millisecond,
 		PurgeInterval:   20 * time.Millisecond,
 		LeaseTTL:        crashLeaseTTL,

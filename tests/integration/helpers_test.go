@@ -51,7 +51,7 @@ func fastRelay() outbox.RelayOptions {
 	return outbox.RelayOptions{
 		Source:          "/test/device",
 		Reconnect:       outbox.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Retry:           outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Retry:           fastRetry(0),
 		AckTimeout:      2 * time.Second,
 		LeaseTTL:        2 * time.Second,
 		ShutdownTimeout: 2 * time.Second,
@@ -82,4 +82,10 @@ func countState(t testing.TB, ob *outbox.Outbox, state string) int {
 func eventIDSeq(payload []byte) (string, int64, error) {
 	ev, err := outbox.DecodeEvent(payload)
 	return ev.ID, ev.Sequence, err
+}
+
+// fastRetry is the retry policy of fastRelay with maxAttempts (0: the
+// default).
+func fastRetry(maxAttempts int) outbox.RetryPolicy {
+	return outbox.DefaultRetryPolicy{Backoff: outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}, MaxAttempts: maxAttempts}
 }

@@ -84,7 +84,7 @@ func oversizeNeverAcknowledged(t *testing.T, _ brokerKind, set *brokerSet) {
 
 	ob := openTest(t, outbox.Options{MaxPayloadBytes: 4 << 20})
 	opts := fastRelay()
-	opts.MaxAttempts = 2
+	opts.Retry = fastRetry(2)
 	startRelay(t, newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "", opts, tg.proto))
 	start := time.Now()
 	commitOrder(t, ob, "pos/orders", 1)

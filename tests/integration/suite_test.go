@@ -264,7 +264,7 @@ func topicsWithDots(t *testing.T, k brokerKind, set *brokerSet) {
 	sub := tg.subscribe(t, "topics", "pos/#")
 	ob := openTest(t, outbox.Options{})
 	opts := fastRelay()
-	opts.MaxAttempts = 2
+	opts.Retry = fastRetry(2)
 	startRelay(t, newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "", opts, tg.proto))
 	commitOrder(t, ob, "pos/a.b", 1)
 	commitOrder(t, ob, "pos/a b", 2)
@@ -305,7 +305,7 @@ func deniedPublish(t *testing.T, k brokerKind, set *brokerSet) {
 	sub := tg.subscribe(t, "denied", d.filter)
 	ob := openTest(t, outbox.Options{})
 	opts := fastRelay()
-	opts.MaxAttempts = 2
+	opts.Retry = fastRetry(2)
 	r := newRelayOn(t, ob, "tcp://"+tg.addr, tg.login, "till-1", opts, tg.proto)
 	startRelay(t, r)
 	commitOrder(t, ob, d.allowed, 1)

@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 // The hot paths, one by one (outboxctl bench measures them together, end to
@@ -134,18 +136,18 @@ func backlogOutbox(b *testing.B, n int) *Outbox {
 }
 
 // relayConnFor returns a relay and a connection of its own, as Run has.
-func relayConnFor(b *testing.B, ob *Outbox) (*Relay, *relayConn) {
+func relayConnFor(b *testing.B, ob *Outbox) (*Relay, *sqlconn.Conn) {
 	b.Helper()
 	r, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Source: "/outbox/device"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := ob.DB().Conn(context.Background())
+	c, err := sqlconn.Open(context.Background(), ob.DB())
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { c.Close() })
-	return r, &relayConn{conn: c, busyMS: 5000}
+	b.Cleanup(c.Close)
+	return r, c
 }
 
 // BenchmarkFetchBatch is the batch claim: the relay's read of the next 256

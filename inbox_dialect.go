@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 // Dialect is the SQL dialect of an Inbox's database.
@@ -69,7 +71,7 @@ var sqliteInbox = &inboxDialect{
 	migrate: func(ctx context.Context, db *sql.DB) error {
 		return migrateSet(ctx, db, "inbox_schema", inboxMigrations, "")
 	},
-	retry:     isBusy,
+	retry:     sqlconn.IsBusy,
 	insertErr: func(err error) error { return err },
 	text:      func(s string) string { return s },
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
@@ -37,7 +39,7 @@ const waitingName = leaseName + ".waiting"
 // a crash or a power cut — its predecessor's boot is over, or its process is
 // gone — takes the lease at once instead of a whole TTL later.
 type lease struct {
-	conn  *relayConn
+	conn  *sqlconn.Conn
 	owner string
 	ttl   time.Duration
 	now   func() time.Time // wall clock, only for the displayed expiry
@@ -108,7 +110,7 @@ func (l *lease) acquire(ctx context.Context, waiting func(holder string), full f
 		took, holder, err := l.try(ctx, &w, start)
 		switch {
 		case err == nil:
-		case isBusy(err):
+		case sqlconn.IsBusy(err):
 			// A database held busy past the busy timeout is no reason to
 			// give up: try again.
 		case errors.Is(classifyWriteErr(err), ErrDiskFull) && full != nil:
@@ -174,8 +176,8 @@ func (l *lease) announce(ctx context.Context, w *watch) error {
 // last call (the first call: whether one ever did); keepLease's only.
 func (l *lease) announcedSince(ctx context.Context) bool {
 	var token int64
-	err := l.conn.do(func(c *sql.Conn) error {
-		st, err := l.conn.stmt(ctx, c, `SELECT coalesce((SELECT token FROM outbox_lease WHERE name = ?), 0)`)
+	err := l.conn.Do(func(c *sql.Conn) error {
+		st, err := l.conn.Stmt(ctx, c, `SELECT coalesce((SELECT token FROM outbox_lease WHERE name = ?), 0)`)
 		if err != nil {
 			return err
 		}
@@ -223,29 +225,6 @@ func (l *lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 
 const renewSQL = `UPDATE outbox_lease SET token = token + 1, expires_at = ? WHERE name = ? AND owner = ?`
 
-// preparedOn runs queries as statements prepared once on the relay's
-// connection (a querier for storeClock); call it inside do.
-type preparedOn struct {
-	rc *relayConn
-	c  *sql.Conn
-}
-
-func (p preparedOn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	st, err := p.rc.stmt(ctx, p.c, q)
-	if err != nil {
-		return p.c.QueryRowContext(ctx, q, args...) // says the same error
-	}
-	return st.QueryRowContext(ctx, args...)
-}
-
-func (p preparedOn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	st, err := p.rc.stmt(ctx, p.c, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryContext(ctx, args...)
-}
-
 // renew extends the lease; it returns ErrLeaseLost if another relay holds
 // it. also, if not nil, writes in the renewal's transaction (one commit
 // instead of two, which is most of what an idle relay costs); if it fails,
@@ -254,17 +233,17 @@ func (l *lease) renew(ctx context.Context, also func(context.Context, querier) e
 	start := time.Now()
 	var ok bool
 	if also != nil {
-		err = l.conn.do(func(c *sql.Conn) error {
+		err = l.conn.Do(func(c *sql.Conn) error {
 			// BEGIN and COMMIT as prepared statements of the connection,
 			// not a *sql.Tx: each statement of a Tx is prepared again.
 			run := func(q string, args ...any) (sql.Result, error) {
-				st, err := l.conn.stmt(ctx, c, q)
+				st, err := l.conn.Stmt(ctx, c, q)
 				if err != nil {
 					return nil, err
 				}
 				return st.ExecContext(ctx, args...)
 			}
-			if err := l.conn.execPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+			if err := l.conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
 				return err
 			}
 			committed := false
@@ -280,7 +259,7 @@ func (l *lease) renew(ctx context.Context, also func(context.Context, querier) e
 			if n, err := res.RowsAffected(); err != nil || n != 1 {
 				return err // not ours: the plain renewal below says so
 			}
-			if alsoErr = also(ctx, preparedOn{l.conn, c}); alsoErr != nil {
+			if alsoErr = also(ctx, sqlconn.Prepared{C: l.conn, SC: c}); alsoErr != nil {
 				return nil
 			}
 			if _, err := run(`COMMIT`); err != nil {
@@ -322,7 +301,7 @@ func (l *lease) release(ctx context.Context) error {
 }
 
 func (l *lease) read(ctx context.Context) (owner string, token int64, where holder, found bool, err error) {
-	err = l.conn.do(func(c *sql.Conn) error {
+	err = l.conn.Do(func(c *sql.Conn) error {
 		return c.QueryRowContext(ctx, `SELECT owner, token, host, machine_id, boot_id, pid, pid_start, pid_ns
 			FROM outbox_lease WHERE name = ?`, leaseName).Scan(&owner, &token,
 			&where.host, &where.machineID, &where.bootID, &where.pid, &where.pidStart, &where.pidNS)
@@ -338,14 +317,14 @@ func (l *lease) read(ctx context.Context) (owner string, token int64, where hold
 
 func (l *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
 	var n int64
-	err := l.conn.do(func(c *sql.Conn) error {
+	err := l.conn.Do(func(c *sql.Conn) error {
 		// Polling for the write lock, as a mark does: the relay's marks
 		// wait for this connection meanwhile, and SQLite's busy handler,
 		// whose sleeps grow to 100 ms, lost the lock to a writer
 		// committing every millisecond at FULL for up to 3 s (outboxctl
 		// bench --full, section 3, sidecar: commit → PUBACK p99 620 ms).
 		var err error
-		n, err = l.conn.execPollingCount(ctx, c, query, args...)
+		n, err = l.conn.ExecPollingCount(ctx, c, query, args...)
 		return err
 	})
 	if err != nil {

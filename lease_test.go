@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 func TestLeaseHolderDeadTo(t *testing.T) {
@@ -130,11 +132,10 @@ func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
 	require.Equal(t, "HOLDING\n", line)
 
 	// While the child lives, its lease is not taken.
-	conn := &relayConn{}
-	c, err := ob.DB().Conn(ctx)
+	conn, err := sqlconn.Open(ctx, ob.DB())
 	require.NoError(t, err)
-	conn.conn = c
-	defer conn.close()
+	defer conn.Close()
+	defer conn.Close()
 	l := &lease{conn: conn, owner: "parent", ttl: time.Hour, now: time.Now, self: thisHolder()}
 	took, holderName, err := l.try(ctx, &watch{}, time.Now())
 	require.NoError(t, err)
@@ -172,10 +173,9 @@ func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
 	_, err = ob2.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
 		VALUES ('relay', 'elsewhere', 7, 0, 'another-host', 'another-machine', 'an-earlier-boot', 1, 1, ?)`, self.pidNS)
 	require.NoError(t, err)
-	c, err := ob2.DB().Conn(context.Background())
+	conn, err := sqlconn.Open(context.Background(), ob2.DB())
 	require.NoError(t, err)
-	conn := &relayConn{conn: c}
-	defer conn.close()
+	defer conn.Close()
 	l := &lease{conn: conn, owner: "me", ttl: time.Hour, now: time.Now, self: self}
 	took, _, err := l.try(context.Background(), &watch{}, time.Now())
 	require.NoError(t, err)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite"
@@ -447,7 +449,7 @@ func busyErr(t *testing.T, ob *Outbox) error {
 	defer db.Close()
 	// The Transact in progress holds the write lock (BEGIN IMMEDIATE).
 	_, err = db.Exec(`INSERT INTO orders (item) VALUES ('blocked')`)
-	require.True(t, isBusy(err), "want SQLITE_BUSY, got %v", err)
+	require.True(t, sqlconn.IsBusy(err), "want SQLITE_BUSY, got %v", err)
 	return err
 }
 

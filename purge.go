@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
@@ -17,7 +19,7 @@ import (
 // is full: there would be nothing to do, and an idle
 // relay would pay for the statements every PurgeInterval (outboxctl fleet
 // --idle).
-func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
+func (r *Relay) purgeLoop(ctx context.Context, conn *sqlconn.Conn) {
 	sentBefore, noneKept := int64(-1), false
 	wait.Every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {
 		// Read before the purge: r.sent grows after a mark has committed,
@@ -37,10 +39,10 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *relayConn) {
 }
 
 // sentKept reports whether any sent row is kept (or this cannot be told).
-func sentKept(ctx context.Context, conn *relayConn) bool {
+func sentKept(ctx context.Context, conn *sqlconn.Conn) bool {
 	kept := true
-	err := conn.do(func(c *sql.Conn) error {
-		st, err := conn.stmt(ctx, c, `SELECT EXISTS (SELECT 1 FROM outbox
+	err := conn.Do(func(c *sql.Conn) error {
+		st, err := conn.Stmt(ctx, c, `SELECT EXISTS (SELECT 1 FROM outbox
 			WHERE seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`)
 		if err != nil {
 			return err
@@ -52,7 +54,7 @@ func sentKept(ctx context.Context, conn *relayConn) bool {
 
 // purgeOnce deletes sent rows past retention and gives a step of free
 // pages back; free is how many pages were free before that step.
-func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) (free int64, err error) {
+func (r *Relay) purgeOnce(ctx context.Context, conn *sqlconn.Conn) (free int64, err error) {
 	now := r.ob.now()
 	retention := max(r.opts.Retention, 0)
 	full := r.diskFull.Swap(false)
@@ -74,7 +76,7 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) (free int64, err
 		// need, for less than it will free once the backlog is gone (the
 		// last mark wakes this loop again).
 		var draining bool
-		err = conn.do(func(c *sql.Conn) error {
+		err = conn.Do(func(c *sql.Conn) error {
 			return c.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
 				WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`).Scan(&draining)
 		})
@@ -98,7 +100,7 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *relayConn) (free int64, err
 		return freed, classifyWriteErr(err)
 	}
 	// Hand the WAL's space back too.
-	return freed, conn.do(func(c *sql.Conn) error {
+	return freed, conn.Do(func(c *sql.Conn) error {
 		_, err := c.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 		return err
 	})
@@ -111,15 +113,15 @@ const reclaimStep = 2048
 // database uses incremental auto-vacuum (OpenDB sets it on new files) and at
 // least minFree pages are free, so the file shrinks after a backlog drains.
 // It returns how many pages were free.
-func reclaim(ctx context.Context, conn *relayConn, minFree int64) (int64, error) {
+func reclaim(ctx context.Context, conn *sqlconn.Conn, minFree int64) (int64, error) {
 	var free int64
-	err := conn.do(func(c *sql.Conn) error {
+	err := conn.Do(func(c *sql.Conn) error {
 		var mode int64
 		for _, p := range []struct {
 			q string
 			v *int64
 		}{{`PRAGMA auto_vacuum`, &mode}, {`PRAGMA freelist_count`, &free}} {
-			st, err := conn.stmt(ctx, c, p.q)
+			st, err := conn.Stmt(ctx, c, p.q)
 			if err != nil {
 				return err
 			}
@@ -183,9 +185,9 @@ func (r *Relay) wakePurge() {
 // walCheckpointed copies the WAL into the database file, waiting for no one,
 // and reports whether all of it is there: then the next write transaction
 // starts the WAL from its beginning again and needs no new space.
-func walCheckpointed(ctx context.Context, conn *relayConn) bool {
+func walCheckpointed(ctx context.Context, conn *sqlconn.Conn) bool {
 	var busy, frames, copied int
-	err := conn.do(func(c *sql.Conn) error {
+	err := conn.Do(func(c *sql.Conn) error {
 		return c.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied)
 	})
 	return err == nil && busy == 0 && copied == frames

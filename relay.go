@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
@@ -182,7 +184,7 @@ type Relay struct {
 
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
-	reader *relayConn
+	reader *sqlconn.Conn
 
 	// wal makes what a batch read durable before it is published (see
 	// durable.go); syncWAL is wal.sync unless a test replaces it.
@@ -394,14 +396,14 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 func (r *Relay) run(ctx context.Context) error {
-	conn, err := openRelayConn(ctx, r.ob.db)
+	conn, err := sqlconn.Open(ctx, r.ob.db)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting
 		}
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
-	defer conn.close()
+	defer conn.Close()
 	defer r.wal.close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
@@ -415,8 +417,8 @@ func (r *Relay) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("outbox: relay: %w", err)
 		}
-		reader = &relayConn{conn: rc, busyMS: conn.busyMS}
-		defer reader.close()
+		reader = sqlconn.Reader(rc, conn)
+		defer reader.Close()
 	}
 	r.reader = reader
 	r.walEvents, r.walIdx, r.napper = nil, nil, nil
@@ -466,7 +468,7 @@ func (r *Relay) run(ctx context.Context) error {
 		// The context is done by now; releasing needs a fresh one.
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if err := conn.do(func(c *sql.Conn) error { return r.ob.storeClock(rctx, c) }); err != nil {
+		if err := conn.Do(func(c *sql.Conn) error { return r.ob.storeClock(rctx, c) }); err != nil {
 			r.log.Warn("outbox relay could not store the outbox clock", "err", err)
 		}
 		if err := l.release(rctx); err != nil {
@@ -495,7 +497,7 @@ func (r *Relay) run(ctx context.Context) error {
 }
 
 // drain connects, runs sessions and reconnects until ctx ends.
-func (r *Relay) drain(ctx context.Context, conn *relayConn, l *lease) error {
+func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease) error {
 	bo := r.opts.Reconnect.newBackOff()
 	var failures int
 	var lastWarn time.Time

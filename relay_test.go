@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -751,9 +753,9 @@ func TestPurgeTakesTheWriteLockInAGap(t *testing.T) {
 	// Sent: what a relay leaves.
 	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = (SELECT max(seq) FROM outbox), sent_at = 1000`)
 	require.NoError(t, err)
-	rc, err := openRelayConn(ctx, ob.DB())
+	rc, err := sqlconn.Open(ctx, ob.DB())
 	require.NoError(t, err)
-	defer rc.close()
+	defer rc.Close()
 	locked := holdWriteLockInBursts(t, dbPath(t, ob), 90*time.Millisecond)
 	for i := 0; i < 3; i++ {
 		locked()
@@ -778,9 +780,9 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 	}
 	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
 	require.NoError(t, err)
-	rc, err := openRelayConn(ctx, ob.DB())
+	rc, err := sqlconn.Open(ctx, ob.DB())
 	require.NoError(t, err)
-	defer rc.close()
+	defer rc.Close()
 	locked := holdWriteLockInBursts(t, dbPath(t, ob), 90*time.Millisecond)
 	for _, w := range []struct {
 		name  string
@@ -818,12 +820,12 @@ func TestParkSeesAFullDisk(t *testing.T) {
 	}
 	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
 	require.NoError(t, err)
-	rc, err := openRelayConn(ctx, ob.DB())
+	rc, err := sqlconn.Open(ctx, ob.DB())
 	require.NoError(t, err)
-	defer rc.close()
+	defer rc.Close()
 	// No page more for this connection: a reason too long for its row's
 	// page needs overflow pages, which SQLite reports as a full disk.
-	require.NoError(t, rc.do(func(c *sql.Conn) error {
+	require.NoError(t, rc.Do(func(c *sql.Conn) error {
 		_, err := c.ExecContext(ctx, `PRAGMA max_page_count = 1`)
 		return err
 	}))

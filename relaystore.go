@@ -3,185 +3,15 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
-
-// relayConn is the relay's own database connection, shared by its
-// goroutines one call at a time. Its synchronous setting is NORMAL: a mark
-// lost to power failure only means a duplicate, never a loss.
-type relayConn struct {
-	mu     sync.Mutex
-	conn   *sql.Conn
-	busyMS int // the connection's busy timeout, for execPolling
-	// stmts are the statements the relay runs again and again, prepared
-	// once on this connection: parsing SQL cost more than running a mark.
-	stmts map[string]*sql.Stmt
-}
-
-// openRelayConn takes a connection from db and sets it up for the relay's
-// writes.
-func openRelayConn(ctx context.Context, db *sql.DB) (*relayConn, error) {
-	c, err := db.Conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// The relay changes this connection's settings (synchronous, busy
-	// timeout): it must not go back to the pool for the application.
-	if _, err := c.ExecContext(ctx, `PRAGMA synchronous = NORMAL`); err != nil {
-		discard(c)
-		return nil, err
-	}
-	// A caller's database may come without a busy timeout; the relay's
-	// writes must wait for the application's transactions, not fail.
-	var busy int
-	if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
-		discard(c)
-		return nil, err
-	}
-	if busy == 0 {
-		busy = 5000
-		if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 5000`); err != nil {
-			discard(c)
-			return nil, err
-		}
-	}
-	return &relayConn{conn: c, busyMS: busy}, nil
-}
-
-func (c *relayConn) do(fn func(*sql.Conn) error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return fn(c.conn)
-}
-
-// stmt returns q prepared on c; call it inside do.
-func (rc *relayConn) stmt(ctx context.Context, c *sql.Conn, q string) (*sql.Stmt, error) {
-	if st, ok := rc.stmts[q]; ok {
-		return st, nil
-	}
-	st, err := c.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	if rc.stmts == nil {
-		rc.stmts = make(map[string]*sql.Stmt)
-	}
-	rc.stmts[q] = st
-	return st, nil
-}
-
-// ExecContext runs one statement on the connection, so that the relay's
-// purges, batch by batch, let its marks in between. The statement is
-// prepared once: the purge runs every minute in each of hundreds of idle
-// relays of one process (outboxctl fleet --idle), and parsing it cost more
-// than running it.
-func (c *relayConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	var res sql.Result
-	err := c.do(func(sc *sql.Conn) error {
-		// Polling for the write lock (execPolling): the purge, which
-		// writes through here, holds the connection that the marks need.
-		var err error
-		res, err = c.execPollingResult(ctx, sc, query, args...)
-		return err
-	})
-	return res, err
-}
-
-// execPolling runs one write on the relay's connection and waits for the
-// write lock by trying again every 200 µs, for as long as the connection's
-// busy timeout, instead of in SQLite's busy handler, whose sleeps grow to
-// 100 ms (1, 2, 5, 10, … 100 ms). Against an application that commits every
-// millisecond at synchronous=FULL — the lock held through each fsync — that
-// schedule loses the lock again and again, and marks that lag keep the
-// window's slots: publishing stalled for hundreds of milliseconds (outboxctl
-// bench, section 3). Polling takes the lock in the first gap between two
-// of the application's transactions.
-func (rc *relayConn) execPolling(ctx context.Context, c *sql.Conn, q string, args ...any) error {
-	_, err := rc.execPollingCount(ctx, c, q, args...)
-	return err
-}
-
-// execPollingCount is execPolling that reports how many rows the write
-// changed.
-func (rc *relayConn) execPollingCount(ctx context.Context, c *sql.Conn, q string, args ...any) (int64, error) {
-	res, err := rc.execPollingResult(ctx, c, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-// execPollingResult is execPolling that returns the write's result.
-func (rc *relayConn) execPollingResult(ctx context.Context, c *sql.Conn, q string, args ...any) (sql.Result, error) {
-	st, err := rc.stmt(ctx, c, q)
-	if err != nil {
-		return nil, err
-	}
-	var res sql.Result
-	err = rc.poll(ctx, c, func() error {
-		var err error
-		res, err = st.ExecContext(ctx, args...)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
-}
-
-// queryRowPolling is execPolling for a write that returns a row (RETURNING),
-// scanned into dest.
-func (rc *relayConn) queryRowPolling(ctx context.Context, c *sql.Conn, q string, args []any, dest ...any) error {
-	st, err := rc.stmt(ctx, c, q)
-	if err != nil {
-		return err
-	}
-	return rc.poll(ctx, c, func() error { return st.QueryRowContext(ctx, args...).Scan(dest...) })
-}
-
-// poll runs try on c with the busy timeout off, again every 200 µs while it
-// fails busy, for as long as the connection's busy timeout (execPolling).
-func (rc *relayConn) poll(ctx context.Context, c *sql.Conn, try func() error) error {
-	// Not prepared: SQLite applies a busy_timeout pragma when it compiles
-	// the statement, not when it runs it.
-	if _, err := c.ExecContext(ctx, `PRAGMA busy_timeout = 0`); err != nil {
-		return err
-	}
-	defer c.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA busy_timeout = %d`, rc.busyMS))
-	deadline := time.Now().Add(time.Duration(rc.busyMS) * time.Millisecond)
-	for {
-		err := try()
-		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
-}
-
-// close closes the prepared statements and discards the connection.
-func (rc *relayConn) close() {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	for _, st := range rc.stmts {
-		st.Close()
-	}
-	rc.stmts = nil
-	discard(rc.conn)
-}
-
-// discard closes a connection that the relay configured for itself,
-// instead of handing it back to the pool.
-func discard(c *sql.Conn) {
-	c.Raw(func(any) error { return driver.ErrBadConn })
-	c.Close()
-}
 
 // maxBatchBytes bounds the payload bytes read per batch, so a backlog of
 // large messages never sits in memory at once.
@@ -201,18 +31,18 @@ type row struct {
 // fetch reads up to limit pending rows after cursor, with the data_version
 // read before them (so a commit after the read is never missed), encoded
 // for a connection that carries MQTT 5 properties or not (carries).
-func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit int, carries bool) (int64, []row, error) {
+func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, limit int, carries bool) (int64, []row, error) {
 	var version int64
 	var out []row
-	err := conn.do(func(c *sql.Conn) error {
-		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+	err := conn.Do(func(c *sql.Conn) error {
+		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {
 			return err
 		}
 		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
 			return err
 		}
-		st, err := conn.stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
+		st, err := conn.Stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
 			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
 			ORDER BY seq LIMIT ?`)
 		if err != nil {
@@ -247,7 +77,7 @@ func (r *Relay) fetch(ctx context.Context, conn *relayConn, cursor int64, limit 
 // waitForWork waits until a commit may have added rows: an in-process
 // notification, a change of data_version (another connection or process
 // committed), or the end of ctx (false).
-func (r *Relay) waitForWork(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
+func (r *Relay) waitForWork(ctx context.Context, conn *sqlconn.Conn, wake <-chan struct{}, version int64) bool {
 	if r.walEvents != nil {
 		return r.waitForWAL(ctx, conn, wake, version)
 	}
@@ -299,7 +129,7 @@ const (
 )
 
 // waitForWAL is waitForWork for a relay that watches its WAL.
-func (r *Relay) waitForWAL(ctx context.Context, conn *relayConn, wake <-chan struct{}, version int64) bool {
+func (r *Relay) waitForWAL(ctx context.Context, conn *sqlconn.Conn, wake <-chan struct{}, version int64) bool {
 	// The fast looks start on entry too, not only at an event: the event
 	// of a commit may have been taken (coalesced with the relay's own
 	// mark's) by the look that ended the last wait, before the commit was
@@ -437,11 +267,11 @@ func untilAligned(d time.Duration) time.Duration {
 
 // committed reports whether another connection committed since version was
 // read; ok is false when ctx ended.
-func (r *Relay) committed(ctx context.Context, conn *relayConn, version int64) (changed, ok bool) {
+func (r *Relay) committed(ctx context.Context, conn *sqlconn.Conn, version int64) (changed, ok bool) {
 	var v int64
 	r.looks.Add(1)
-	err := conn.do(func(c *sql.Conn) error {
-		dv, err := conn.stmt(ctx, c, `PRAGMA data_version`)
+	err := conn.Do(func(c *sql.Conn) error {
+		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {
 			return err
 		}
@@ -489,12 +319,12 @@ WHERE id = 1 AND sent_seq < ?1
 // markSent records that every message up to and including the last of
 // acked is settled; acked are the messages acknowledged since the last
 // mark, in order. With a negative Retention the sent rows are then deleted.
-func (r *Relay) markSent(conn *relayConn, acked []int64) error {
+func (r *Relay) markSent(conn *sqlconn.Conn, acked []int64) error {
 	seq, n := acked[len(acked)-1], len(acked)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := conn.do(func(c *sql.Conn) error {
-		marked, err := conn.execPollingCount(ctx, c, markSQL, seq, r.ob.now().UnixMilli(), n)
+	err := conn.Do(func(c *sql.Conn) error {
+		marked, err := conn.ExecPollingCount(ctx, c, markSQL, seq, r.ob.now().UnixMilli(), n)
 		if err != nil {
 			return err
 		}
@@ -506,7 +336,7 @@ func (r *Relay) markSent(conn *relayConn, acked []int64) error {
 		if r.opts.Retention < 0 {
 			// Not atomic with the mark, and need not be: rows left by a
 			// crash in between are sent, and the purge takes them.
-			return conn.execPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
+			return conn.ExecPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
 		}
 		return nil
 	})
@@ -526,9 +356,9 @@ func (r *Relay) markSent(conn *relayConn, acked []int64) error {
 // never read. Those are moved above every number used, as the insert moves
 // a row it catches, and are published in their turn; then the mark is
 // made, in the same transaction, so no writer comes in between.
-func (r *Relay) markPastIntruders(ctx context.Context, conn *relayConn, c *sql.Conn, acked []int64) error {
+func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, acked []int64) error {
 	seq, n := acked[len(acked)-1], len(acked)
-	if err := conn.execPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+	if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
 		return err
 	}
 	err := func() error {
@@ -581,11 +411,11 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *relayConn, c *sql.C
 // charge records one failed attempt against a pending message, with why;
 // attempts is its count after. found is false for a message that is no
 // longer pending (requeued, purged, parked): nothing is charged.
-func (r *Relay) charge(conn *relayConn, seq int64, cause error) (attempts int, id string, found bool, err error) {
+func (r *Relay) charge(conn *sqlconn.Conn, seq int64, cause error) (attempts int, id string, found bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = conn.do(func(c *sql.Conn) error {
-		return conn.queryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
+	err = conn.Do(func(c *sql.Conn) error {
+		return conn.QueryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
 			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
 			RETURNING attempts, id`,
 			[]any{cause.Error(), seq}, &attempts, &id)
@@ -612,15 +442,15 @@ type parking struct {
 // park parks a pending message: dead, or expired. It is the one write that
 // sets dead_at, and it goes through the same write-error classification as
 // the marks, so a full disk is recognised here too.
-func (r *Relay) park(conn *relayConn, p parking) error {
+func (r *Relay) park(conn *sqlconn.Conn, p parking) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	charge := 0
 	if p.charge {
 		charge = 1
 	}
-	err := conn.do(func(c *sql.Conn) error {
-		return conn.execPolling(ctx, c, `UPDATE outbox SET attempts = attempts + ?, last_error = ?, dead_at = ?, expired = ?
+	err := conn.Do(func(c *sql.Conn) error {
+		return conn.ExecPolling(ctx, c, `UPDATE outbox SET attempts = attempts + ?, last_error = ?, dead_at = ?, expired = ?
 			WHERE seq = ? AND dead_at IS NULL`, charge, p.reason, r.ob.now().UnixMilli(), p.expired, p.seq)
 	})
 	if err != nil {
@@ -646,7 +476,7 @@ func (r *Relay) park(conn *relayConn, p parking) error {
 // failed records a failed attempt of a message and asks the RetryPolicy
 // what becomes of it: parked dead, or retried after retryAfter. A message
 // that is no longer pending counts as settled (dead true).
-func (r *Relay) failed(conn *relayConn, seq int64, cause error) (retryAfter time.Duration, dead bool, err error) {
+func (r *Relay) failed(conn *sqlconn.Conn, seq int64, cause error) (retryAfter time.Duration, dead bool, err error) {
 	attempts, id, found, err := r.charge(conn, seq, cause)
 	if err != nil || !found {
 		return 0, !found && err == nil, err
@@ -667,7 +497,7 @@ func (r *Relay) failed(conn *relayConn, seq int64, cause error) (retryAfter time
 // charged, and parks it at once if the policy says dead. parked is false
 // when the policy wants it retried or the park failed: the message then
 // goes through the charge of a rejected one (failed).
-func (r *Relay) refusedForGood(conn *relayConn, seq int64, id, topic string, attempts int, cause error) (parked bool, err error) {
+func (r *Relay) refusedForGood(conn *sqlconn.Conn, seq int64, id, topic string, attempts int, cause error) (parked bool, err error) {
 	if !r.opts.Retry.Decide(Failure{Attempts: attempts + 1, Err: cause}).Dead {
 		return false, nil
 	}

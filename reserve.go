@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -126,5 +128,5 @@ func noSpace(err error) bool {
 	if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_IOERR_SHMSIZE {
 		return true
 	}
-	return sqliteCode(err) == sqlite3.SQLITE_FULL || errors.Is(err, syscall.ENOSPC)
+	return sqlconn.Code(err) == sqlite3.SQLITE_FULL || errors.Is(err, syscall.ENOSPC)
 }

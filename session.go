@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
@@ -102,7 +104,7 @@ func markSlots(window int) int { return max(window, minMarkSlots) }
 
 type session struct {
 	r    *Relay
-	conn *relayConn
+	conn *sqlconn.Conn
 	l    *lease
 
 	ctx    context.Context // parent: cancelled on shutdown
@@ -153,7 +155,7 @@ type sessionResult struct {
 }
 
 // session publishes over one connection until it fails or ctx ends.
-func (r *Relay) session(ctx context.Context, conn *relayConn, l *lease) sessionResult {
+func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease) sessionResult {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	dctx, halt := context.WithCancelCause(sctx)
@@ -600,7 +602,7 @@ func (s *session) idle(wake <-chan struct{}, version int64) bool {
 	r.ob.clock.pause()
 	ok := r.waitForWork(s.dctx, r.reader, wake, version)
 	if r.ob.clock.resume() >= time.Second && ok {
-		err := r.reader.do(func(c *sql.Conn) error {
+		err := r.reader.Do(func(c *sql.Conn) error {
 			ms, err := readOutboxClock(s.dctx, c)
 			if err == nil {
 				r.ob.clock.catchUp(ms)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -167,7 +169,7 @@ func probeExisting(path string) error {
 	var n int
 	err = db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('outbox', 'outbox_schema')`).Scan(&n)
 	switch {
-	case sqliteCode(err) == sqlite3.SQLITE_NOTADB:
+	case sqlconn.Code(err) == sqlite3.SQLITE_NOTADB:
 		return fmt.Errorf("not a SQLite database")
 	case err != nil:
 		return err
@@ -246,20 +248,6 @@ func checkDB(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// sqliteCode returns the primary SQLite result code of err, or 0.
-func sqliteCode(err error) int {
-	var se *sqlite.Error
-	if errors.As(err, &se) {
-		return se.Code() & 0xff
-	}
-	return 0
-}
-
-func isBusy(err error) bool {
-	c := sqliteCode(err)
-	return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
-}
-
 // classifyWriteErr turns SQLite failures that callers must act on into the
 // package's sentinels, keeping the original error in the chain.
 func classifyWriteErr(err error) error {
@@ -269,7 +257,7 @@ func classifyWriteErr(err error) error {
 	switch {
 	case isFullTrigger(err):
 		return fmt.Errorf("%w: %w", ErrFull, err)
-	case sqliteCode(err) == sqlite3.SQLITE_FULL:
+	case sqlconn.Code(err) == sqlite3.SQLITE_FULL:
 		return fmt.Errorf("%w: %w", ErrDiskFull, err)
 	}
 	return err
@@ -295,7 +283,7 @@ func isFullTrigger(err error) bool {
 // database busy, it rolls back and runs fn again, a few times, after a
 // short random pause.
 func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
-	return runTxRetrying(ctx, db, isBusy, fn)
+	return runTxRetrying(ctx, db, sqlconn.IsBusy, fn)
 }
 
 // runTxRetrying is runTx with another database's idea of which failures a

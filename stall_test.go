@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
+
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
@@ -333,7 +335,7 @@ func testStalledLeaseHolder(t *testing.T, proto MQTTProtocol) {
 		defer db.Close()
 		tx, err := db.Begin()
 		if err != nil {
-			require.True(t, isBusy(err), "BEGIN IMMEDIATE: %v", err)
+			require.True(t, sqlconn.IsBusy(err), "BEGIN IMMEDIATE: %v", err)
 			return true
 		}
 		require.NoError(t, tx.Rollback())

@@ -71,7 +71,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	}()
 	now := o.now()
 	created := now.UnixMilli()
-	tick, storeClock := o.clock.due()
+	tick, storeClock := o.clock.Due()
 	expiring := false
 	var first int64 // the first message's seq, for durableCommits
 	for i := range msgs {
@@ -126,7 +126,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if _, err := tx.ExecContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1`, tick); err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
-		o.clock.catchUp(tick)
+		o.clock.CatchUp(tick)
 	}
 	return nil
 }

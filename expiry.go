@@ -3,25 +3,16 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 )
 
-// How expiry is measured: on the outbox clock, never on the wall clock.
-//
-// A till without a real-time clock boots at 1970 and commits its backlog
-// there; NTP then sets the clock 56 years forward. Measured by the wall
-// clock, every message with an expiry would be past it at once, and the
-// whole backlog would be parked unsent. Clamping what the wall clock may
-// have jumped by needs a process that saw the jump, which a restart after
-// the sync does not have. So a message's expiry is a point on the outbox
-// clock: milliseconds of monotonic time during which an outbox ran on this
-// database, stored in outbox_state.clock_ms. Each Outbox starts from the
-// stored value, adds the monotonic time since (which NTP and RTC resets do
-// not move), catches up with a later value another process stored, and
-// stores its own now and then. A message lives its Expiry of time in which
-// an outbox ran — an outage of the broker counts, the device being off does
-// not: a till switched off overnight does not expire its backlog (documented).
+// How expiry is measured: on the outbox clock (internal/clock), never on
+// the wall clock, stored in outbox_state.clock_ms. Clamping what the wall
+// clock may have jumped by would need a process that saw the jump, which a
+// restart after an NTP sync does not have. A message lives its Expiry of
+// time in which an outbox ran — an outage of the broker counts, the device
+// being off does not: a till switched off overnight does not expire its
+// backlog (documented).
 // The clock stands still while a connected relay waits with nothing in
 // flight (session.idle): no message's life runs then, and the idle relay
 // need store nothing. A writer in another process stamps with the stored
@@ -35,94 +26,6 @@ import (
 // WAL.
 const outboxClockStoreEvery = 10 * time.Second
 
-// outboxClock is an Outbox's view of the outbox clock.
-type outboxClock struct {
-	elapsed func() time.Duration // monotonic time since Open
-
-	mu     sync.Mutex
-	base   int64 // the clock in ms when elapsed() was 0; only grows
-	stored int64 // the latest stored clock this Outbox wrote or read
-	// The relay pauses the clock while it waits with nothing in flight
-	// (session.idle): skipped is the elapsed time spent paused, pausedAt
-	// the elapsed time at the pause under way.
-	paused   bool
-	pausedAt time.Duration
-	skipped  time.Duration
-}
-
-func newOutboxClock(stored int64, elapsed func() time.Duration) *outboxClock {
-	if elapsed == nil {
-		start := time.Now()
-		elapsed = func() time.Duration { return time.Since(start) }
-	}
-	return &outboxClock{elapsed: elapsed, base: stored, stored: stored}
-}
-
-// now is the clock in ms; c.mu is held.
-func (c *outboxClock) now() int64 {
-	e := c.elapsed()
-	if c.paused {
-		e = c.pausedAt
-	}
-	return c.base + (e - c.skipped).Milliseconds()
-}
-
-// tick is the outbox clock in ms.
-func (c *outboxClock) tick() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now()
-}
-
-// pause stops the clock until resume.
-func (c *outboxClock) pause() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.paused {
-		c.paused, c.pausedAt = true, c.elapsed()
-	}
-}
-
-// resume starts the clock again where it stopped, and says for how long it
-// stood still.
-func (c *outboxClock) resume() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.paused {
-		return 0
-	}
-	d := c.elapsed() - c.pausedAt
-	c.paused, c.skipped = false, c.skipped+d
-	return d
-}
-
-// due reports the tick, and whether it is far enough ahead of the stored
-// clock to store.
-func (c *outboxClock) due() (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := c.now()
-	return t, t-c.stored >= outboxClockStoreEvery.Milliseconds()
-}
-
-// ahead is how far, in ms, the clock is ahead of the stored one.
-func (c *outboxClock) ahead() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now() - c.stored
-}
-
-// catchUp notes the stored clock and moves this clock forward to it when
-// another process stored a later tick; it never moves it back.
-func (c *outboxClock) catchUp(stored int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stored = max(c.stored, stored)
-	if t := c.now(); stored > t {
-		c.base += stored - t
-	}
-}
-
 // readOutboxClock reads the stored clock; 0 on a schema without one.
 func readOutboxClock(ctx context.Context, db querier) (int64, error) {
 	var ms int64
@@ -134,11 +37,11 @@ func readOutboxClock(ctx context.Context, db querier) (int64, error) {
 // with what is stored.
 func (o *Outbox) storeClock(ctx context.Context, db querier) error {
 	var stored int64
-	err := db.QueryRowContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1 RETURNING clock_ms`, o.clock.tick()).Scan(&stored)
+	err := db.QueryRowContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1 RETURNING clock_ms`, o.clock.Now()).Scan(&stored)
 	if err != nil {
 		return fmt.Errorf("outbox: storing the outbox clock: %w", classifyWriteErr(err))
 	}
-	o.clock.catchUp(stored)
+	o.clock.CatchUp(stored)
 	return nil
 }
 
@@ -154,7 +57,7 @@ func (r *Relay) expiryLeft(m *row) (left time.Duration, ok bool) {
 	if !m.expires.Valid {
 		return 0, false
 	}
-	return time.Duration(m.expires.Int64-r.ob.clock.tick()) * time.Millisecond, true
+	return time.Duration(m.expires.Int64-r.ob.clock.Now()) * time.Millisecond, true
 }
 
 // atItsTurn looks at m's expiry just before it is handed off — at its

@@ -364,29 +364,6 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 	require.Zero(t, countState(t, ob, "expired"))
 }
 
-// TestOutboxClockPauses: a paused clock stands still, starts again where
-// it stopped, and still catches up with a later stored tick.
-func TestOutboxClockPauses(t *testing.T) {
-	el := &fakeElapsed{}
-	c := newOutboxClock(1000, el.elapsed)
-	el.advance(2 * time.Second)
-	c.pause()
-	el.advance(time.Hour)
-	require.EqualValues(t, 3000, c.tick())
-	require.Equal(t, time.Hour, c.resume())
-	require.EqualValues(t, 3000, c.tick())
-	el.advance(time.Second)
-	require.EqualValues(t, 4000, c.tick())
-	c.pause()
-	c.catchUp(10_000)
-	require.EqualValues(t, 10_000, c.tick())
-	el.advance(time.Minute)
-	require.Equal(t, time.Minute, c.resume())
-	el.advance(time.Second)
-	require.EqualValues(t, 11_000, c.tick())
-	require.Zero(t, c.resume(), "not paused")
-}
-
 // TestExpiryClockStoredByEnqueue: an Enqueue of a message with an expiry
 // stores the outbox clock once it runs 10 s ahead of the stored one, and an
 // Outbox whose own clock lags the stored one (it was opened before another

@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/edgeoutbox/outbox/internal/clock"
 )
 
 // InboxSchemaVersion is the newest inbox schema version this code knows.
@@ -65,11 +66,7 @@ type Inbox struct {
 	window  time.Duration
 	log     *slog.Logger
 	now     func() time.Time
-	elapsed func() time.Duration
-
-	mu     sync.Mutex
-	base   int64 // inbox clock in ms when elapsed() was 0; only grows
-	stored int64 // the latest stored clock this Inbox wrote or read
+	clock   *clock.Stored // the inbox clock, what the window is measured on
 }
 
 // NewInbox creates or migrates the inbox schema in db and returns an Inbox.
@@ -94,13 +91,8 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 	if err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT elapsed_ms FROM inbox_clock WHERE id = 1), 0)`).Scan(&stored); err != nil {
 		return nil, fmt.Errorf("outbox: inbox clock: %w", err)
 	}
-	in := &Inbox{db: db, dialect: dialect, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now, elapsed: opts.elapsed, base: stored, stored: stored}
-	if in.elapsed == nil {
-		// time.Since reads the monotonic clock, which NTP and RTC resets
-		// do not move.
-		start := time.Now()
-		in.elapsed = func() time.Duration { return time.Since(start) }
-	}
+	in := &Inbox{db: db, dialect: dialect, window: opts.DedupeWindow, log: opts.Logger, now: opts.Now,
+		clock: clock.New(stored, opts.elapsed, inboxClockPersistEvery)}
 	if in.window == 0 {
 		in.window = DefaultDedupeWindow
 	}
@@ -111,35 +103,6 @@ func NewInbox(ctx context.Context, db *sql.DB, opts InboxOptions) (*Inbox, error
 		in.now = time.Now
 	}
 	return in, nil
-}
-
-// tick is the inbox clock in ms: the stored value this Inbox started from
-// (or caught up with) plus the monotonic time elapsed since.
-func (in *Inbox) tick() int64 {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.base + in.elapsed().Milliseconds()
-}
-
-// catchUp notes what the database's clock says and moves this Inbox's
-// clock forward to it when another process sharing the database stored a
-// later tick; it never moves it back.
-func (in *Inbox) catchUp(stored int64) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.stored = max(in.stored, stored)
-	if t := in.base + in.elapsed().Milliseconds(); stored > t {
-		in.base += stored - t
-	}
-}
-
-// applyTick is the tick for an Apply, and whether the Apply should store
-// it: the clock is that far ahead of the stored one.
-func (in *Inbox) applyTick() (int64, bool) {
-	t := in.tick()
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return t, t-in.stored >= inboxClockPersistEvery.Milliseconds()
 }
 
 // tickSQL stamps a row with this Inbox's tick or, when another process
@@ -172,7 +135,7 @@ func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 		if ev.ID != "" {
 			// The insert comes first: it takes the write lock at once and
 			// tells a duplicate before the handler runs.
-			tick, persist := in.applyTick()
+			tick, persist := in.clock.Due()
 			res, err := tx.ExecContext(ctx, in.dialect.insertApplied, ev.Source, ev.ID, ev.Type, ev.Sequence, in.now().UnixMilli(), tick)
 			if err != nil {
 				return in.dialect.insertErr(err)
@@ -190,7 +153,7 @@ func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 		return h(ctx, tx, ev)
 	})
 	if err == nil && persisted > 0 {
-		in.catchUp(persisted)
+		in.clock.CatchUp(persisted)
 	}
 	return err
 }
@@ -203,7 +166,7 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 		payload = []byte{}
 	}
 	_, err := in.db.ExecContext(ctx, in.dialect.quarantine,
-		in.dialect.text(topic), payload, in.dialect.text(reason), in.now().UnixMilli(), in.tick())
+		in.dialect.text(topic), payload, in.dialect.text(reason), in.now().UnixMilli(), in.clock.Now())
 	if err != nil {
 		return fmt.Errorf("outbox: quarantine: %w", classifyWriteErr(err))
 	}
@@ -216,11 +179,11 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 // clock, so that inbox time survives a restart.
 func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
 	var stored int64
-	err := in.db.QueryRowContext(ctx, in.dialect.storeClock, in.tick()).Scan(&stored)
+	err := in.db.QueryRowContext(ctx, in.dialect.storeClock, in.clock.Now()).Scan(&stored)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: inbox clock: %w", classifyWriteErr(err))
 	}
-	in.catchUp(stored)
+	in.clock.CatchUp(stored)
 	before := stored - in.window.Milliseconds()
 	n, err := purgeBatches(ctx, in.db, in.dialect.purgeApplied, before, purgeBatch)
 	if err != nil {

@@ -546,7 +546,7 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 		// expiries with the stored outbox clock. Not on a full disk: its
 		// page would take the space the marks need.
 		var clock func(context.Context, querier) error
-		if _, due := r.ob.clock.due(); due && !r.diskFull.Load() {
+		if _, due := r.ob.clock.Due(); due && !r.diskFull.Load() {
 			clock = r.ob.storeClock
 		}
 		r.ownStarted.Add(1)

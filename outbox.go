@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/clock"
 )
 
 const (
@@ -86,7 +88,7 @@ type Outbox struct {
 	prefix     string
 	log        *slog.Logger
 	now        func() time.Time
-	clock      *outboxClock // what Message.Expiry is measured on (expiry.go)
+	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
 	durable    durableCommits // what Transact committed at FULL (durable.go)
 
@@ -173,7 +175,7 @@ func openInspector(ctx context.Context, path string, opts Options) (*Outbox, err
 		db.Close()
 		return nil, err
 	}
-	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, clock: newOutboxClock(0, opts.elapsed), relays: make(map[*Relay]struct{})}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -233,7 +235,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		prefix:     opts.TopicPrefix,
 		log:        opts.Logger,
 		now:        opts.Now,
-		clock:      newOutboxClock(stored, opts.elapsed),
+		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),
 		relays:     make(map[*Relay]struct{}),
 	}
 	if o.maxPayload == 0 {
@@ -289,7 +291,7 @@ func (o *Outbox) Close() error {
 	o.relayWG.Wait()
 	o.inUse.Lock()
 	defer o.inUse.Unlock()
-	if !o.readOnly && o.clock.ahead() >= time.Second.Milliseconds() {
+	if !o.readOnly && o.clock.Ahead() >= time.Second.Milliseconds() {
 		// So that the time this outbox ran counts after a restart too; not
 		// for an Outbox that lived less than a second (outboxctl's).
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

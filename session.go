@@ -599,13 +599,13 @@ func (s *session) idle(wake <-chan struct{}, version int64) bool {
 	if len(s.slots) != 0 {
 		return r.waitForWork(s.dctx, r.reader, wake, version)
 	}
-	r.ob.clock.pause()
+	r.ob.clock.Pause()
 	ok := r.waitForWork(s.dctx, r.reader, wake, version)
-	if r.ob.clock.resume() >= time.Second && ok {
+	if r.ob.clock.Resume() >= time.Second && ok {
 		err := r.reader.Do(func(c *sql.Conn) error {
 			ms, err := readOutboxClock(s.dctx, c)
 			if err == nil {
-				r.ob.clock.catchUp(ms)
+				r.ob.clock.CatchUp(ms)
 			}
 			return err
 		})

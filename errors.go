@@ -96,7 +96,3 @@ type topicError struct{ reason string }
 
 func (e *topicError) Error() string        { return "outbox: invalid topic: " + e.reason }
 func (e *topicError) Is(target error) bool { return target == ErrInvalidTopic }
-
-// errNoWALWatch: the WAL cannot be watched here (no inotify, none left, or
-// an in-memory database); the relay polls data_version instead.
-var errNoWALWatch = errors.New("outbox: the WAL cannot be watched")

@@ -352,7 +352,7 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 	opts := fastRelay()
 	opts.LeaseTTL = time.Second
 	r := mqttRelayOn(t, ob, url, opts, Protocol5)
-	r.safetyPoll = 100 * time.Millisecond
+	r.hooks.watch.SafetyPoll = 100 * time.Millisecond
 	startRelay(t, r)
 	eventually(t, 10*time.Second, "connected and idle", func() bool { return r.idleSkips.Load() > 0 })
 	el.advance(time.Hour)

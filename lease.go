@@ -549,15 +549,15 @@ func (r *Relay) keepLease(ctx context.Context, l *lease, stop context.CancelCaus
 		if _, due := r.ob.clock.Due(); due && !r.diskFull.Load() {
 			clock = r.ob.storeClock
 		}
-		r.ownStarted.Add(1)
+		r.own.Started.Add(1)
 		clockErr, err := l.renew(ctx, clock)
 		if clockErr != nil && ctx.Err() == nil {
 			r.log.Debug("outbox relay could not store the outbox clock", "err", clockErr)
 		}
 		if err == nil {
-			r.ownDone.Add(1) // renew changed the row: it committed
+			r.own.Done.Add(1) // renew changed the row: it committed
 		} else {
-			r.ownStarted.Add(-1)
+			r.own.Started.Add(-1)
 		}
 		switch {
 		case errors.Is(err, ErrLeaseLost):

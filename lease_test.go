@@ -277,7 +277,7 @@ func startParkedRelay(t *testing.T, ob *Outbox, pub Publisher, fake *fakePublish
 	opts.LeaseTTL = time.Second
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
-	r.safetyPoll = 100 * time.Millisecond
+	r.hooks.watch.SafetyPoll = 100 * time.Millisecond
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "connected and skipping", func() bool { return fake.connectCount() == 1 && r.idleSkips.Load() > 0 })
 	return r

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
+	"github.com/edgeoutbox/outbox/internal/walwatch"
 
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
@@ -192,29 +193,11 @@ type Relay struct {
 	syncWAL   func() error
 	markSyncs atomic.Int64 // RelayStats.MarkSyncs
 
-	// walEvents, while Run runs, is told of writes to the WAL by any
-	// process (walwatch_linux.go); nil where the relay polls.
-	walEvents <-chan struct{}
-	// watchWAL is watchWAL unless a test replaces it; safetyPoll is the
-	// longest a watching relay goes without looking (walSafetyPoll).
-	watchWAL   func(path string) (*walSubscription, error)
-	safetyPoll time.Duration
-	// openWALIndex is openWALIndex unless a test replaces it.
-	openWALIndex func(dbPath string) (*walIndex, error)
-	// walIdx, while Run runs and watches, reads SQLite's WAL index so that
-	// a look need not be a query (walindex.go); nil: every look asks.
-	walIdx *walIndex
-	// napper, while Run runs and watches, times the looks' gaps under
-	// walNapBelow (walwatch_linux.go); nil: Go timers alone do.
-	napper *napTimer
-	looks  atomic.Int64 // data_version queries while waiting, for tests
-	// ownStarted and ownDone count the relay's own commits that
-	// waitForWAL may discount: lease renewals, each of which commits when
-	// it succeeds (it changes a row). Started is counted before the
-	// statement and taken back when it fails; done after it returned.
-	// Counting what did not commit could hide another process's commit
-	// until the next safety query; so nothing else is counted.
-	ownStarted, ownDone atomic.Int64
+	// watch, while Run runs, tells when another connection or process may
+	// have committed (internal/walwatch); own counts the relay's own
+	// commits it may discount: lease renewals.
+	watch *walwatch.Watch
+	own   walwatch.Own
 	// idleSince is when the relay, connected, began to wait for work (on
 	// the monotonic clock, since epoch; 0: it is not waiting). One that
 	// has waited since before its last renewal renews less often, or not
@@ -266,7 +249,6 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
 	r.syncWAL = r.wal.sync
-	r.watchWAL, r.safetyPoll, r.openWALIndex = watchWAL, walSafetyPoll, openWALIndex
 	r.epoch = time.Now()
 	return r, nil
 }
@@ -421,25 +403,10 @@ func (r *Relay) run(ctx context.Context) error {
 		defer reader.Close()
 	}
 	r.reader = reader
-	r.walEvents, r.walIdx, r.napper = nil, nil, nil
-	if r.ob.path != "" {
-		if sub, err := r.watchWAL(r.ob.path + "-wal"); err == nil {
-			defer sub.Close()
-			r.walEvents = sub.C
-			if idx, err := r.openWALIndex(r.ob.path); err == nil {
-				defer idx.close()
-				r.walIdx = idx
-			}
-			// Every wait starts with a short gap, so every watching relay
-			// naps: one timerfd and one goroutine each.
-			if n, err := newNapTimer(); err == nil {
-				defer n.close()
-				r.napper = n
-			}
-		} else {
-			r.log.Info("outbox relay polls for other processes' commits", "every", r.opts.PollInterval, "why", err)
-		}
-	}
+	wopts := r.hooks.watch
+	wopts.PollInterval, wopts.Own, wopts.Log = r.opts.PollInterval, &r.own, r.log
+	r.watch = walwatch.Open(r.ob.path, wopts)
+	defer r.watch.Close()
 	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder(),
 		kick: make(chan struct{}, 1), told: make(chan struct{}, 1)}
 	var lastFull time.Time
@@ -614,4 +581,9 @@ type relayHooks struct {
 	// beforeHandOff learns of each message just before the relay's last
 	// check of its lease and the hand-off (the stalled holder's test).
 	beforeHandOff func(seq int64)
+	// watch replaces parts of the WAL watch (its safety look, how it
+	// subscribes and reads the index).
+	watch walwatch.Options
+	// onAsk learns of each data_version query made while waiting.
+	onAsk func()
 }

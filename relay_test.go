@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
+	"github.com/edgeoutbox/outbox/internal/walwatch"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -325,7 +326,7 @@ func TestRelayWakesOnTransactWithoutPolling(t *testing.T) {
 	opts.PollInterval = time.Hour // only the in-process wake-up can deliver
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
-	r.watchWAL = func(string) (*walSubscription, error) { return nil, errNoWALWatch }
+	r.hooks.watch.Subscribe = func(string) (*walwatch.Subscription, error) { return nil, walwatch.ErrNoWatch }
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "relay connected", func() bool { s, _ := r.Stats(context.Background()); return s.Connected })
 	for i := 0; i < 5; i++ {

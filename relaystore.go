@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
-
-	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // maxBatchBytes bounds the payload bytes read per batch, so a backlog of
@@ -78,198 +76,16 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 // notification, a change of data_version (another connection or process
 // committed), or the end of ctx (false).
 func (r *Relay) waitForWork(ctx context.Context, conn *sqlconn.Conn, wake <-chan struct{}, version int64) bool {
-	if r.walEvents != nil {
-		return r.waitForWAL(ctx, conn, wake, version)
-	}
-	t := time.NewTicker(r.opts.PollInterval)
-	defer t.Stop()
-	for {
-		if woken, ok := wait.Tick(ctx, t.C, wake); !ok || woken {
-			return ok
-		}
-		changed, ok := r.committed(ctx, conn, version)
-		if changed || !ok {
-			return ok
-		}
-	}
-}
-
-// walFirstLook is how soon after a write to the WAL the relay looks again,
-// the gaps growing by half each time up to walSafetyPoll. A commit is
-// visible once SQLite has updated the WAL index (shared memory, which
-// inotify does not see) after its last write, and at FULL after the fsync
-// in between: so the relay looks at once, then again soon, and again. With
-// gaps growing by half, it notices a commit at most half as late again as
-// its fsync took (doubling let a 250 ms fsync under load cost 500 ms), in
-// about 23 looks per write up to the first second.
-//
-// walSafetyPoll is the longest a watching relay goes without looking, the
-// net for a write whose event never came; with the WAL index a look reads
-// two files, and every walAskEvery-th asks data_version too (every minute),
-// the net for an index that does not move. Both are long because each look
-// wakes the relay, and a process hosts hundreds (outboxctl fleet --idle:
-// at 1 s and 5 s, the looks and the queries were a third of the cost of
-// 500 idle relays; at 5 s and 30 s the queries were a tenth). A relay that
-// renews nothing while idle (hearsAll: see keepLease) also asks once the
-// looks after a write's event end, whatever the index says: it must hear a
-// contender's announcement even if the index does not move, and its own
-// writes, which the index spares it asking about, are few.
-//
-// Gaps shorter than walNapBelow are timed by a napTimer too, since a Go
-// timer under a millisecond takes a whole one in an idle process: that made
-// the first five looks after a write 1.1 ms apart, not 0.1 to 0.5 ms (a
-// sidecar's commit → publish p50 0.70 ms, against 0.22 ms for the same
-// writer in the relay's process, which keeps the runtime awake).
-const (
-	walNapBelow   = time.Millisecond
-	walFirstLook  = 100 * time.Microsecond
-	walSafetyPoll = 5 * time.Second
-	walAskEvery   = 12               // safety looks per data_version query, with the WAL index
-	walDeferOwn   = time.Millisecond // the longest a look waits for a renewal in flight
-)
-
-// waitForWAL is waitForWork for a relay that watches its WAL.
-func (r *Relay) waitForWAL(ctx context.Context, conn *sqlconn.Conn, wake <-chan struct{}, version int64) bool {
-	// The fast looks start on entry too, not only at an event: the event
-	// of a commit may have been taken (coalesced with the relay's own
-	// mark's) by the look that ended the last wait, before the commit was
-	// visible to the read that followed; no other event comes for it.
-	// Without this, about 1 % of a sidecar's commits waited for a late
-	// look (commit → PUBACK p99 101–543 ms in outboxctl bench section 3).
-	//
-	// With the WAL index (walindex.go) a look is two reads of files, not a
-	// query. It counts the commits since the wait began, and data_version
-	// is asked only when some were not the relay's own (its lease
-	// renewals, counted in ownCommits); the fast looks stop once no commit
-	// is under way. So an idle relay, whose own writes wake it every few
-	// seconds, neither queries nor reads its outbox for them (500 relays in
-	// one process: outboxctl fleet --idle). Every walAskEvery-th safety
-	// look asks data_version anyway, and a commit the index did not show
-	// turns the index off.
-	//
-	// The counts are read in an order that can only overstate others'
-	// commits: the base of commits before the base of own ones started,
-	// and at each look own ones done before commits; the query at entry
-	// comes after both bases, for what committed since the batch read.
-	idx := r.walIdx
-	var base uint32
-	var ownBase int64
-	if idx != nil {
-		var ok bool
-		if base, _, ok = idx.look(); !ok {
-			idx = nil
-		}
-		ownBase = r.ownStarted.Load()
-		if changed, ok := r.committed(ctx, conn, version); changed || !ok {
-			return ok
-		}
-	}
-	gap := min(walFirstLook, r.safetyPoll)
-	t := time.NewTimer(gap)
-	defer t.Stop()
-	safeties := 0
-	var deferredAt time.Time // since when a look waits for a renewal to return
-	evented := false         // a write's event came since the last ask
-	for {
-		ask := idx == nil
-		due := false // the gap has passed
-		// A short gap is timed twice: the Go timer fires on time in a busy
-		// process (the scheduler runs due timers between goroutines) and
-		// the napTimer in an idle one (the poller wakes for it), where the
-		// Go timer takes a millisecond; the first wins.
-		var napped <-chan struct{}
-		if gap < walNapBelow && r.napper != nil {
-			r.napper.arm(gap)
-			napped = r.napper.fired
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-wake:
-			return true
-		case <-r.walEvents:
-			evented = true
-			gap = walFirstLook
-		case <-t.C:
-			due = true
-		case <-napped:
-			due = true
-		}
-		if due {
-			if gap >= r.safetyPoll {
-				safeties++
-				ask = ask || safeties%walAskEvery == 0
-			}
-			gap = min(gap+gap/2, r.safetyPoll)
-		}
-		others := true
-		if idx != nil {
-			done := r.ownDone.Load()
-			commits, pending, ok := idx.look()
-			others = !ok || int64(commits-base) > done-ownBase
-			if others && ok && r.ownStarted.Load() > r.ownDone.Load() {
-				// Most likely a renewal that committed and has not
-				// returned yet: look again soon rather than ask; but not
-				// for long, since the renewal may as well be waiting for
-				// the write lock behind the very commit seen.
-				now := time.Now()
-				if deferredAt.IsZero() {
-					deferredAt = now
-				}
-				if now.Sub(deferredAt) < walDeferOwn {
-					gap = walFirstLook
-					t.Reset(gap)
-					continue
-				}
-			}
-			deferredAt = time.Time{}
-			if !pending {
-				gap = r.safetyPoll // until the next event
-				ask = ask || (evented && r.hearsAll.Load())
-			}
-			ask = ask || others
-		}
-		if ask {
-			evented = false
-			changed, ok := r.committed(ctx, conn, version)
-			if changed && idx != nil {
-				// What committed came after the base (the query at entry
-				// saw nothing), and is visible: the index must have moved.
-				if commits, _, ok := idx.look(); ok && commits == base {
-					r.log.Warn("outbox relay: SQLite's WAL index did not show a commit; looking with queries from now on")
-					r.walIdx = nil
-				}
-			}
-			if changed || !ok {
-				return ok
-			}
-		}
-		if gap >= r.safetyPoll {
-			t.Reset(untilAligned(r.safetyPoll))
-		} else {
-			t.Reset(gap)
-		}
-	}
-}
-
-// untilAligned is how long until the next multiple of d on the wall clock,
-// at most d. The safety looks of every relay in a process fall due
-// together: the Go scheduler then wakes for one burst of them, instead of
-// for each on its own (the wake-ups, not the looks, were most of what 500
-// idle relays cost: outboxctl fleet --idle). A wall-clock jump only moves
-// one look earlier.
-func untilAligned(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d - time.Duration(time.Now().UnixNano()%int64(d))
+	return r.watch.Wait(ctx, wake, func(ctx context.Context) (bool, bool) { return r.committed(ctx, conn, version) }, r.hearsAll.Load)
 }
 
 // committed reports whether another connection committed since version was
 // read; ok is false when ctx ended.
 func (r *Relay) committed(ctx context.Context, conn *sqlconn.Conn, version int64) (changed, ok bool) {
 	var v int64
-	r.looks.Add(1)
+	if r.hooks.onAsk != nil {
+		r.hooks.onAsk()
+	}
 	err := conn.Do(func(c *sql.Conn) error {
 		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {

@@ -339,7 +339,7 @@ func (s *session) dispatch() error {
 		}
 		if len(rows) == 0 {
 			// Before the nudge, which keepLease judges by it.
-			r.hearsAll.Store(r.walEvents != nil && r.walIdx != nil && r.safetyPoll <= s.l.ttl/2)
+			r.hearsAll.Store(r.watch.HearsAll(s.l.ttl / 2))
 			if woke {
 				// The last wait ended and there was nothing: another
 				// connection's commit, perhaps a contender announcing

@@ -1,4 +1,4 @@
-package outbox
+package walwatch
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 	"os"
 )
 
-// walIndex looks at SQLite's own record of the WAL without a query: the
+// Index looks at SQLite's own record of the WAL without a query: the
 // WAL-index header at the start of the -shm file (which every connection,
 // in any process, maps into memory; a read of the file sees the same page)
 // and the frame after the last committed one in the WAL. It tells a
@@ -14,8 +14,8 @@ import (
 // from others'), and whether a commit is under way (its frames written, the header not yet
 // updated: at FULL, the fsync in between). PRAGMA data_version stays the
 // authority; this only spares the relay that query, and its wake-ups, while
-// nothing is happening. See waitForWAL.
-type walIndex struct {
+// nothing is happening. See Watch.Wait.
+type Index struct {
 	shm, wal *os.File
 }
 
@@ -28,7 +28,8 @@ const (
 	walFrameHdrSize = 24
 )
 
-func openWALIndex(dbPath string) (*walIndex, error) {
+// OpenIndex opens the -shm and -wal files of the database at dbPath.
+func OpenIndex(dbPath string) (*Index, error) {
 	shm, err := os.Open(dbPath + "-shm")
 	if err != nil {
 		return nil, err
@@ -38,21 +39,22 @@ func openWALIndex(dbPath string) (*walIndex, error) {
 		shm.Close()
 		return nil, err
 	}
-	return &walIndex{shm: shm, wal: wal}, nil
+	return &Index{shm: shm, wal: wal}, nil
 }
 
-func (w *walIndex) close() {
+// Close closes the files.
+func (w *Index) Close() {
 	w.shm.Close()
 	w.wal.Close()
 }
 
-// look reads the header: commits counts the commits to this database so
+// Look reads the header: commits counts the commits to this database so
 // far, by any connection (SQLite's iChange, which every commit, and
 // nothing else, moves on by one; it wraps); pending says that the WAL holds
 // a frame of the current generation after the last committed one, or that
 // this could not be told: a commit may be under way. ok is false when the
 // header could not be read whole, or a writer was updating it: ask SQLite.
-func (w *walIndex) look() (commits uint32, pending, ok bool) {
+func (w *Index) Look() (commits uint32, pending, ok bool) {
 	var two [2 * walIndexHdrSize]byte
 	if n, _ := w.shm.ReadAt(two[:], 0); n != len(two) || !bytes.Equal(two[:walIndexHdrSize], two[walIndexHdrSize:]) {
 		return 0, true, false

@@ -1,6 +1,6 @@
 //go:build linux
 
-package outbox
+package walwatch
 
 import (
 	"errors"
@@ -8,19 +8,18 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// walWatchers is the process's one inotify instance, shared by every relay
+// watchers is the process's one inotify instance, shared by every relay
 // that watches a WAL: a user has few instances (128 by default, in
 // /proc/sys/fs/inotify/max_user_instances), and 500 relays in one process
 // must work. It is the one piece of global state in the package, and the
 // reason is that limit: it is opened by the first watch and closed with the
 // last one, so a process with no relay running holds nothing.
-var walWatchers struct {
+var watchers struct {
 	mu sync.Mutex
 	w  *inotifyWatcher
 }
@@ -40,32 +39,32 @@ type inotifyWatcher struct {
 type watchedDir struct {
 	wd    int32
 	path  string
-	names map[string][]*walSubscription // file name → its subscribers
+	names map[string][]*Subscription // file name → its subscribers
 }
 
-// walSubscription is one relay's watch on its WAL: C receives a value
+// Subscription is one relay's watch on its WAL: C receives a value
 // (coalesced) after any write to the file by any process.
-type walSubscription struct {
+type Subscription struct {
 	C    chan struct{}
 	dir  string
 	name string
 }
 
-// watchWAL watches the file at path. errNoWALWatch says that it cannot be
+// Subscribe watches the file at path. ErrNoWatch says that it cannot be
 // watched (no inotify instance left, or too many watches): poll instead.
-func watchWAL(path string) (*walSubscription, error) {
+func Subscribe(path string) (*Subscription, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
 	}
 	dir, name := filepath.Dir(abs), filepath.Base(abs)
-	walWatchers.mu.Lock()
-	defer walWatchers.mu.Unlock()
-	w := walWatchers.w
+	watchers.mu.Lock()
+	defer watchers.mu.Unlock()
+	w := watchers.w
 	if w == nil {
 		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 		if err != nil {
-			return nil, fmt.Errorf("%w: inotify: %w", errNoWALWatch, err)
+			return nil, fmt.Errorf("%w: inotify: %w", ErrNoWatch, err)
 		}
 		// Non-blocking, so that the runtime's poller waits for it and a
 		// Close ends the read.
@@ -82,29 +81,29 @@ func watchWAL(path string) (*walSubscription, error) {
 				// the lock.
 				w.f.Close()
 			}
-			return nil, fmt.Errorf("%w: inotify watch of %s: %w", errNoWALWatch, dir, err)
+			return nil, fmt.Errorf("%w: inotify watch of %s: %w", ErrNoWatch, dir, err)
 		}
-		d = &watchedDir{wd: int32(wd), path: dir, names: map[string][]*walSubscription{}}
+		d = &watchedDir{wd: int32(wd), path: dir, names: map[string][]*Subscription{}}
 		w.dirs[d.wd], w.byPath[dir] = d, d
 	}
-	s := &walSubscription{C: make(chan struct{}, 1), dir: dir, name: name}
+	s := &Subscription{C: make(chan struct{}, 1), dir: dir, name: name}
 	d.names[name] = append(d.names[name], s)
 	w.subs++
-	walWatchers.w = w
+	watchers.w = w
 	return s, nil
 }
 
 // Close ends the watch; the last one closes the inotify instance and waits
 // for its reader to end.
-func (s *walSubscription) Close() {
-	walWatchers.mu.Lock()
-	w := walWatchers.w
+func (s *Subscription) Close() {
+	watchers.mu.Lock()
+	w := watchers.w
 	var d *watchedDir
 	if w != nil {
 		d = w.byPath[s.dir]
 	}
 	if d == nil {
-		walWatchers.mu.Unlock()
+		watchers.mu.Unlock()
 		return
 	}
 	subs := d.names[s.name]
@@ -125,9 +124,9 @@ func (s *walSubscription) Close() {
 	}
 	last := w.subs == 0
 	if last {
-		walWatchers.w = nil
+		watchers.w = nil
 	}
-	walWatchers.mu.Unlock()
+	watchers.mu.Unlock()
 	if last {
 		// The reader takes the lock after each read: wait without it.
 		w.f.Close()
@@ -146,19 +145,19 @@ func (w *inotifyWatcher) read() {
 				return
 			}
 			// An overflow or a read error: wake everyone, who then looks.
-			walWatchers.mu.Lock()
+			watchers.mu.Lock()
 			for _, d := range w.dirs {
 				for _, subs := range d.names {
 					notifyAll(subs)
 				}
 			}
-			walWatchers.mu.Unlock()
+			watchers.mu.Unlock()
 			if !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EAGAIN) {
 				return
 			}
 			continue
 		}
-		walWatchers.mu.Lock()
+		watchers.mu.Lock()
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
@@ -185,76 +184,15 @@ func (w *inotifyWatcher) read() {
 			}
 			notifyAll(d.names[name])
 		}
-		walWatchers.mu.Unlock()
+		watchers.mu.Unlock()
 	}
 }
 
-func notifyAll(subs []*walSubscription) {
+func notifyAll(subs []*Subscription) {
 	for _, s := range subs {
 		select {
 		case s.C <- struct{}{}:
 		default:
 		}
 	}
-}
-
-// napTimer fires after gaps shorter than a Go timer keeps: a Go timer
-// under a millisecond waits a whole one in a process that has nothing else
-// to do, since the runtime's poller sleeps in milliseconds (measured here:
-// a 100 µs time.Sleep took 1.1 ms in an idle process). A timerfd read
-// through the poller wakes it when it fires, and holds no thread meanwhile
-// (a nanosleep does, and a process that napped so lost one of its two
-// processors to the nap: outboxctl bench section 3's commits through the
-// library waited 0.4 ms more at p50).
-type napTimer struct {
-	f     *os.File
-	fd    int
-	fired chan struct{} // a value (coalesced) when an armed gap has passed
-	done  chan struct{} // closed when the reader has ended
-}
-
-func newNapTimer() (*napTimer, error) {
-	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	n := &napTimer{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd, fired: make(chan struct{}, 1), done: make(chan struct{})}
-	go func() {
-		defer close(n.done)
-		var b [8]byte // the count of expirations
-		for {
-			if _, err := n.f.Read(b[:]); err != nil {
-				return // closed
-			}
-			select {
-			case n.fired <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	return n, nil
-}
-
-// arm makes fired receive a value once d has passed (and forgets a value
-// from an earlier gap).
-func (n *napTimer) arm(d time.Duration) {
-	n.disarm()
-	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(d, time.Microsecond).Nanoseconds())}
-	unix.TimerfdSettime(n.fd, 0, &spec, nil)
-}
-
-// disarm stops the timer and forgets a value it left.
-func (n *napTimer) disarm() {
-	var off unix.ItimerSpec
-	unix.TimerfdSettime(n.fd, 0, &off, nil)
-	select {
-	case <-n.fired:
-	default:
-	}
-}
-
-// close ends the reader and waits for it.
-func (n *napTimer) close() {
-	n.f.Close()
-	<-n.done
 }

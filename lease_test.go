@@ -16,55 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
-
-func TestLeaseHolderDeadTo(t *testing.T) {
-	self := holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 100, pidStart: 5000, pidNS: "pid:[1]"}
-	running := func(pid int64) (procInfo, bool) {
-		switch pid {
-		case 100:
-			return procInfo{exists: true, start: 5000}, true
-		case 200:
-			return procInfo{exists: true, start: 7000}, true // alive, started at 7000
-		case 400:
-			return procInfo{}, false // /proc cannot be trusted for it
-		}
-		return procInfo{}, true // no such process
-	}
-	for _, c := range []struct {
-		name string
-		h    holder
-		dead bool
-	}{
-		{"an earlier boot of this host", holder{host: "till-7", machineID: "m1", bootID: "b0", pid: 200, pidStart: 7000, pidNS: "pid:[1]"}, true},
-		{"a process of this boot that is gone", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, true},
-		{"its pid reused by a later process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 6999, pidNS: "pid:[1]"}, true},
-		{"a live process", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 200, pidStart: 7000, pidNS: "pid:[1]"}, false},
-		{"this very process", self, false},
-		{"this very process, /proc saying otherwise", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 100, pidStart: 4999, pidNS: "pid:[1]"}, false},
-		{"a process /proc cannot tell of", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 400, pidStart: 900, pidNS: "pid:[1]"}, false},
-		{"another PID namespace", holder{host: "till-7", machineID: "m1", bootID: "b1", pid: 300, pidStart: 900, pidNS: "pid:[2]"}, false},
-		{"another host", holder{host: "till-8", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
-		{"another machine of the same name", holder{host: "till-7", machineID: "m2", bootID: "b0", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
-		{"written by an older version", holder{}, false},
-		{"no boot id", holder{host: "till-7", machineID: "m1", pid: 300, pidStart: 900, pidNS: "pid:[1]"}, false},
-	} {
-		require.Equal(t, c.dead, c.h.deadTo(self, running), c.name)
-	}
-	me := thisHolder()
-	if me.bootID == "" {
-		t.Skip("not Linux: no boot id, a holder is never judged dead")
-	}
-	require.NotEmpty(t, me.host)
-	require.NotEmpty(t, me.pidNS)
-	require.False(t, me.deadTo(me, readProc), "this process is alive")
-	p, known := readProc(me.pid)
-	if known {
-		require.True(t, p.exists)
-		require.Equal(t, me.pidStart, p.start)
-	}
-}
 
 const leaseChildEnv = "OUTBOX_LEASE_CHILD_DB"
 
@@ -108,7 +62,7 @@ func TestLeaseChild(t *testing.T) {
 // holder on this host whose process is gone (or whose boot is over) is
 // provably dead: its lease is taken at once. A live one is waited for.
 func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
-	if thisHolder().bootID == "" {
+	if lease.ThisHolder().BootID == "" {
 		t.Skip("not Linux: no boot id, a holder is never judged dead")
 	}
 	if testing.Short() {
@@ -136,11 +90,7 @@ func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	defer conn.Close()
-	l := &lease{conn: conn, owner: "parent", ttl: time.Hour, now: time.Now, self: thisHolder()}
-	took, holderName, err := l.try(ctx, &watch{}, time.Now())
-	require.NoError(t, err)
-	require.False(t, took, "a live holder is waited for")
-	require.Equal(t, "child", holderName)
+	require.Equal(t, "child", waitedFor(t, conn), "a live holder is waited for")
 
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	child.Wait()
@@ -154,15 +104,15 @@ func TestLeaseTakenAtOnceFromKilledHolder(t *testing.T) {
 // TestLeaseTakenAtOnceAfterReboot: a lease left by a relay of an earlier
 // boot of this host is taken at once.
 func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
-	self := thisHolder()
-	if self.bootID == "" {
+	self := lease.ThisHolder()
+	if self.BootID == "" {
 		t.Skip("not Linux: no boot id, a holder is never judged dead")
 	}
 	ob := openTest(t, Options{})
 	commitOrder(t, ob, "t", 1)
 	_, err := ob.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
 		VALUES ('relay', 'before-the-power-cut', 7, 0, ?, ?, 'an-earlier-boot', ?, ?, ?)`,
-		self.host, self.machineID, self.pid, self.pidStart, self.pidNS)
+		self.Host, self.MachineID, self.PID, self.PIDStart, self.PIDNS)
 	require.NoError(t, err)
 	pub := startLongLeaseRelay(t, ob)
 	eventually(t, 10*time.Second, "published, long before a TTL", func() bool { return pub.publishedCount() == 1 })
@@ -171,15 +121,25 @@ func TestLeaseTakenAtOnceAfterReboot(t *testing.T) {
 	ob2 := openTest(t, Options{})
 	commitOrder(t, ob2, "t", 1)
 	_, err = ob2.DB().Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at, host, machine_id, boot_id, pid, pid_start, pid_ns)
-		VALUES ('relay', 'elsewhere', 7, 0, 'another-host', 'another-machine', 'an-earlier-boot', 1, 1, ?)`, self.pidNS)
+		VALUES ('relay', 'elsewhere', 7, 0, 'another-host', 'another-machine', 'an-earlier-boot', 1, 1, ?)`, self.PIDNS)
 	require.NoError(t, err)
 	conn, err := sqlconn.Open(context.Background(), ob2.DB())
 	require.NoError(t, err)
 	defer conn.Close()
-	l := &lease{conn: conn, owner: "me", ttl: time.Hour, now: time.Now, self: self}
-	took, _, err := l.try(context.Background(), &watch{}, time.Now())
-	require.NoError(t, err)
-	require.False(t, took)
+	require.Equal(t, "elsewhere", waitedFor(t, conn))
+}
+
+// waitedFor tries to take the relay lease of conn's database for a moment
+// and returns the holder it found itself waiting for; it fails the test if
+// the lease was taken.
+func waitedFor(t *testing.T, conn *sqlconn.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var holder string
+	err := lease.New(conn, "me", time.Hour, time.Now).Acquire(ctx, func(h string) { holder = h }, nil)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the lease was taken")
+	return holder
 }
 
 // startLongLeaseRelay starts a relay on ob, publishing to a fakePublisher,
@@ -248,8 +208,8 @@ func TestIdleRelayRenewsBeforeItPublishes(t *testing.T) {
 	opts.LeaseTTL = time.Hour
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
-	leases := make(chan *lease, 1)
-	r.hooks.onLease = func(l *lease) { leases <- l }
+	leases := make(chan *lease.Lease, 1)
+	r.hooks.onLease = func(l *lease.Lease) { leases <- l }
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
 	l := <-leases
@@ -257,12 +217,12 @@ func TestIdleRelayRenewsBeforeItPublishes(t *testing.T) {
 	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
 
 	token := leaseToken(t, ob)
-	l.renewed(time.Now().Add(-40 * time.Minute)) // lapsed: past half the TTL
-	require.False(t, l.valid())
+	l.Backdate(time.Now().Add(-40 * time.Minute)) // lapsed: past half the TTL
+	require.False(t, l.Valid())
 	commitOrder(t, ob, "orders", 1)
 	eventually(t, 5*time.Second, "published after the lease lapsed", func() bool { return pub.publishedCount() == 2 })
 	require.Equal(t, token+1, leaseToken(t, ob), "renewed once, before publishing")
-	require.True(t, l.valid())
+	require.True(t, l.Valid())
 }
 
 // startParkedRelay starts a relay on ob that hears every commit (it
@@ -406,8 +366,8 @@ func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 	opts.LeaseTTL = time.Hour // no renewal of its own meanwhile
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
-	leases := make(chan *lease, 1)
-	r.hooks.onLease = func(l *lease) { leases <- l }
+	leases := make(chan *lease.Lease, 1)
+	r.hooks.onLease = func(l *lease.Lease) { leases <- l }
 	startRelay(t, r)
 	l := <-leases
 
@@ -415,11 +375,12 @@ func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		locked()
 		start := time.Now()
-		var also func(context.Context, querier) error
+		var also func(context.Context, sqlconn.Prepared) error
 		if i%2 == 1 {
-			also = ob.storeClock // the renewal's own transaction, BEGIN IMMEDIATE
+			// The renewal's own transaction, BEGIN IMMEDIATE.
+			also = func(ctx context.Context, p sqlconn.Prepared) error { return ob.storeClock(ctx, p) }
 		}
-		alsoErr, err := l.renew(context.Background(), also)
+		alsoErr, err := l.Renew(context.Background(), also)
 		took := time.Since(start)
 		t.Logf("renewal %d took %s", i, took.Round(time.Millisecond))
 		require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 	"github.com/edgeoutbox/outbox/internal/walwatch"
 
@@ -407,12 +408,12 @@ func (r *Relay) run(ctx context.Context) error {
 	wopts.PollInterval, wopts.Own, wopts.Log = r.opts.PollInterval, &r.own, r.log
 	r.watch = walwatch.Open(r.ob.path, wopts)
 	defer r.watch.Close()
-	l := &lease{conn: conn, owner: r.opts.Owner, ttl: r.opts.LeaseTTL, now: r.ob.now, self: thisHolder(),
-		kick: make(chan struct{}, 1), told: make(chan struct{}, 1)}
+	l := lease.New(conn, r.opts.Owner, r.opts.LeaseTTL, r.ob.now)
 	var lastFull time.Time
-	if err := l.acquire(ctx, func(holder string) {
+	if err := l.Acquire(ctx, func(holder string) {
 		r.log.Info("outbox relay waiting for the lease", "holder", holder)
 	}, func(err error) bool {
+		err = classifyWriteErr(err)
 		freed := r.writeFailed(err)
 		if time.Since(lastFull) >= time.Minute {
 			lastFull = time.Now()
@@ -438,7 +439,7 @@ func (r *Relay) run(ctx context.Context) error {
 		if err := conn.Do(func(c *sql.Conn) error { return r.ob.storeClock(rctx, c) }); err != nil {
 			r.log.Warn("outbox relay could not store the outbox clock", "err", err)
 		}
-		if err := l.release(rctx); err != nil {
+		if err := l.Release(rctx); err != nil {
 			r.log.Warn("outbox relay could not release its lease", "err", err)
 		}
 	}()
@@ -464,7 +465,7 @@ func (r *Relay) run(ctx context.Context) error {
 }
 
 // drain connects, runs sessions and reconnects until ctx ends.
-func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease) error {
+func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) error {
 	bo := r.opts.Reconnect.newBackOff()
 	var failures int
 	var lastWarn time.Time
@@ -539,7 +540,7 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease) error {
 
 // noteProtocol records what the new connection speaks, in Stats and in the
 // lease. A failed write costs only the status line.
-func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
+func (r *Relay) noteProtocol(ctx context.Context, l *lease.Lease) {
 	ps, ok := r.pub.(ProtocolNamer)
 	if !ok {
 		return
@@ -552,7 +553,7 @@ func (r *Relay) noteProtocol(ctx context.Context, l *lease) {
 	if !changed {
 		return
 	}
-	if err := l.setProtocol(ctx, p); err != nil && ctx.Err() == nil {
+	if err := l.SetProtocol(ctx, p); err != nil && ctx.Err() == nil {
 		r.log.Warn("outbox relay could not record its protocol version in the lease", "err", err)
 	}
 }
@@ -577,7 +578,7 @@ func (r *Relay) Protocol() string {
 // make it fail where a real fault is hard to arrange. Nil: none.
 type relayHooks struct {
 	// onLease is given the lease once it is held.
-	onLease func(*lease)
+	onLease func(*lease.Lease)
 	// beforeHandOff learns of each message just before the relay's last
 	// check of its lease and the hand-off (the stalled holder's test).
 	beforeHandOff func(seq int64)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 
 	"github.com/edgeoutbox/outbox/internal/wait"
@@ -105,7 +106,7 @@ func markSlots(window int) int { return max(window, minMarkSlots) }
 type session struct {
 	r    *Relay
 	conn *sqlconn.Conn
-	l    *lease
+	l    *lease.Lease
 
 	ctx    context.Context // parent: cancelled on shutdown
 	sctx   context.Context // this connection: cancelled on failure too
@@ -155,7 +156,7 @@ type sessionResult struct {
 }
 
 // session publishes over one connection until it fails or ctx ends.
-func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease) sessionResult {
+func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) sessionResult {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	dctx, halt := context.WithCancelCause(sctx)
@@ -339,7 +340,7 @@ func (s *session) dispatch() error {
 		}
 		if len(rows) == 0 {
 			// Before the nudge, which keepLease judges by it.
-			r.hearsAll.Store(r.watch.HearsAll(s.l.ttl / 2))
+			r.hearsAll.Store(r.watch.HearsAll(s.l.TTL() / 2))
 			if woke {
 				// The last wait ended and there was nothing: another
 				// connection's commit, perhaps a contender announcing
@@ -402,8 +403,8 @@ func (s *session) dispatch() error {
 			// another took over would otherwise, on waking, publish the
 			// rest of its batch before its renewal told it the lease was
 			// gone. It costs a mutex and a monotonic clock read.
-			for !s.l.valid() {
-				if !s.l.waitValid(s.dctx, s.l.ttl/16) {
+			for !s.l.Valid() {
+				if !s.l.WaitValid(s.dctx, s.l.TTL()/16) {
 					return nil
 				}
 			}

@@ -221,6 +221,9 @@ func Code(err error) int {
 	return 0
 }
 
+// IsFull reports whether err says that the disk is full (SQLITE_FULL).
+func IsFull(err error) bool { return Code(err) == sqlite3.SQLITE_FULL }
+
 // IsBusy reports whether err says that the database was busy or locked.
 func IsBusy(err error) bool {
 	c := Code(err)

@@ -232,7 +232,7 @@ func benchRelayDrain(b *testing.B, durable bool) {
 			b.Fatal(err)
 		}
 		if !durable {
-			r.syncWAL = func() error { return nil }
+			r.hooks.syncWAL = func() error { return nil }
 		}
 		b.StartTimer()
 		start := time.Now()
@@ -243,7 +243,7 @@ func benchRelayDrain(b *testing.B, durable bool) {
 		total += time.Since(start)
 		b.StopTimer()
 		stop()
-		syncs += r.wal.syncs.Load()
+		syncs += r.wal.Syncs.Load()
 		ob.Close()
 		b.StartTimer()
 	}

@@ -59,10 +59,10 @@ func TestDurableBeforePublish(t *testing.T) {
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	var syncs atomic.Int64
-	r.syncWAL = func() error {
+	r.hooks.syncWAL = func() error {
 		syncs.Add(1)
 		log.add("sync")
-		return r.wal.sync()
+		return r.wal.Sync()
 	}
 	// A backlog first, then a trickle.
 	for i := 1; i <= 450; i++ {
@@ -79,7 +79,7 @@ func TestDurableBeforePublish(t *testing.T) {
 		commitOrder(t, ob, "t", i)
 		eventually(t, 5*time.Second, "the trickle", func() bool { return pub.publishedCount() == i })
 	}
-	require.Greater(t, r.wal.syncs.Load(), int64(0), "the real fsync ran")
+	require.Greater(t, r.wal.Syncs.Load(), int64(0), "the real fsync ran")
 
 	// Every publish follows a sync made after its commit.
 	committed := map[int64]int{} // seq -> index of its commit in the log
@@ -106,11 +106,11 @@ func TestDurableBeforePublish(t *testing.T) {
 	ob2 := openTest(t, Options{Synchronous: SyncNormal})
 	r2, err := ob2.NewRelay(r2pub, fastRelay())
 	require.NoError(t, err)
-	r2.syncWAL = func() error {
+	r2.hooks.syncWAL = func() error {
 		if fail.Load() {
 			return errors.New("input/output error")
 		}
-		return r2.wal.sync()
+		return r2.wal.Sync()
 	}
 	commitOrder(t, ob2, "t", 1)
 	startRelay(t, r2)
@@ -177,12 +177,12 @@ func testPublishedAheadOfDurableMark(t *testing.T, window int) {
 	require.NoError(t, err)
 	// A sync makes durable what was committed before it began: the mark
 	// read just before it.
-	r.syncWAL = func() error {
+	r.hooks.syncWAL = func() error {
 		var mark int64
 		if err := ob.DB().QueryRow(`SELECT sent_seq FROM outbox_state`).Scan(&mark); err != nil {
 			return err
 		}
-		if err := r.wal.sync(); err != nil {
+		if err := r.wal.Sync(); err != nil {
 			return err
 		}
 		if mark > durable.Load() {
@@ -346,62 +346,6 @@ func TestWritersAtFullNeedNoSyncBeforePublish(t *testing.T) {
 	require.Equal(t, 1, pub.connectCount())
 }
 
-// TestDurableGateSyncsLate: the gate asks for a sync as late as it can
-// without making dispatch wait, so that each sync covers most of what the
-// bound allows; asking at half the bound, as it did, covered 41 messages per
-// sync at window 16 in outboxctl bench's drain (bound 144 then), where
-// about 80 were possible. The publishing is simulated in steps of one hand-off: a window
-// of 16 in flight, each acknowledgement marked at once, and a sync that
-// takes as long as 4 hand-offs.
-func TestDurableGateSyncsLate(t *testing.T) {
-	const window, messages, syncTakes = 16, 20000, 4
-	var count atomic.Int64
-	var g *durableGate
-	ctx := context.Background()
-	handed, settled, waits := 0, 0, 0
-	step := func() {
-		if handed < messages {
-			if g.ahead()+1 > g.bound {
-				waits++ // dispatch would wait for the sync
-				g.askIfAhead()
-			} else {
-				require.True(t, g.admit(ctx))
-				handed++
-			}
-		}
-		if handed-settled > window || (handed == messages && settled < messages) {
-			g.settle(1)
-			settled++
-		}
-	}
-	g = newDurableGate(func() error {
-		for range syncTakes {
-			step()
-		}
-		return nil
-	}, &count, window)
-	for settled < messages {
-		step()
-		select {
-		case <-g.kick: // syncLoop, in step
-			if g.due() {
-				count.Add(1)
-				require.NoError(t, g.syncNow())
-			}
-		default:
-		}
-		require.LessOrEqual(t, g.ahead(), g.bound)
-	}
-	perSync := float64(messages) / float64(count.Load())
-	t.Logf("%d syncs for %d messages: %.0f per sync (bound %d); dispatch waited %d times",
-		count.Load(), messages, perSync, g.bound, waits)
-	require.Zero(t, waits, "a sync asked for too late makes dispatch wait")
-	// Asked at half the bound, a sync covered about bound/2 − window + 4
-	// (124), half that when asked again at once for an ask made during it;
-	// now about bound − 2×4 − 8 − window + 4 (244).
-	require.Greater(t, perSync, float64(g.bound)*3/4, "a sync asked for too early covers too little")
-}
-
 // TestRowIntoAGapBelowTransactsIsSynced: a writer that sets seq (against
 // the table's contract, which the schema tolerates) commits a row at
 // NORMAL into a gap below a row that Transact committed at FULL, after it.
@@ -429,36 +373,4 @@ func TestRowIntoAGapBelowTransactsIsSynced(t *testing.T) {
 	st, err := r.Stats(ctx)
 	require.NoError(t, err)
 	require.NotZero(t, st.WALSyncs-st.MarkSyncs, "a row committed at NORMAL went out without an fsync")
-}
-
-// TestDurableCommitsRanges: what durableCommits counts as durable — the
-// rows of committed ranges and of an open transaction whose last row the
-// batch holds — and nothing else.
-func TestDurableCommitsRanges(t *testing.T) {
-	d := &durableCommits{full: true}
-	batch := func(seqs ...int64) []row {
-		rs := make([]row, len(seqs))
-		for i, s := range seqs {
-			rs[i].seq, rs[i].id = s, fmt.Sprint("id-", s)
-		}
-		return rs
-	}
-	a, b, c := new(sql.Tx), new(sql.Tx), new(sql.Tx)
-	d.begin(a)
-	d.enqueued(a, 1, 3, "id-3")
-	require.False(t, d.covers(batch(1, 2)), "an open transaction's rows without its last")
-	require.True(t, d.covers(batch(1, 2, 3)), "an open transaction's rows with its last: visible, so committed")
-	require.False(t, d.covers(batch(1, 2, 3, 4)), "a row of no transaction's")
-	d.end(a, true)
-	d.begin(b)
-	d.enqueued(b, 4, 5, "id-5")
-	d.end(b, true)
-	require.True(t, d.covers(batch(2, 3, 4, 5)), "two committed ranges, merged")
-	d.begin(c)
-	d.enqueued(c, 6, 6, "id-6")
-	d.end(c, false)
-	require.False(t, d.covers(batch(5, 6)), "a rolled-back transaction's seq is another writer's")
-	require.False(t, d.covers(batch(7)))
-	require.False(t, d.covers(batch(1)), "ranges that end before a batch are forgotten")
-	require.False(t, (&durableCommits{}).covers(batch(1)), "at NORMAL nothing is known")
 }

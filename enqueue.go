@@ -73,7 +73,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 	created := now.UnixMilli()
 	tick, storeClock := o.clock.Due()
 	expiring := false
-	var first int64 // the first message's seq, for durableCommits
+	var first int64 // the first message's seq, for durable.Commits
 	for i := range msgs {
 		m := &msgs[i]
 		id := m.ID
@@ -109,13 +109,13 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		if err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", classifyWriteErr(err))
 		}
-		if o.durable.full && (i == 0 || i == len(msgs)-1) {
+		if o.durable.Full && (i == 0 || i == len(msgs)-1) {
 			if seq, err := res.LastInsertId(); err == nil {
 				if i == 0 {
 					first = seq
 				}
 				if i == len(msgs)-1 {
-					o.durable.enqueued(tx, first, seq, id)
+					o.durable.Enqueued(tx, first, seq, id)
 				}
 			}
 		}
@@ -247,18 +247,18 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 	}
 	// Each attempt's transaction is noted, so that Enqueue tells it the
 	// seqs it inserted: once COMMIT returns at FULL, they are durable, and
-	// the relay need not sync before publishing them (durableCommits).
+	// the relay need not sync before publishing them (durable.Commits).
 	var last *sql.Tx
 	err := runTx(ctx, o.db, func(tx *sql.Tx) error {
-		o.durable.end(last, false)
+		o.durable.End(last, false)
 		last = tx
-		o.durable.begin(tx)
+		o.durable.Begin(tx)
 		return fn(tx)
 	})
 	if err == nil && o.afterCommit != nil {
 		o.afterCommit()
 	}
-	o.durable.end(last, err == nil)
+	o.durable.End(last, err == nil)
 	if err != nil {
 		if o.isClosed() && !errors.Is(err, ErrClosed) {
 			// database/sql's own errors once Open's database is closed

@@ -84,6 +84,6 @@ func (s *session) atItsTurn(m *row) (publish, ok bool) {
 		s.setFail(failure{seq: m.seq, err: err, fault: faultNotSent})
 		return false, false
 	}
-	s.gate.settle(1)
+	s.gate.Settle(1)
 	return false, true
 }

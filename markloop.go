@@ -47,7 +47,7 @@ func (s *session) markLoop() {
 			// before them failed: everything up to the last is settled.
 			err := r.markSent(s.conn, batch)
 			if err == nil {
-				s.gate.settle(int64(len(batch)))
+				s.gate.Settle(int64(len(batch)))
 				if r.diskFull.Load() {
 					r.wakePurge()
 				}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/clock"
+	"github.com/edgeoutbox/outbox/internal/durable"
 )
 
 const (
@@ -90,7 +91,7 @@ type Outbox struct {
 	now        func() time.Time
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
-	durable    durableCommits // what Transact committed at FULL (durable.go)
+	durable    durable.Commits // what Transact committed at FULL
 
 	mu      sync.Mutex
 	closed  bool
@@ -148,7 +149,7 @@ func openOnce(ctx context.Context, path string, opts Options) (*Outbox, error) {
 		return nil, err
 	}
 	o.ownsDB = true
-	o.durable.full = opts.Synchronous == SyncFull
+	o.durable.Full = opts.Synchronous == SyncFull
 	return o, nil
 }
 

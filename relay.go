@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/durable"
 	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 	"github.com/edgeoutbox/outbox/internal/walwatch"
@@ -188,10 +189,9 @@ type Relay struct {
 	// relay's own, or a second one (see run).
 	reader *sqlconn.Conn
 
-	// wal makes what a batch read durable before it is published (see
-	// durable.go); syncWAL is wal.sync unless a test replaces it.
-	wal       *walSyncer
-	syncWAL   func() error
+	// wal makes what a batch read durable before it is published
+	// (internal/durable).
+	wal       *durable.Syncer
 	markSyncs atomic.Int64 // RelayStats.MarkSyncs
 
 	// watch, while Run runs, tells when another connection or process may
@@ -233,7 +233,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.WritersAtFull && o.ownsDB && !o.durable.full {
+	if opts.WritersAtFull && o.ownsDB && !o.durable.Full {
 		return nil, errors.New("outbox: relay: WritersAtFull on an Outbox opened at SyncNormal: its own commits are not synced")
 	}
 	r := &Relay{
@@ -246,10 +246,9 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		purgeNow: make(chan struct{}, 1),
 		nudge:    make(chan struct{}, 1),
 		working:  make(chan struct{}, 1),
-		wal:      &walSyncer{path: o.path + "-wal"},
+		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
-	r.syncWAL = r.wal.sync
 	r.epoch = time.Now()
 	return r, nil
 }
@@ -282,7 +281,7 @@ type RelayStats struct {
 	WALSyncs int64
 	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
 	// marks durable, so that a power cut duplicates at most Window +
-	// max(Window, 256) messages, as a crash does (durable.go). They come only
+	// max(Window, 256) messages, as a crash does (internal/durable). They come only
 	// while that many run ahead of the last sync: none under a trickle, and
 	// about 4–5 per 1,000 events when draining fast (window 64, loopback).
 	MarkSyncs int64
@@ -312,7 +311,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		LastAck:     r.lastAck,
 		Protocol:    r.protocol,
 	}
-	rs.WALSyncs = r.wal.syncs.Load()
+	rs.WALSyncs = r.wal.Syncs.Load()
 	rs.MarkSyncs = r.markSyncs.Load()
 	rs.Broker = r.broker()
 	rs.ExpiredSince = r.expired.Load()
@@ -387,7 +386,7 @@ func (r *Relay) run(ctx context.Context) error {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	defer conn.Close()
-	defer r.wal.close()
+	defer r.wal.Close()
 	// Reads get a connection of their own when the pool allows it, so that
 	// publishing never waits behind a mark that waits for the write lock
 	// (in WAL, reads never wait for writers).
@@ -587,4 +586,15 @@ type relayHooks struct {
 	watch walwatch.Options
 	// onAsk learns of each data_version query made while waiting.
 	onAsk func()
+	// syncWAL replaces the fsync of the WAL (internal/durable's Syncer).
+	syncWAL func() error
+}
+
+// syncWAL is how the relay makes the WAL durable: its Syncer, unless a
+// test replaced it.
+func (r *Relay) syncWAL() func() error {
+	if r.hooks.syncWAL != nil {
+		return r.hooks.syncWAL
+	}
+	return r.wal.Sync
 }

@@ -26,6 +26,12 @@ type row struct {
 	expires sql.NullInt64
 }
 
+// rowBatch is a batch read as durable.Commits sees it.
+type rowBatch []row
+
+func (b rowBatch) Len() int                         { return len(b) }
+func (b rowBatch) Row(i int) (seq int64, id string) { return b[i].seq, b[i].id }
+
 // fetch reads up to limit pending rows after cursor, with the data_version
 // read before them (so a commit after the read is never missed), encoded
 // for a connection that carries MQTT 5 properties or not (carries).

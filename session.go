@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/durable"
 	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 
@@ -130,7 +131,7 @@ type session struct {
 	probeOK  chan struct{}
 
 	readers sync.WaitGroup // batches read ahead
-	gate    *durableGate   // a power cut's duplicates within the crash bound
+	gate    *durable.Gate  // a power cut's duplicates within the crash bound
 	// props is the publisher's PropertiesPublisher if its connection
 	// carries properties (MQTT 5), else nil.
 	props    PropertiesPublisher
@@ -175,7 +176,7 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		marks:    make(chan int64, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
-		gate:     newDurableGate(r.syncWAL, &r.markSyncs, r.opts.Window),
+		gate:     durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
 	}
 	s.props = r.carrier()
 	var watcher sync.WaitGroup
@@ -208,7 +209,7 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 	syncs.Add(1)
 	go func() {
 		defer syncs.Done()
-		s.gate.syncLoop(stopSyncs, func(err error) {
+		s.gate.SyncLoop(stopSyncs, func(err error) {
 			r.setErr(err)
 			r.log.Error("outbox relay cannot make its marks durable", "err", err)
 		})
@@ -392,7 +393,7 @@ func (s *session) dispatch() error {
 			case <-s.dctx.Done():
 				return nil
 			}
-			if !s.gate.admit(s.dctx) {
+			if !s.gate.Admit(s.dctx) {
 				return nil
 			}
 			if h := r.hooks.beforeHandOff; h != nil {
@@ -441,7 +442,7 @@ type batch struct {
 func (s *session) fetch(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
-	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.covers(b.rows) && !s.r.opts.WritersAtFull {
+	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.Covers(rowBatch(b.rows)) && !s.r.opts.WritersAtFull {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
 		// it after the broker had its event (a phantom, and its seq given
@@ -451,7 +452,7 @@ func (s *session) fetch(cursor int64, limit int) batch {
 		// every row when all writers are declared at FULL; the marks are
 		// then the gate's to sync. (covers is asked first either way: it
 		// forgets the ranges the relay has read past.)
-		if err := s.gate.syncNow(); err != nil {
+		if err := s.gate.SyncNow(); err != nil {
 			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 		}
 	}
@@ -557,7 +558,7 @@ func (s *session) ackLoop() {
 			parked, perr := r.refusedForGood(s.conn, f.seq, f.id, f.topic, f.attempts, err)
 			if parked {
 				r.inFlight.Add(-1)
-				s.gate.settle(1)
+				s.gate.Settle(1)
 				s.settled(f)
 				continue
 			}

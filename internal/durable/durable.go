@@ -1,4 +1,9 @@
-package outbox
+// Package durable keeps the relay's promise that a commit whose event went
+// out survives a power cut: the WAL is fsynced after a batch is read and
+// before it is published, except for rows known durable already (Commits),
+// and the relay's own marks are synced often enough that a cut duplicates
+// no more than a crash does (Gate).
+package durable
 
 import (
 	"context"
@@ -11,7 +16,7 @@ import (
 	"time"
 )
 
-// durableCommits knows which messages are durable without an fsync of the
+// Commits knows which messages are durable without an fsync of the
 // relay's: those that Transact committed at synchronous=FULL on a database
 // that Open opened (so at FULL for certain). Such a COMMIT syncs the WAL
 // before it updates the WAL index, so once the relay can see a row of it,
@@ -27,8 +32,10 @@ import (
 // one (its seq moved: schema/outbox.sql), and one that a writer set into a
 // gap below a Transact row (committed later, at NORMAL perhaps, but read in
 // the same batch: judging a batch by its last row alone let it out unsynced).
-type durableCommits struct {
-	full bool // the database is at FULL: Open with SyncFull
+type Commits struct {
+	// Full says the database is at FULL (Open with SyncFull): without it,
+	// nothing is known durable.
+	Full bool
 
 	mu   sync.Mutex
 	open map[*sql.Tx]durableRange // Transact's transactions, with what each enqueued
@@ -46,9 +53,9 @@ type durableRange struct {
 // first: their rows are then synced before publishing, as any other's).
 const maxDurableRanges = 1024
 
-// begin notes a transaction of Transact's, so that Enqueue tells it its rows.
-func (d *durableCommits) begin(tx *sql.Tx) {
-	if !d.full {
+// Begin notes a transaction of Transact's, so that Enqueue tells it its rows.
+func (d *Commits) Begin(tx *sql.Tx) {
+	if !d.Full {
 		return
 	}
 	d.mu.Lock()
@@ -59,10 +66,10 @@ func (d *durableCommits) begin(tx *sql.Tx) {
 	d.mu.Unlock()
 }
 
-// enqueued notes rows tx inserted, first to last (the last with its id), if
+// Enqueued notes rows tx inserted, first to last (the last with its id), if
 // tx is Transact's.
-func (d *durableCommits) enqueued(tx *sql.Tx, first, last int64, id string) {
-	if !d.full || first <= 0 || last < first {
+func (d *Commits) Enqueued(tx *sql.Tx, first, last int64, id string) {
+	if !d.Full || first <= 0 || last < first {
 		return
 	}
 	d.mu.Lock()
@@ -78,9 +85,9 @@ func (d *durableCommits) enqueued(tx *sql.Tx, first, last int64, id string) {
 	d.mu.Unlock()
 }
 
-// end forgets tx; committed says that its COMMIT returned without error.
-func (d *durableCommits) end(tx *sql.Tx, committed bool) {
-	if !d.full || tx == nil {
+// End forgets tx; committed says that its COMMIT returned without error.
+func (d *Commits) End(tx *sql.Tx, committed bool) {
+	if !d.Full || tx == nil {
 		return
 	}
 	// The range joins done before the transaction leaves open, under the
@@ -102,23 +109,32 @@ func (d *durableCommits) end(tx *sql.Tx, committed bool) {
 	delete(d.open, tx)
 }
 
-// covers reports whether every row of a batch the caller has read (in seq
-// order) is known durable, and forgets the ranges that end before it: the
-// relay reads forward (after a new session it reads again what was not
-// marked, and then syncs).
-func (d *durableCommits) covers(rows []row) bool {
-	if !d.full || len(rows) == 0 {
+// Batch is a batch of rows the relay read, in seq order: Row(i) is the
+// i-th row's seq and id.
+type Batch interface {
+	Len() int
+	Row(i int) (seq int64, id string)
+}
+
+// Covers reports whether every row of a batch the caller has read is known
+// durable, and forgets the ranges that end before it: the relay reads
+// forward (after a new session it reads again what was not marked, and
+// then syncs).
+func (d *Commits) Covers(rows Batch) bool {
+	n := rows.Len()
+	if !d.Full || n == 0 {
 		return false
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	first, _ := rows.Row(0)
 	k := 0
-	for k < len(d.done) && d.done[k].last < rows[0].seq {
+	for k < len(d.done) && d.done[k].last < first {
 		k++
 	}
 	d.done = append(d.done[:0], d.done[k:]...)
-	for i := range rows {
-		if !d.known(rows[i].seq, rows) {
+	for i := range n {
+		if seq, _ := rows.Row(i); !d.known(seq, rows) {
 			return false
 		}
 	}
@@ -127,7 +143,7 @@ func (d *durableCommits) covers(rows []row) bool {
 
 // known reports whether seq is a row of a committed range, or of an open
 // transaction whose last row is in rows: visible, so committed, so synced.
-func (d *durableCommits) known(seq int64, rows []row) bool {
+func (d *Commits) known(seq int64, rows Batch) bool {
 	for _, r := range d.done {
 		if r.first <= seq && seq <= r.last {
 			return true
@@ -142,34 +158,38 @@ func (d *durableCommits) known(seq int64, rows []row) bool {
 }
 
 // hasRow reports whether rows, in seq order, hold the row (seq, id).
-func hasRow(rows []row, seq int64, id string) bool {
-	i := sort.Search(len(rows), func(i int) bool { return rows[i].seq >= seq })
-	return i < len(rows) && rows[i].seq == seq && rows[i].id == id
+func hasRow(rows Batch, seq int64, id string) bool {
+	i := sort.Search(rows.Len(), func(i int) bool { s, _ := rows.Row(i); return s >= seq })
+	if i == rows.Len() {
+		return false
+	}
+	s, rid := rows.Row(i)
+	return s == seq && rid == id
 }
 
-// walSyncer makes the WAL durable before the relay publishes what it read
+// Syncer makes the WAL durable before the relay publishes what it read
 // from it. At synchronous=NORMAL (SyncNormal, or a sidecar writer's own
 // setting) SQLite returns from COMMIT having written the WAL without an
 // fsync, and the relay reads the commit from there at once; fsync on any
 // descriptor of the file flushes what every writer wrote to it. At
 // synchronous=FULL the writers' commits are durable already. Either way the
-// sync makes the relay's own marks durable (written at NORMAL); durableGate
-// asks for more syncs when too many run ahead of them.
-type walSyncer struct {
-	path  string
-	syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs
+// sync makes the relay's own marks durable (written at NORMAL); Gate asks
+// for more syncs when too many run ahead of them.
+type Syncer struct {
+	Path  string       // the WAL file
+	Syncs atomic.Int64 // fsyncs tried, failed ones too: RelayStats.WALSyncs
 
 	mu sync.Mutex
 	f  *os.File
 }
 
-// sync fsyncs the WAL. A WAL that does not exist holds nothing: what was
+// Sync fsyncs the WAL. A WAL that does not exist holds nothing: what was
 // committed is in the database file, which SQLite syncs when it checkpoints.
-func (w *walSyncer) sync() error {
+func (w *Syncer) Sync() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.f == nil {
-		f, err := os.OpenFile(w.path, os.O_RDWR, 0)
+		f, err := os.OpenFile(w.Path, os.O_RDWR, 0)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
@@ -179,7 +199,7 @@ func (w *walSyncer) sync() error {
 		w.f = f
 	}
 	err := w.f.Sync()
-	w.syncs.Add(1)
+	w.Syncs.Add(1)
 	if err != nil {
 		// Opened again next time: an error may leave the descriptor in a
 		// state that later syncs would not report.
@@ -189,8 +209,8 @@ func (w *walSyncer) sync() error {
 	return err
 }
 
-// close releases the descriptor.
-func (w *walSyncer) close() {
+// Close releases the descriptor.
+func (w *Syncer) Close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.f != nil {
@@ -199,32 +219,29 @@ func (w *walSyncer) close() {
 	}
 }
 
-// durableGate keeps a power cut's duplicates within a crash's bound:
-// Window + markSlots messages. The relay writes its marks at
-// synchronous=NORMAL, so a cut undoes the marks made since the WAL's last
-// fsync, and the next relay sends those messages again. The fsync of each
-// batch read covers the marks before it, but a batch is read ahead of the
-// one being published, so on its own it lets up to two batches more run
-// ahead of the durable mark. The gate counts the messages handed to the
-// publisher that no completed sync covers; near the bound it asks a
+// Gate keeps a power cut's duplicates within a crash's bound: the messages
+// in flight plus those awaiting their mark (its bound). The relay writes its
+// marks at synchronous=NORMAL, so a cut undoes the marks made since the
+// WAL's last fsync, and the next relay sends those messages again. The
+// fsync of each batch read covers the marks before it, but a batch is read
+// ahead of the one being published, so on its own it lets up to two batches
+// more run ahead of the durable mark. The gate counts the messages handed
+// to the publisher that no completed sync covers; near the bound it asks a
 // goroutine of its own to sync the WAL, and at the bound dispatch waits for
 // that sync. The syncs run beside the publishing, not in its way: a sync
-// that made dispatch wait for each one cost about half the drain rate.
+// that made dispatch wait for each one halved the drain rate.
 //
 // A sync covers only what had settled when it began, and the messages in
 // flight or awaiting their mark never have: so the later a sync is asked
 // for, the more each one covers. The gate asks as late as it can without
 // making dispatch wait: when the room left under the bound is twice what
 // was handed off during the last sync (the lead), and never later than
-// past half the bound. Asking at half the bound, as it did (and a second
-// time at once, for the ask made during the sync), made a sync every 41
-// messages in a drain at window 16 (bound 144); now every 66 (the batch
-// reads' syncs counted in), and on 2 cores each fsync takes from the drain
-// what it takes from the broker beside it.
-type durableGate struct {
+// past half the bound. Asking at half the bound, and again at once for an
+// ask made during the sync, covered half as much per sync (BENCHMARKS.md).
+type Gate struct {
 	sync  func() error
-	count *atomic.Int64 // the syncs syncLoop made: RelayStats.MarkSyncs
-	bound int64         // Window + markSlots: the most handed off and not covered
+	count *atomic.Int64 // the syncs SyncLoop made: RelayStats.MarkSyncs
+	bound int64         // the most handed off and not covered
 	// syncAt: past this many ahead, a sync is asked for: bound − lead, at
 	// least bound / 2.
 	syncAt atomic.Int64
@@ -241,9 +258,11 @@ type durableGate struct {
 	synced chan struct{} // told when durable moves
 }
 
-func newDurableGate(sync func() error, count *atomic.Int64, window int) *durableGate {
-	bound := int64(window + markSlots(window))
-	g := &durableGate{
+// NewGate is a gate for one session: sync makes the WAL durable, count
+// counts the syncs the gate asked for, bound is the most messages handed
+// off that no completed sync may cover.
+func NewGate(sync func() error, count *atomic.Int64, bound int64) *Gate {
+	g := &Gate{
 		sync: sync, count: count, bound: bound,
 		kick: make(chan struct{}, 1), synced: make(chan struct{}, 1),
 	}
@@ -254,9 +273,9 @@ func newDurableGate(sync func() error, count *atomic.Int64, window int) *durable
 // minSyncLead is the least lead: room for a sync that begins late.
 const minSyncLead = 8
 
-// syncNow fsyncs the WAL and records what it covered: what had settled
-// before it began. fetch's sync comes through here too.
-func (g *durableGate) syncNow() error {
+// SyncNow fsyncs the WAL and records what it covered: what had settled
+// before it began. the batch reads' syncs come through here too.
+func (g *Gate) SyncNow() error {
 	covered := g.settled.Load()
 	before := g.handedOff.Load()
 	if err := g.sync(); err != nil {
@@ -278,22 +297,22 @@ func (g *durableGate) syncNow() error {
 }
 
 // ahead is how many messages handed off no sync covers.
-func (g *durableGate) ahead() int64 { return g.handedOff.Load() - g.durable.Load() }
+func (g *Gate) ahead() int64 { return g.handedOff.Load() - g.durable.Load() }
 
-// settle counts n messages that need no further sync, and asks for a sync
+// Settle counts n messages that need no further sync, and asks for a sync
 // if too many run ahead.
-func (g *durableGate) settle(n int64) {
+func (g *Gate) Settle(n int64) {
 	g.settled.Add(n)
 	g.askIfAhead()
 }
 
 // due reports whether a sync should begin: too many run ahead, and some of
 // them have settled since the last sync began.
-func (g *durableGate) due() bool {
+func (g *Gate) due() bool {
 	return g.ahead() > g.syncAt.Load() && g.settled.Load() > g.durable.Load()
 }
 
-func (g *durableGate) askIfAhead() {
+func (g *Gate) askIfAhead() {
 	if g.due() {
 		select {
 		case g.kick <- struct{}{}:
@@ -302,9 +321,9 @@ func (g *durableGate) askIfAhead() {
 	}
 }
 
-// admit waits until one more message may be handed off within the bound,
+// Admit waits until one more message may be handed off within the bound,
 // and counts it. It returns false if ctx ends first.
-func (g *durableGate) admit(ctx context.Context) bool {
+func (g *Gate) Admit(ctx context.Context) bool {
 	for g.ahead()+1 > g.bound {
 		g.askIfAhead()
 		select {
@@ -318,10 +337,10 @@ func (g *durableGate) admit(ctx context.Context) bool {
 	return true
 }
 
-// syncLoop makes the marks durable when asked, until stop is closed. A
+// SyncLoop makes the marks durable when asked, until stop is closed. A
 // sync that fails is tried again after a pause; meanwhile dispatch waits at
 // the bound, as it would for marks that cannot be written.
-func (g *durableGate) syncLoop(stop <-chan struct{}, failed func(error)) {
+func (g *Gate) SyncLoop(stop <-chan struct{}, failed func(error)) {
 	for {
 		select {
 		case <-g.kick:
@@ -338,7 +357,7 @@ func (g *durableGate) syncLoop(stop <-chan struct{}, failed func(error)) {
 		// Counted before it begins, so that a count of all syncs less
 		// this one never takes a mark's sync for a batch read's.
 		g.count.Add(1)
-		if err := g.syncNow(); err != nil {
+		if err := g.SyncNow(); err != nil {
 			failed(err)
 			select {
 			case <-time.After(100 * time.Millisecond):

@@ -262,66 +262,6 @@ func (r *Relay) ReconnectNow() {
 	}
 }
 
-// RelayStats is the relay's view: the outbox's counters plus its own.
-type RelayStats struct {
-	Stats
-	Connected   bool
-	InFlight    int64
-	SentSince   int64 // messages acknowledged since Run started
-	DeadSince   int64 // messages parked as dead since Run started
-	LastError   string
-	LastErrorAt time.Time
-	LastAck     time.Time // last acknowledged publish
-	// WALSyncs is how many fsyncs of the WAL the relay made before
-	// publishing since Run started, failed ones included (durable before
-	// publish: a commit made at synchronous=NORMAL must be on the disk before
-	// the broker has its event). It is there to show what that guarantee
-	// costs: one per batch read, so one per event under a trickle and about
-	// 4 per 1,000 events in a backlog (BatchSize 256), plus MarkSyncs.
-	WALSyncs int64
-	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
-	// marks durable, so that a power cut duplicates at most Window +
-	// max(Window, 256) messages, as a crash does (internal/durable). They come only
-	// while that many run ahead of the last sync: none under a trickle, and
-	// about 4–5 per 1,000 events when draining fast (window 64, loopback).
-	MarkSyncs int64
-	// Protocol is the MQTT version the publisher's connection speaks ("5"
-	// or "3.1.1"), as it last connected; empty for a publisher that does
-	// not say.
-	Protocol string
-	// Broker is the address the publisher's connection is on, as it last
-	// connected (MQTTOptions.Brokers: a cluster's node), without
-	// credentials; empty for a publisher that does not say.
-	Broker string
-	// ExpiredSince counts the messages parked as expired since Run started.
-	ExpiredSince int64
-}
-
-// Stats returns the relay's counters and the outbox's.
-func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
-	s, err := r.ob.Stats(ctx)
-	r.mu.Lock()
-	rs := RelayStats{
-		Stats:       s,
-		Connected:   r.connected.Load(),
-		InFlight:    r.inFlight.Load(),
-		SentSince:   r.sent.Load(),
-		DeadSince:   r.dead.Load(),
-		LastErrorAt: r.errAt,
-		LastAck:     r.lastAck,
-		Protocol:    r.protocol,
-	}
-	rs.WALSyncs = r.wal.Syncs.Load()
-	rs.MarkSyncs = r.markSyncs.Load()
-	rs.Broker = r.broker()
-	rs.ExpiredSince = r.expired.Load()
-	if r.lastErr != nil {
-		rs.LastError = r.lastErr.Error()
-	}
-	r.mu.Unlock()
-	return rs, err
-}
-
 func (r *Relay) setErr(err error) {
 	r.mu.Lock()
 	r.lastErr, r.errAt = err, r.ob.now()

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -49,46 +48,6 @@ import (
 // A message that keeps failing holds back the ones after it until it is
 // dead, so order holds for everything that is delivered.
 
-const (
-	// maxMarkBatch bounds the acknowledgements recorded in one mark.
-	maxMarkBatch = 512
-	// minMarkSlots is the least room for acknowledged messages not yet
-	// recorded: a mark takes about as long as a loopback round trip, so
-	// with a window of 1 the next acknowledgements must be able to queue
-	// behind it. It also bounds how far the marks may run ahead of the
-	// WAL's last fsync (durable.go: Window + markSlots), and so sets how
-	// often they are fsynced: at 32 a window of 16 synced every 24 messages
-	// and drained at about half the rate of raw paho; at 128, every 66; at
-	// 256, every 123 (a drain of 100,000 to mochi; the batch reads' syncs
-	// counted in). A crash or a cut then duplicates at most Window + 256
-	// messages at small windows. Where an fsync takes milliseconds (an SD
-	// card), the bound caps the drain: each sync covers at most the bound
-	// less the messages in flight and those awaiting their mark.
-	minMarkSlots = 256
-	// markDelay is the longest a mark waits for more acknowledgements.
-	markDelay = time.Millisecond
-)
-
-var (
-	errNoAck          = errors.New("no acknowledgement within the ack timeout")
-	errConnectionLost = errors.New("connection lost")
-)
-
-// flight is a publish awaiting its acknowledgement.
-type flight struct {
-	seq   int64
-	id    string
-	topic string
-	tok   Token
-	sent  time.Time
-	probe bool
-	// created is the row's created_at (Unix ms), for the commit-to-PUBACK
-	// histogram.
-	created int64
-	// attempts is the row's failed attempts before this one.
-	attempts int
-}
-
 // failure is the first thing that went wrong in a session.
 type failure struct {
 	seq   int64
@@ -100,9 +59,6 @@ type failure struct {
 // refused reports whether the message itself was refused: the connection
 // stays up, and the message is charged.
 func (f *failure) refused() bool { return f.fault == faultMessage || f.fault == faultUndeliverable }
-
-// markSlots is how many acknowledged messages may wait for their mark.
-func markSlots(window int) int { return max(window, minMarkSlots) }
 
 type session struct {
 	r    *Relay
@@ -428,163 +384,6 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
-}
-
-// batch is one read of the outbox.
-type batch struct {
-	wake    <-chan struct{} // taken before the read: closed by a later commit
-	version int64           // data_version before the read
-	rows    []row
-	err     error
-}
-
-// fetch reads up to limit pending rows after cursor.
-func (s *session) fetch(cursor int64, limit int) batch {
-	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
-	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.Covers(rowBatch(b.rows)) && !s.r.opts.WritersAtFull {
-		// Durable before publish: a commit made at synchronous=NORMAL is
-		// in the WAL but not yet on the disk, and a power cut would undo
-		// it after the broker had its event (a phantom, and its seq given
-		// to the next commit). One fsync per batch read makes every row of
-		// the batch, and the relay's own marks before it, durable. Rows
-		// that Transact committed at FULL are durable already, and so is
-		// every row when all writers are declared at FULL; the marks are
-		// then the gate's to sync. (covers is asked first either way: it
-		// forgets the ranges the relay has read past.)
-		if err := s.gate.SyncNow(); err != nil {
-			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
-		}
-	}
-	return b
-}
-
-// ackLoop waits for the acknowledgements in publish order.
-func (s *session) ackLoop() {
-	r := s.r
-	defer close(s.marks)
-	var giveUp <-chan time.Time // armed once the session ends
-	done := s.sctx.Done()
-	arm := func() {
-		if giveUp == nil {
-			giveUp = time.After(r.opts.ShutdownTimeout)
-		}
-		done = nil
-	}
-	abandoned := false
-	// One timer for every flight: since Go 1.23 a Reset timer never
-	// delivers a stale expiry.
-	timer := time.NewTimer(r.opts.AckTimeout)
-	defer timer.Stop()
-	// Until its packet is seen gone, a flight is looked at this often:
-	// its ack clock starts when it is first seen gone, so this is how much
-	// longer than AckTimeout a missing PUBACK may take to be noticed. A
-	// PUBACK that comes sooner costs no look.
-	look := max(r.opts.AckTimeout/16, time.Millisecond)
-	for f := range s.flights {
-		if abandoned {
-			r.inFlight.Add(-1)
-			continue
-		}
-		var err error
-		wt, _ := f.tok.(ProgressToken)
-		if wt != nil {
-			timer.Reset(min(time.Until(f.sent.Add(r.opts.AckTimeout)), look))
-		} else {
-			timer.Reset(time.Until(f.sent.Add(r.opts.AckTimeout)))
-		}
-	await:
-		for {
-			select {
-			case <-f.tok.Done():
-				err = f.tok.Error()
-				break await
-			case <-timer.C:
-				stalled := false
-				if wt != nil {
-					left, since := wt.Progress()
-					if d := time.Until(wait.Later(f.sent, since).Add(r.opts.AckTimeout)); d > 0 {
-						if !left {
-							d = min(d, look)
-						}
-						timer.Reset(d)
-						continue
-					}
-					stalled = !left
-				}
-				cause := errNoAck
-				if stalled {
-					cause = ErrStalled
-				}
-				flt := faultConnection
-				if stalled {
-					flt = faultStalled
-				}
-				s.setFail(failure{seq: f.seq, err: cause, probe: f.probe, fault: flt})
-				// Disconnecting completes this token with an error.
-				r.pub.Disconnect()
-			case <-done:
-				arm()
-			case <-giveUp:
-				// Shutdown or a publisher that does not complete its
-				// tokens: leave the rest pending; they are sent again
-				// next time.
-				abandoned = true
-				err = errors.New("abandoned at shutdown")
-				break await
-			}
-		}
-		timer.Stop()
-		if err == nil && !s.markable(f.seq) {
-			// Acknowledged after a message before it failed: it is sent
-			// again with that one (a duplicate after a failure).
-			r.inFlight.Add(-1)
-			<-s.slots
-			continue
-		}
-		if err == nil {
-			r.acked(f.sent, f.created)
-			// Waits while markSlots acknowledged messages are not yet
-			// recorded: marks that lag hold back publishing.
-			s.unmarked <- struct{}{}
-			s.marks <- f.seq
-			s.settled(f)
-			continue
-		}
-		flt := faultOf(err)
-		if !abandoned && flt == faultUndeliverable && s.markable(f.seq) {
-			// Refused for good, on a connection that stays up: parked at
-			// once, and nothing behind it need wait or go again.
-			parked, perr := r.refusedForGood(s.conn, f.seq, f.id, f.topic, f.attempts, err)
-			if parked {
-				r.inFlight.Add(-1)
-				s.gate.Settle(1)
-				s.settled(f)
-				continue
-			}
-			// Not recorded, or the policy wants it retried: it goes
-			// through the charge below instead.
-			if perr != nil {
-				r.writeFailed(perr)
-			}
-		}
-		r.inFlight.Add(-1)
-		<-s.slots
-		if !abandoned {
-			s.setFail(failure{seq: f.seq, err: err, probe: f.probe, fault: flt})
-		}
-	}
-}
-
-// settled gives back the window slot of f, settled for good (sent or
-// dead), and, if f was the suspect sent alone, lets the rest follow.
-func (s *session) settled(f flight) {
-	<-s.slots
-	s.progress.Store(true)
-	if f.probe {
-		s.r.suspect = 0
-		close(s.probeOK)
-	}
 }
 
 // idle waits for work (see waitForWork), saying so for keepLease. With

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strconv"
 	"time"
 
@@ -11,6 +10,9 @@ import (
 
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
+
+// Retention: sent rows deleted once RelayOptions.Retention has passed, and
+// the free pages given back to the file system.
 
 // purgeLoop deletes sent rows past retention and gives free pages back.
 //
@@ -140,55 +142,9 @@ func reclaim(ctx context.Context, conn *sqlconn.Conn, minFree int64) (int64, err
 	return free, err
 }
 
-// writeFailed records a failed relay write. On a full disk it gives the
-// disk reserve up, so that the relay can go on marking and deleting rows,
-// and asks the purge loop to free space now; it reports whether it freed
-// anything.
-func (r *Relay) writeFailed(err error) bool {
-	full, freed := r.noteWriteErr(err)
-	if full {
-		r.wakePurge()
-	}
-	return freed
-}
-
-// markFailed is writeFailed for a mark, which goes first on a full disk: the
-// purge loop is woken once a mark has succeeded (see markLoop), because its
-// checkpoint and vacuum would otherwise take the space the mark needs.
-func (r *Relay) markFailed(err error) bool {
-	_, freed := r.noteWriteErr(err)
-	return freed
-}
-
-// noteWriteErr records err and, when it is a full disk, gives the reserve up.
-func (r *Relay) noteWriteErr(err error) (full, freed bool) {
-	r.setErr(err)
-	r.metrics.writeFailed.Store(true)
-	if !errors.Is(err, ErrDiskFull) {
-		return false, false
-	}
-	r.diskFull.Store(true)
-	if r.ob.reserve.release() {
-		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
-		return true, true
-	}
-	return true, false
-}
-
 func (r *Relay) wakePurge() {
 	select {
 	case r.purgeNow <- struct{}{}:
 	default:
 	}
-}
-
-// walCheckpointed copies the WAL into the database file, waiting for no one,
-// and reports whether all of it is there: then the next write transaction
-// starts the WAL from its beginning again and needs no new space.
-func walCheckpointed(ctx context.Context, conn *sqlconn.Conn) bool {
-	var busy, frames, copied int
-	err := conn.Do(func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &copied)
-	})
-	return err == nil && busy == 0 && copied == frames
 }

@@ -39,8 +39,8 @@ func (r *Relay) noteWriteErr(err error) (full, freed bool) {
 		return false, false
 	}
 	r.diskFull.Store(true)
-	if r.ob.reserve.release() {
-		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.size)
+	if r.ob.reserve.Release() {
+		r.log.Warn("outbox: disk full; released the disk reserve to drain and free space", "bytes", r.ob.reserve.Size)
 		return true, true
 	}
 	return true, false

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/reserve"
 )
 
 // smallFileSystem mounts a tmpfs of the given size on a temporary directory
@@ -142,7 +143,7 @@ func fillDisk(t *testing.T, dir string) {
 		}
 	}
 	require.ErrorIs(t, err, syscall.ENOSPC)
-	free, _ := freeBytes(filepath.Join(dir, "x"))
+	free, _ := reserve.FreeBytes(filepath.Join(dir, "x"))
 	require.Zero(t, free, "the disk is full")
 }
 
@@ -162,7 +163,7 @@ func TestFullDiskIdleRelayKeepsLease(t *testing.T) {
 	})
 }
 
-func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) {
+func fullDiskIdle(t *testing.T, reserveBytes int64, ttl time.Duration, renewals int) {
 	ctx := context.Background()
 	dir, mounted := smallFileSystem(t, "4m")
 	if !mounted {
@@ -170,7 +171,7 @@ func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) 
 	}
 	path := filepath.Join(dir, "till.db")
 	logs := &harness.LogBuffer{}
-	ob, err := Open(ctx, path, Options{ReserveBytes: reserve, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	ob, err := Open(ctx, path, Options{ReserveBytes: reserveBytes, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
 	defer ob.Close()
 	_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)`)
@@ -227,7 +228,7 @@ func fullDiskIdle(t *testing.T, reserve int64, ttl time.Duration, renewals int) 
 	eventually(t, 10*time.Second, "the backlog marked sent", func() bool { return countState(t, ob, "pending") == 0 })
 	_, err = os.Stat(filepath.Join(dir, "filler"))
 	require.NoError(t, err, "the filler is still there")
-	free, _ := freeBytes(path)
+	free, _ := reserve.FreeBytes(path)
 	t.Logf("delivered %d with the filler in place, %d bytes free", backlog, free)
 }
 

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/reserve"
 )
 
 // histBounds are the upper bounds, in seconds, of the buckets of the
@@ -221,7 +223,7 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 	if fi, err := os.Stat(o.path + "-wal"); err == nil {
 		g.WALBytes = fi.Size()
 	}
-	g.FreeBytes, g.FreeBytesKnown = freeBytes(o.path)
+	g.FreeBytes, g.FreeBytesKnown = reserve.FreeBytes(o.path)
 	return g, nil
 }
 

@@ -10,9 +10,13 @@ import (
 
 	"github.com/edgeoutbox/outbox/internal/clock"
 	"github.com/edgeoutbox/outbox/internal/durable"
+	"github.com/edgeoutbox/outbox/internal/reserve"
 )
 
 const (
+	// DefaultReserveBytes is the disk space an Outbox keeps back unless
+	// Options.ReserveBytes says otherwise.
+	DefaultReserveBytes = 1 << 20
 	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
 	DefaultMaxPayloadBytes = 256 << 10
 	// MaxPayloadBytesLimit is the largest Options.MaxPayloadBytes, which
@@ -81,8 +85,8 @@ type Options struct {
 type Outbox struct {
 	db         *sql.DB
 	insert     *inserts
-	reserve    *reserve // nil without a file or when disabled
-	path       string   // the database file, as SQLite names it
+	reserve    *reserve.Reserve // nil without a file or when disabled
+	path       string           // the database file, as SQLite names it
 	ownsDB     bool
 	readOnly   bool // Options.ReadOnly: insert is nil
 	maxPayload int
@@ -126,7 +130,7 @@ func Open(ctx context.Context, path string, opts Options) (*Outbox, error) {
 	if err == nil || !noSpace(err) {
 		return o, err
 	}
-	size, ok := releaseReserveFile(path)
+	size, ok := reserve.ReleaseFile(path)
 	if !ok {
 		return nil, err
 	}
@@ -230,7 +234,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	o := &Outbox{
 		db:         db,
 		insert:     insert,
-		reserve:    newReserve(file, reserveSize),
+		reserve:    reserve.New(file, reserveSize),
 		path:       file,
 		maxPayload: opts.MaxPayloadBytes,
 		prefix:     opts.TopicPrefix,
@@ -248,8 +252,8 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	if err := o.reserve.fill(); err != nil {
-		o.log.Warn("outbox could not write its disk reserve", "path", o.reserve.path, "err", err)
+	if err := o.reserve.Fill(); err != nil {
+		o.log.Warn("outbox could not write its disk reserve", "path", file+"-reserve", "err", err)
 	}
 	return o, nil
 }

@@ -36,7 +36,7 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *sqlconn.Conn) {
 			}
 			sentBefore, noneKept = sent, err == nil && free < reclaimStep && !sentKept(ctx, conn)
 		}
-		r.ob.reserve.refill()
+		r.ob.reserve.Refill()
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
@@ -322,4 +323,15 @@ func txOnce(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 		return classifyWriteErr(err)
 	}
 	return nil
+}
+
+// noSpace reports whether err says the disk has no room: SQLITE_FULL,
+// SQLITE_IOERR_SHMSIZE (SQLite could not grow the -shm file, which it writes
+// a page at a time so that the mapping never hits a hole) or ENOSPC.
+func noSpace(err error) bool {
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_IOERR_SHMSIZE {
+		return true
+	}
+	return sqlconn.Code(err) == sqlite3.SQLITE_FULL || errors.Is(err, syscall.ENOSPC)
 }

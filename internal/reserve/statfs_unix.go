@@ -1,15 +1,15 @@
 //go:build unix
 
-package outbox
+package reserve
 
 import (
 	"path/filepath"
 	"syscall"
 )
 
-// freeBytes reports the space available to this user on the file system
+// FreeBytes reports the space available to this user on the file system
 // holding path.
-func freeBytes(path string) (int64, bool) {
+func FreeBytes(path string) (int64, bool) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
 		return 0, false

@@ -266,11 +266,11 @@ func TestTransactAtFullNeedsNoSyncBeforePublish(t *testing.T) {
 
 	// The relay sees the commit before Transact returns (it watches the
 	// WAL): the row is known as Transact's from before its COMMIT.
-	ob.afterCommit = func() { // the 20 above, and this one
+	ob.hooks.afterCommit = func() { // the 20 above, and this one
 		eventually(t, 5*time.Second, "published before Transact returned", func() bool { return pub.publishedCount() == 21 })
 	}
 	commitOrder(t, ob, "t", 50)
-	ob.afterCommit = nil
+	ob.hooks.afterCommit = nil
 	next("Transact's event, seen before Transact returned")
 	require.Zero(t, batchSyncs(), "Transact at FULL, seen before it returned: no fsync before publishing")
 

@@ -242,9 +242,7 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 	if o.readOnly {
 		return ErrReadOnly
 	}
-	if o.beforeTx != nil {
-		o.beforeTx()
-	}
+	call(o.hooks.beforeTx)
 	// Each attempt's transaction is noted, so that Enqueue tells it the
 	// seqs it inserted: once COMMIT returns at FULL, they are durable, and
 	// the relay need not sync before publishing them (durable.Commits).
@@ -255,8 +253,8 @@ func (o *Outbox) Transact(ctx context.Context, fn func(tx *sql.Tx) error) error 
 		o.durable.Begin(tx)
 		return fn(tx)
 	})
-	if err == nil && o.afterCommit != nil {
-		o.afterCommit()
+	if err == nil {
+		call(o.hooks.afterCommit)
 	}
 	o.durable.End(last, err == nil)
 	if err != nil {

@@ -353,8 +353,9 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 	opts.LeaseTTL = time.Second
 	r := mqttRelayOn(t, ob, url, opts, Protocol5)
 	r.hooks.watch.SafetyPoll = 100 * time.Millisecond
+	skips := counted(&r.hooks.onSkip)
 	startRelay(t, r)
-	eventually(t, 10*time.Second, "connected and idle", func() bool { return r.idleSkips.Load() > 0 })
+	eventually(t, 10*time.Second, "connected and idle", func() bool { return skips.Load() > 0 })
 	el.advance(time.Hour)
 	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload, expires_at) VALUES
 		('sql/minute', '{}', (SELECT clock_ms FROM outbox_state WHERE id = 1) + 60000)`)

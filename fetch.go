@@ -89,9 +89,7 @@ func (r *Relay) waitForWork(ctx context.Context, conn *sqlconn.Conn, wake <-chan
 // read; ok is false when ctx ended.
 func (r *Relay) committed(ctx context.Context, conn *sqlconn.Conn, version int64) (changed, ok bool) {
 	var v int64
-	if r.hooks.onAsk != nil {
-		r.hooks.onAsk()
-	}
+	call(r.hooks.onAsk)
 	err := conn.Do(func(c *sql.Conn) error {
 		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,4 +267,11 @@ func outboxSeqs(t *testing.T, db *sql.DB) []int64 {
 	}
 	require.NoError(t, rows.Err())
 	return seqs
+}
+
+// counted sets *hook to count its calls, and returns the count.
+func counted(hook *func()) *atomic.Int64 {
+	n := new(atomic.Int64)
+	*hook = func() { n.Add(1) }
+	return n
 }

@@ -58,12 +58,12 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 			last := l.LastRenewal()
 			if r.idleBefore(last) && lastMsg == "" && r.hearsAll.Load() {
 				// Parked: no timer until work, a contender or a kick.
-				r.idleSkips.Add(1)
+				call(r.hooks.onSkip)
 				parked = true
 				continue
 			}
 			if r.idleBefore(last) && lastMsg == "" && time.Since(last) < l.TTL()/2-l.TTL()/8 {
-				r.idleSkips.Add(1)
+				call(r.hooks.onSkip)
 				t.Reset(l.TTL() / 4)
 				continue
 			}

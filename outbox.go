@@ -101,12 +101,10 @@ type Outbox struct {
 	closed  bool
 	relays  map[*Relay]struct{}
 	relayWG sync.WaitGroup
-	// beforeTx, set by tests, runs in Transact between its check for Close
-	// and BEGIN.
-	beforeTx func()
-	// afterCommit, set by tests, runs in Transact after a COMMIT that
-	// returned, before anything else.
-	afterCommit func()
+	// hooks are set by tests: beforeTx runs in Transact between its check
+	// for Close and BEGIN, afterCommit after a COMMIT that returned, before
+	// anything else.
+	hooks struct{ beforeTx, afterCommit func() }
 	// inUse is held shared by every Enqueue while it runs and exclusively
 	// by Close while it closes the insert statement and the database, so
 	// that an Enqueue racing Close either writes or fails with ErrClosed.

@@ -544,7 +544,7 @@ func TestWritersRacingClose(t *testing.T) {
 	t.Run("Close between the check and BEGIN", func(t *testing.T) {
 		ob, err := Open(ctx, filepath.Join(t.TempDir(), "race.db"), Options{Logger: testLogger()})
 		require.NoError(t, err)
-		ob.beforeTx = func() { require.NoError(t, ob.Close()) }
+		ob.hooks.beforeTx = func() { require.NoError(t, ob.Close()) }
 		err = ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, Message{Topic: "t"}) })
 		require.ErrorIs(t, err, ErrClosed)
 	})

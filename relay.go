@@ -202,18 +202,15 @@ type Relay struct {
 	// idleSince is when the relay, connected, began to wait for work (on
 	// the monotonic clock, since epoch; 0: it is not waiting). One that
 	// has waited since before its last renewal renews less often, or not
-	// at all while hearsAll (keepLease); idleSkips counts the renewals
-	// skipped, for tests. hearsAll: the wait would notice any other
+	// at all while hearsAll (keepLease). hearsAll: the wait would notice any other
 	// connection's commit within half a TTL (it watches the WAL and its
 	// index). nudge tells keepLease of a wait that ended with nothing to
 	// read: another connection's commit, perhaps a contender's.
 	epoch     time.Time
 	idleSince atomic.Int64
-	idleSkips atomic.Int64
 	hearsAll  atomic.Bool
 	nudge     chan struct{}
 	working   chan struct{} // an idle spell ended (notIdle)
-	purges    atomic.Int64  // purges run, for tests
 	hooks     relayHooks
 	metrics   relayMetrics // Metrics
 	// structured: binary mode was asked for, and the last session could
@@ -528,6 +525,16 @@ type relayHooks struct {
 	onAsk func()
 	// syncWAL replaces the fsync of the WAL (internal/durable's Syncer).
 	syncWAL func() error
+	// onSkip learns of each renewal an idle relay skips; onPurge of each
+	// purge run.
+	onSkip, onPurge func()
+}
+
+// call calls hook, if it is set.
+func call(hook func()) {
+	if hook != nil {
+		hook()
+	}
 }
 
 // syncWAL is how the relay makes the WAL durable: its Syncer, unless a

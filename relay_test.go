@@ -729,15 +729,16 @@ func TestPurgeRestsWhileNothingIsKept(t *testing.T) {
 	pub := &fakePublisher{}
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
+	purges := counted(&r.hooks.onPurge)
 	startRelay(t, r)
-	eventually(t, 5*time.Second, "a first purge", func() bool { return r.purges.Load() >= 1 })
-	start, n := time.Now(), r.purges.Load()
+	eventually(t, 5*time.Second, "a first purge", func() bool { return purges.Load() >= 1 })
+	start, n := time.Now(), purges.Load()
 	eventually(t, 5*time.Second, "half a second", func() bool { return time.Since(start) >= 500*time.Millisecond })
-	require.Equal(t, n, r.purges.Load(), "purges with nothing kept")
+	require.Equal(t, n, purges.Load(), "purges with nothing kept")
 
 	commitOrder(t, ob, "t", 1)
 	eventually(t, 5*time.Second, "sent", func() bool { return countState(t, ob, "sent") == 1 })
-	eventually(t, 5*time.Second, "purges while a sent row is kept", func() bool { return r.purges.Load() >= n+5 })
+	eventually(t, 5*time.Second, "purges while a sent row is kept", func() bool { return purges.Load() >= n+5 })
 }
 
 // TestPurgeTakesTheWriteLockInAGap: the purge writes on the relay's own

@@ -28,7 +28,7 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *sqlconn.Conn) {
 		// so a mark the check below missed changes it.
 		sent := r.sent.Load()
 		if !(noneKept && sent == sentBefore && !r.diskFull.Load()) {
-			r.purges.Add(1)
+			call(r.hooks.onPurge)
 			free, err := r.purgeOnce(ctx, conn)
 			if err != nil && ctx.Err() == nil {
 				r.writeFailed(err)

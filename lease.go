@@ -23,11 +23,10 @@ func (r *Relay) idleBefore(t time.Time) bool {
 // stops publishing once it has not renewed for half a TTL.
 //
 // A relay connected and waiting for work since before its last renewal
-// renews less: the renewals are most of what an idle relay costs
-// (outboxctl fleet --idle: 500 idle relays in one process), and it
-// publishes nothing that needs the lease valid. The first message after the
-// lease lapsed asks for a renewal at once (lease.waitValid), a write before
-// it is published.
+// renews less: the renewals are most of what an idle relay costs (FLEET.md:
+// hundreds of idle relays in one process), and it publishes nothing that
+// needs the lease valid. The first message after the lease lapsed asks for
+// a renewal at once (Lease.WaitValid), a write before it is published.
 //   - One that would hear any other connection's commit within half a TTL
 //     (hearsAll: it watches the WAL and its index) does not renew at all.
 //     A contender must announce itself with a write before it counts the

@@ -241,14 +241,14 @@ type RelayStats struct {
 	// publishing since Run started, failed ones included (durable before
 	// publish: a commit made at synchronous=NORMAL must be on the disk before
 	// the broker has its event). It is there to show what that guarantee
-	// costs: one per batch read, so one per event under a trickle and about
-	// 4 per 1,000 events in a backlog (BatchSize 256), plus MarkSyncs.
+	// costs: one per batch read, so one per event under a trickle and one
+	// per BatchSize events in a backlog, plus MarkSyncs.
 	WALSyncs int64
 	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
 	// marks durable, so that a power cut duplicates at most Window +
-	// max(Window, 256) messages, as a crash does (internal/durable). They come only
-	// while that many run ahead of the last sync: none under a trickle, and
-	// about 4–5 per 1,000 events when draining fast (window 64, loopback).
+	// max(Window, 256) messages, as a crash does (internal/durable). They
+	// come only while that many run ahead of the last sync: none under a
+	// trickle, a few per thousand events when draining fast (BENCHMARKS.md).
 	MarkSyncs int64
 	// Protocol is the MQTT version the publisher's connection speaks ("5"
 	// or "3.1.1"), as it last connected; empty for a publisher that does

@@ -18,9 +18,9 @@ import (
 //
 // A purge that left no sent row kept, nor more free pages than one step
 // gives back, is not run again until a message is marked sent or the disk
-// is full: there would be nothing to do, and an idle
-// relay would pay for the statements every PurgeInterval (outboxctl fleet
-// --idle).
+// is full: there would be nothing to do, and an idle relay would pay for
+// the statements every PurgeInterval (FLEET.md: hundreds of idle relays in
+// one process).
 func (r *Relay) purgeLoop(ctx context.Context, conn *sqlconn.Conn) {
 	sentBefore, noneKept := int64(-1), false
 	wait.Every(ctx, r.opts.PurgeInterval, r.purgeNow, func() {

@@ -349,9 +349,8 @@ func (g *Gate) SyncLoop(stop <-chan struct{}, failed func(error)) {
 		}
 		if !g.due() {
 			// Asked for during the last sync, which has since covered it
-			// (a sync right after it covered only what settled meanwhile:
-			// every other sync, in the bench's drain); or nothing new. The
-			// next settle asks again.
+			// (a sync right after it would cover only what settled
+			// meanwhile); or nothing new. The next settle asks again.
 			continue
 		}
 		// Counted before it begins, so that a count of all syncs less

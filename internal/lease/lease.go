@@ -349,9 +349,8 @@ func (l *Lease) exec(ctx context.Context, query string, args ...any) (bool, erro
 	err := l.conn.Do(func(c *sql.Conn) error {
 		// Polling for the write lock, as a mark does: the relay's marks
 		// wait for this connection meanwhile, and SQLite's busy handler,
-		// whose sleeps grow to 100 ms, lost the lock to a writer
-		// committing every millisecond at FULL for up to 3 s (outboxctl
-		// bench --full, section 3, sidecar: commit → PUBACK p99 620 ms).
+		// whose sleeps grow to 100 ms, loses the lock for seconds to a
+		// writer that commits every millisecond at FULL.
 		var err error
 		n, err = l.conn.ExecPollingCount(ctx, c, query, args...)
 		return err

@@ -15,7 +15,7 @@ import (
 
 // watchers is the process's one inotify instance, shared by every relay
 // that watches a WAL: a user has few instances (128 by default, in
-// /proc/sys/fs/inotify/max_user_instances), and 500 relays in one process
+// /proc/sys/fs/inotify/max_user_instances), and hundreds of relays in one process
 // must work. It is the one piece of global state in the package, and the
 // reason is that limit: it is opened by the first watch and closed with the
 // last one, so a process with no relay running holds nothing.

@@ -13,9 +13,8 @@ import (
 // under a millisecond waits a whole one in a process that has nothing else
 // to do, since the runtime's poller sleeps in milliseconds. A timerfd read
 // through the poller wakes it when it fires, and holds no thread meanwhile
-// (a nanosleep does, and a process that napped so lost one of its two
-// processors to the nap: outboxctl bench section 3's commits through the
-// library waited 0.4 ms more at p50).
+// (a nanosleep does, and on a small device a process that napped so loses
+// one of its few processors to the nap).
 type NapTimer struct {
 	f     *os.File
 	fd    int

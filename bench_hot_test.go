@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/migrate"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
@@ -334,7 +335,7 @@ func BenchmarkInsertPath(b *testing.B) {
 		b.Fatal(err)
 	}
 	withFeatures := func(ctx context.Context, db *sql.DB) error {
-		if err := migrate(ctx, db); err != nil {
+		if err := migrateOutbox(ctx, db); err != nil {
 			return err
 		}
 		_, err := db.ExecContext(ctx, string(features))
@@ -361,9 +362,9 @@ func BenchmarkInsertPath(b *testing.B) {
 		{"columns+indexes", withFeatures, featureInsert("wide_indexed"), rowArgs},
 		{"columns+trigger", withFeatures, featureInsert("wide_triggered"), rowArgs},
 		{"schema5", func(ctx context.Context, db *sql.DB) error {
-			return migrateSet(ctx, db, "outbox_schema", outboxMigrations[:5], "")
+			return migrate.SQLite(ctx, db, "outbox_schema", outboxMigrations[:5], "", ErrSchemaTooNew)
 		}, schema5Insert, []any{id, "pos/1/orders", pl, "com.example.order.created", "", now, now, int64(0)}},
-		{"schema" + fmt.Sprint(SchemaVersion), migrate, insertSQLs[insertNoContentType], rowArgs},
+		{"schema" + fmt.Sprint(SchemaVersion), migrateOutbox, insertSQLs[insertNoContentType], rowArgs},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()

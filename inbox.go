@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/edgeoutbox/outbox/internal/clock"
+	"github.com/edgeoutbox/outbox/internal/txn"
 )
 
 // InboxSchemaVersion is the newest inbox schema version this code knows.
@@ -130,7 +131,7 @@ func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 	if len(ev.ID) > maxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
 		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", ErrInvalidMessage)
 	}
-	err := runTxRetrying(ctx, in.db, in.dialect.retry, func(tx *sql.Tx) error {
+	err := txn.Run(ctx, in.db, in.dialect.retry, classifyWriteErr, func(tx *sql.Tx) error {
 		persisted = 0
 		if ev.ID != "" {
 			// The insert comes first: it takes the write lock at once and

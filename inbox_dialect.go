@@ -8,7 +8,9 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/edgeoutbox/outbox/internal/migrate"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
+	"github.com/edgeoutbox/outbox/internal/txn"
 )
 
 // Dialect is the SQL dialect of an Inbox's database.
@@ -69,7 +71,7 @@ var sqliteInbox = &inboxDialect{
 	purgeApplied:    `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_tick < ? LIMIT ?)`,
 	purgeQuarantine: `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_tick < ? LIMIT ?)`,
 	migrate: func(ctx context.Context, db *sql.DB) error {
-		return migrateSet(ctx, db, "inbox_schema", inboxMigrations, "")
+		return migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations, "", ErrSchemaTooNew)
 	},
 	retry:     sqlconn.IsBusy,
 	insertErr: func(err error) error { return err },
@@ -166,7 +168,7 @@ func dialectFor(db *sql.DB, d Dialect) (*inboxDialect, error) {
 // lock, so that consumers starting at once migrate one after another
 // instead of failing on each other's CREATE TABLE.
 func migratePostgres(ctx context.Context, db *sql.DB, table string, steps []string) error {
-	return runTxRetrying(ctx, db, pgRetry, func(tx *sql.Tx) error {
+	return txn.Run(ctx, db, pgRetry, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "outbox:"+table); err != nil {
 			return err
 		}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/migrate"
 )
 
 // consumerDB is a consumer's own database with a table its handler writes.
@@ -312,7 +314,7 @@ func TestInboxMigrationFromSchema1(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "consumer.db")
 	db := consumerDB(t, path)
-	require.NoError(t, migrateSet(ctx, db, "inbox_schema", inboxMigrations[:1], ""))
+	require.NoError(t, migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations[:1], "", ErrSchemaTooNew))
 	// Applied in 1970 (a device that never synced its clock) and a year ago.
 	yearAgo := time.Now().AddDate(-1, 0, 0).UnixMilli()
 	_, err := db.Exec(`INSERT INTO inbox (source, id, type, sequence, applied_at) VALUES

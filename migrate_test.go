@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/migrate"
 )
 
 // openV1 returns a database with the outbox schema of version 1 only.
@@ -19,7 +21,7 @@ func openV1(t *testing.T) string {
 	db, err := OpenDB(path, DBOptions{})
 	require.NoError(t, err)
 	defer db.Close()
-	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:1], ""))
+	require.NoError(t, migrate.SQLite(context.Background(), db, "outbox_schema", outboxMigrations[:1], "", ErrSchemaTooNew))
 	return path
 }
 
@@ -152,7 +154,7 @@ func TestMigrationLeaseProtocol(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "v3.db")
 	db, err := OpenDB(path, DBOptions{})
 	require.NoError(t, err)
-	require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:3], ""))
+	require.NoError(t, migrate.SQLite(context.Background(), db, "outbox_schema", outboxMigrations[:3], "", ErrSchemaTooNew))
 	// What a schema 3 relay that crashed leaves: a lease held.
 	_, err = db.Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES ('relay', 'old-relay', 7, 1000)`)
 	require.NoError(t, err)
@@ -244,7 +246,7 @@ func TestMigrationKeepsApplicationObjects(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "v2.db")
 		db, err := OpenDB(path, DBOptions{})
 		require.NoError(t, err)
-		require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:2], ""))
+		require.NoError(t, migrate.SQLite(context.Background(), db, "outbox_schema", outboxMigrations[:2], "", ErrSchemaTooNew))
 		_, err = db.Exec(appObjects)
 		require.NoError(t, err)
 		require.NoError(t, db.Close())
@@ -254,7 +256,7 @@ func TestMigrationKeepsApplicationObjects(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "v3.db")
 		db, err := OpenDB(path, DBOptions{})
 		require.NoError(t, err)
-		require.NoError(t, migrateSet(context.Background(), db, "outbox_schema", outboxMigrations[:3], ""))
+		require.NoError(t, migrate.SQLite(context.Background(), db, "outbox_schema", outboxMigrations[:3], "", ErrSchemaTooNew))
 		_, err = db.Exec(appObjects)
 		require.NoError(t, err)
 		require.NoError(t, db.Close())

@@ -206,7 +206,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := checkDB(ctx, db); err != nil {
 		return nil, err
 	}
-	if err := migrate(ctx, db); err != nil {
+	if err := migrateOutbox(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: schema: %w", err)
 	}
 	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {

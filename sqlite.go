@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"os"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
+	"github.com/edgeoutbox/outbox/internal/txn"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -284,45 +284,7 @@ func isFullTrigger(err error) bool {
 // database busy, it rolls back and runs fn again, a few times, after a
 // short random pause.
 func runTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
-	return runTxRetrying(ctx, db, sqlconn.IsBusy, fn)
-}
-
-// runTxRetrying is runTx with another database's idea of which failures a
-// new attempt may cure.
-func runTxRetrying(ctx context.Context, db *sql.DB, retry func(error) bool, fn func(tx *sql.Tx) error) error {
-	const attempts = 8
-	var err error
-	for i := 0; i < attempts; i++ {
-		if i > 0 {
-			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
-			select {
-			case <-ctx.Done():
-				return errors.Join(err, ctx.Err())
-			case <-time.After(pause):
-			}
-		}
-		err = txOnce(ctx, db, fn)
-		if err == nil || !retry(err) {
-			return err
-		}
-	}
-	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
-}
-
-func txOnce(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return classifyWriteErr(err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		tx.Rollback()
-		return classifyWriteErr(err)
-	}
-	return nil
+	return txn.Run(ctx, db, sqlconn.IsBusy, classifyWriteErr, fn)
 }
 
 // noSpace reports whether err says the disk has no room: SQLITE_FULL,

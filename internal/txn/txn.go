@@ -1,0 +1,60 @@
+// Package txn runs a function in a database transaction and runs it again
+// when the database says a new attempt may succeed (SQLite busy, a
+// PostgreSQL serialization failure).
+package txn
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// attempts is how many times Run tries.
+const attempts = 8
+
+// Run runs fn in a transaction and commits it. When retry says a failure
+// may be cured by a new attempt, it rolls back and runs fn again, a few
+// times, after a short random pause: fn must not have effects outside tx.
+// classify, if not nil, is applied to the errors of BEGIN and COMMIT (the
+// writes the caller does not see), so that a full disk reads as the
+// caller's sentinel.
+func Run(ctx context.Context, db *sql.DB, retry func(error) bool, classify func(error) error, fn func(tx *sql.Tx) error) error {
+	if classify == nil {
+		classify = func(err error) error { return err }
+	}
+	var err error
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			pause := time.Duration(1+rand.IntN(10*i)) * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(pause):
+			}
+		}
+		err = once(ctx, db, classify, fn)
+		if err == nil || !retry(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
+}
+
+func once(ctx context.Context, db *sql.DB, classify func(error) error, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return classify(err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		tx.Rollback()
+		return classify(err)
+	}
+	return nil
+}

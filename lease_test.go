@@ -160,9 +160,15 @@ func startLongLeaseRelay(t *testing.T, ob *Outbox) *fakePublisher {
 // leaseToken is the relay lease's token: it moves at every renewal.
 func leaseToken(t testing.TB, ob *Outbox) int64 {
 	t.Helper()
-	var token int64
-	require.NoError(t, ob.DB().QueryRow(`SELECT token FROM outbox_lease WHERE name = 'relay'`).Scan(&token))
+	_, token := leaseRow(t, ob)
 	return token
+}
+
+// leaseRow is the relay lease's holder and token.
+func leaseRow(t testing.TB, ob *Outbox) (owner string, token int64) {
+	t.Helper()
+	require.NoError(t, ob.DB().QueryRow(`SELECT owner, token FROM outbox_lease WHERE name = 'relay'`).Scan(&owner, &token))
+	return owner, token
 }
 
 // TestIdleRelayRenewsEveryHalfTTL: a relay connected and waiting for work
@@ -249,8 +255,7 @@ func startParkedRelay(t *testing.T, ob *Outbox, pub Publisher, fake *fakePublish
 // leaseOwner is the lease holder's name.
 func leaseOwner(t testing.TB, ob *Outbox) string {
 	t.Helper()
-	var owner string
-	require.NoError(t, ob.DB().QueryRow(`SELECT owner FROM outbox_lease WHERE name = 'relay'`).Scan(&owner))
+	owner, _ := leaseRow(t, ob)
 	return owner
 }
 

@@ -786,14 +786,7 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 	require.NoError(t, err)
 	defer rc.Close()
 	locked := holdWriteLockInBursts(t, dbPath(t, ob), 90*time.Millisecond)
-	for _, w := range []struct {
-		name  string
-		write func() error
-	}{
-		{"charge", func() error { _, _, _, err := r.charge(rc, 1, errors.New("refused")); return err }},
-		{"park dead", func() error { return r.park(rc, parking{seq: 2, reason: "too large", charge: true}) }},
-		{"park expired", func() error { return r.park(rc, parking{seq: 3, reason: "expired", expired: true}) }},
-	} {
+	for _, w := range failureWrites(r, rc, "refused") {
 		locked()
 		start := time.Now()
 		err := w.write()
@@ -809,6 +802,22 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 	require.Equal(t, "dead", state)
 	state, _ = rowState(t, ob, 3)
 	require.Equal(t, "expired", state)
+}
+
+// failureWrites are the writes for a message's own failure, on rows 1 to 3:
+// an attempt charged, parked dead, parked expired; each says why.
+func failureWrites(r *Relay, rc *sqlconn.Conn, why string) []struct {
+	name  string
+	write func() error
+} {
+	return []struct {
+		name  string
+		write func() error
+	}{
+		{"charge", func() error { _, _, _, err := r.charge(rc, 1, errors.New(why)); return err }},
+		{"park dead", func() error { return r.park(rc, parking{seq: 2, reason: why, charge: true}) }},
+		{"park expired", func() error { return r.park(rc, parking{seq: 3, reason: why, expired: true}) }},
+	}
 }
 
 // TestParkSeesAFullDisk: parking a message dead or expired, and charging
@@ -831,15 +840,7 @@ func TestParkSeesAFullDisk(t *testing.T) {
 		_, err := c.ExecContext(ctx, `PRAGMA max_page_count = 1`)
 		return err
 	}))
-	long := strings.Repeat("x", 64<<10)
-	for _, w := range []struct {
-		name  string
-		write func() error
-	}{
-		{"charge", func() error { _, _, _, err := r.charge(rc, 1, errors.New(long)); return err }},
-		{"park dead", func() error { return r.park(rc, parking{seq: 2, reason: long, charge: true}) }},
-		{"park expired", func() error { return r.park(rc, parking{seq: 3, reason: long, expired: true}) }},
-	} {
+	for _, w := range failureWrites(r, rc, strings.Repeat("x", 64<<10)) {
 		err := w.write()
 		require.ErrorIs(t, err, ErrDiskFull, w.name)
 	}

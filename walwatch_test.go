@@ -29,23 +29,37 @@ func sidecarInsert(t *testing.T, path, sync string, n int) {
 	require.NoError(t, err)
 }
 
+// watchingRelay starts a relay of ob that watches its WAL (so: on Linux
+// only), publishing to a fakePublisher, with options changed by set and
+// hooks by hook, and returns once it is connected.
+func watchingRelay(t *testing.T, ob *Outbox, set func(*RelayOptions), hook func(*Relay)) (*Relay, *fakePublisher) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	if set != nil {
+		set(&opts)
+	}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	if hook != nil {
+		hook(r)
+	}
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	return r, pub
+}
+
 // TestRelayWatchesTheWAL: with polling out of the way (an hour between
 // looks), a relay on Linux still sees other processes' commits at once, at
 // synchronous FULL and NORMAL: it watches the WAL. Without the watch this
 // test waits in vain.
 func TestRelayWatchesTheWAL(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("inotify is Linux's")
-	}
 	ob := openTest(t, Options{})
-	pub := &fakePublisher{}
-	opts := fastRelay()
-	opts.PollInterval = time.Hour
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	r.hooks.watch.SafetyPoll = time.Hour
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	_, pub := watchingRelay(t, ob, func(o *RelayOptions) { o.PollInterval = time.Hour },
+		func(r *Relay) { r.hooks.watch.SafetyPoll = time.Hour })
 	for i, sync := range []string{"FULL", "NORMAL", "FULL", "NORMAL"} {
 		sidecarInsert(t, dbPath(t, ob), sync, i)
 		eventually(t, 5*time.Second, "published: "+sync, func() bool { return pub.publishedCount() == i+1 })
@@ -118,22 +132,13 @@ func TestRelaysEachHearTheirOwnWAL(t *testing.T) {
 // TestIdleRelayLooksLittle: a watching relay that has nothing to send asks
 // data_version once every few seconds, not after each of its own lease
 // renewals (and then at every fast look for a second: about 23 each):
-// 500 such relays in one process must cost little (outboxctl fleet
-// --idle). It still sees a sidecar's commit at once.
+// hundreds of such relays in one process must cost little (FLEET.md). It
+// still sees a sidecar's commit at once.
 func TestIdleRelayLooksLittle(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("inotify is Linux's")
-	}
 	ob := openTest(t, Options{})
-	pub := &fakePublisher{}
-	opts := fastRelay()
-	opts.LeaseTTL = 200 * time.Millisecond // idle: a renewal every 100 ms
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	var asks atomic.Int64
-	r.hooks.onAsk = func() { asks.Add(1) }
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	var asks *atomic.Int64
+	_, pub := watchingRelay(t, ob, func(o *RelayOptions) { o.LeaseTTL = 200 * time.Millisecond }, // idle: a renewal every 100 ms
+		func(r *Relay) { asks = counted(&r.hooks.onAsk) })
 	start, looks := time.Now(), asks.Load()
 	eventually(t, 10*time.Second, "two seconds", func() bool { return time.Since(start) >= 2*time.Second })
 	n := asks.Load() - looks
@@ -156,27 +161,21 @@ func TestIdleRelayLooksLittle(t *testing.T) {
 // elsewhere) still publishes another process's commits, at the safety
 // query, and then looks with queries, saying so.
 func TestRelayTurnsABrokenWALIndexOff(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("inotify is Linux's")
-	}
 	logs := &harness.LogBuffer{}
 	ob := openTest(t, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	pub := &fakePublisher{}
-	r, err := ob.NewRelay(pub, fastRelay())
-	require.NoError(t, err)
-	r.hooks.watch.SafetyPoll = 20 * time.Millisecond
-	r.hooks.watch.OpenIndex = func(path string) (*walwatch.Index, error) {
-		frozen := filepath.Join(t.TempDir(), "frozen")
-		shm, err := os.ReadFile(path + "-shm")
-		if err != nil {
-			return nil, err
+	_, pub := watchingRelay(t, ob, nil, func(r *Relay) {
+		r.hooks.watch.SafetyPoll = 20 * time.Millisecond
+		r.hooks.watch.OpenIndex = func(path string) (*walwatch.Index, error) {
+			frozen := filepath.Join(t.TempDir(), "frozen")
+			shm, err := os.ReadFile(path + "-shm")
+			if err != nil {
+				return nil, err
+			}
+			require.NoError(t, os.WriteFile(frozen+"-shm", shm, 0o600))
+			require.NoError(t, os.WriteFile(frozen+"-wal", nil, 0o600))
+			return walwatch.OpenIndex(frozen)
 		}
-		require.NoError(t, os.WriteFile(frozen+"-shm", shm, 0o600))
-		require.NoError(t, os.WriteFile(frozen+"-wal", nil, 0o600))
-		return walwatch.OpenIndex(frozen)
-	}
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	})
 	sidecarInsert(t, dbPath(t, ob), "NORMAL", 1)
 	eventually(t, 5*time.Second, "published at the safety query", func() bool { return pub.publishedCount() == 1 })
 	eventually(t, 5*time.Second, "said", func() bool { return strings.Contains(logs.String(), "WAL index did not show a commit") })
@@ -188,21 +187,11 @@ func TestRelayTurnsABrokenWALIndexOff(t *testing.T) {
 // while one of the relay's own renewals is under way waits for the renewal
 // only a moment, since the renewal may be waiting for the write lock behind
 // that very commit: another process's commit is published at once, not at
-// the next safety look (here an hour away). Before, it waited for the
-// renewal to return (bench section 3: sidecar p99 136–425 ms in some runs).
+// the next safety look (here an hour away), nor when the renewal returns.
 func TestRelaySeesACommitWhileItsRenewalWaits(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("inotify is Linux's")
-	}
 	ob := openTest(t, Options{})
-	pub := &fakePublisher{}
-	opts := fastRelay()
-	opts.LeaseTTL = time.Hour // no renewal of its own during the test
-	r, err := ob.NewRelay(pub, opts)
-	require.NoError(t, err)
-	r.hooks.watch.SafetyPoll = time.Hour
-	startRelay(t, r)
-	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
+	r, pub := watchingRelay(t, ob, func(o *RelayOptions) { o.LeaseTTL = time.Hour }, // no renewal of its own during the test
+		func(r *Relay) { r.hooks.watch.SafetyPoll = time.Hour })
 	r.own.Started.Add(1) // a renewal that does not return
 	sidecarInsert(t, dbPath(t, ob), "NORMAL", 1)
 	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })

@@ -260,37 +260,22 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	rep.ExternalBroker = cfg.Broker != ""
 
-	dir := cfg.Dir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "outbox-fleet-"); err != nil {
-			return rep, err
-		}
-		defer os.RemoveAll(dir)
+	dir, cleanup, err := workDir(cfg.Dir, "outbox-fleet-")
+	if err != nil {
+		return rep, err
 	}
+	defer cleanup()
 	run := outbox.NewID()[24:] // keeps topics and client ids of runs apart
 	prefix := "fleet/" + run
 
 	before := memory()
 
 	led := &ledger{committed: map[string]int{}, seen: map[string]int{}}
-	brokerURL := cfg.Broker
-	if brokerURL == "" {
-		b, err := harness.LaunchMochi(harness.MochiOptions{})
-		if err != nil {
-			return rep, fmt.Errorf("embedded broker: %w", err)
-		}
-		defer b.Close()
-		if err := b.Subscribe(prefix+"/#", func(m harness.Message) { led.deliver(m.Payload) }); err != nil {
-			return rep, fmt.Errorf("embedded broker: %w", err)
-		}
-		brokerURL = b.URL()
-	} else {
-		stop, err := subscribe(ctx, brokerURL, "fleet-consumer-"+run, prefix+"/#", led.deliver)
-		if err != nil {
-			return rep, err
-		}
-		defer stop()
+	brokerURL, stopBroker, err := brokerOrEmbedded(ctx, cfg.Broker, "fleet-consumer-"+run, prefix+"/#", led.deliver)
+	if err != nil {
+		return rep, err
 	}
+	defer stopBroker()
 	target, err := outbox.ParseBrokerURL(brokerURL)
 	if err != nil {
 		return rep, err
@@ -642,4 +627,40 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// brokerOrEmbedded is the broker a run uses: url, or the in-process broker
+// when url is empty. With deliver set, a subscriber (clientID, on filter)
+// hands it every payload the broker routes. stop ends both.
+func brokerOrEmbedded(ctx context.Context, url, clientID, filter string, deliver func([]byte)) (_ string, stop func(), err error) {
+	if url != "" {
+		if deliver == nil {
+			return url, func() {}, nil
+		}
+		stop, err := subscribe(ctx, url, clientID, filter, deliver)
+		return url, stop, err
+	}
+	b, err := harness.LaunchMochi(harness.MochiOptions{})
+	if err != nil {
+		return "", nil, fmt.Errorf("embedded broker: %w", err)
+	}
+	if deliver != nil {
+		if err := b.Subscribe(filter, func(m harness.Message) { deliver(m.Payload) }); err != nil {
+			b.Close()
+			return "", nil, fmt.Errorf("embedded broker: %w", err)
+		}
+	}
+	return b.URL(), func() { b.Close() }, nil
+}
+
+// workDir is dir, or a temporary directory named after prefix that cleanup
+// removes.
+func workDir(dir, prefix string) (_ string, cleanup func(), err error) {
+	if dir != "" {
+		return dir, func() {}, nil
+	}
+	if dir, err = os.MkdirTemp("", prefix); err != nil {
+		return "", nil, err
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
 }

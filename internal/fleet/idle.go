@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"runtime/pprof"
 	"time"
 
 	"github.com/edgeoutbox/outbox"
-	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // IdleConfig describes the idle measurement: every relay connected, with
@@ -72,23 +70,17 @@ func RunIdle(ctx context.Context, cfg IdleConfig) (rep IdleReport, err error) {
 	}
 	rep.Devices = cfg.Devices
 	rep.ExternalBroker = cfg.Broker != ""
-	dir := cfg.Dir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "outbox-idle-"); err != nil {
-			return rep, err
-		}
-		defer os.RemoveAll(dir)
+	dir, cleanup, err := workDir(cfg.Dir, "outbox-idle-")
+	if err != nil {
+		return rep, err
 	}
+	defer cleanup()
 	run := outbox.NewID()[24:]
-	brokerURL := cfg.Broker
-	if brokerURL == "" {
-		b, err := harness.LaunchMochi(harness.MochiOptions{})
-		if err != nil {
-			return rep, fmt.Errorf("embedded broker: %w", err)
-		}
-		defer b.Close()
-		brokerURL = b.URL()
+	brokerURL, stopBroker, err := brokerOrEmbedded(ctx, cfg.Broker, "", "", nil)
+	if err != nil {
+		return rep, err
 	}
+	defer stopBroker()
 
 	cfg.Progress("opening %d devices in %s", cfg.Devices, dir)
 	devs, closeDevs, err := startDevices(cfg.Devices, func(i int) (*device, error) {

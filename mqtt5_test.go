@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
 
 // answerCode is a mochi hook that answers a publish to a chosen topic with a
@@ -273,45 +274,6 @@ func TestAutoFallsBackWhenTheBrokerRefuses5(t *testing.T) {
 	}
 }
 
-// TestAutoFallsBackAfterTwoBareCloses: a close without a CONNACK right after
-// the 5 CONNECT may be an outage: one is an ordinary failed connect, two in
-// a row make auto speak 3.1.1, and it tries 5 again after retry5After.
-func TestAutoFallsBackAfterTwoBareCloses(t *testing.T) {
-	b := startBroker(t)
-	g := harness.StartVersionGate(t, b.addr, harness.GateClose)
-	pub := testPublisher(t, g.URL(), ProtocolAuto)
-	ctx := context.Background()
-
-	err := pub.Connect(ctx)
-	require.ErrorIs(t, err, errClosedAfterConnect, "one bare close: a failed connect")
-	require.Empty(t, pub.Protocol())
-	require.NoError(t, pub.Connect(ctx), "the second falls back")
-	require.Equal(t, "3.1.1", pub.Protocol())
-	require.EqualValues(t, 2, g.V5())
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "3.1.1", pub.Protocol())
-	require.EqualValues(t, 2, g.V5(), "5 not tried again before retry5After")
-
-	// Later, and the broker speaks 5 after all.
-	g.SetMode(harness.GatePass)
-	pub.mu.Lock()
-	pub.mem[0].retry5At = time.Now().Add(-time.Second)
-	pub.mu.Unlock()
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "5", pub.Protocol())
-	require.EqualValues(t, 3, g.V5())
-
-	// One bare close between successes does not fall back.
-	g.SetMode(harness.GateClose)
-	require.ErrorIs(t, pub.Connect(ctx), errClosedAfterConnect)
-	g.SetMode(harness.GatePass)
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "5", pub.Protocol())
-	g.SetMode(harness.GateClose)
-	require.ErrorIs(t, pub.Connect(ctx), errClosedAfterConnect, "the count starts again after a success")
-	pub.Disconnect()
-}
-
 // TestProtocolRequired: Protocol5 against a broker without 5 fails to
 // connect and says why; it never falls back.
 func TestProtocolRequired(t *testing.T) {
@@ -320,7 +282,7 @@ func TestProtocolRequired(t *testing.T) {
 	pub := testPublisher(t, g.URL(), Protocol5)
 	err := pub.Connect(context.Background())
 	require.Error(t, err)
-	require.True(t, errors.Is(err, errUnsupportedVersion))
+	require.True(t, errors.Is(err, mqtt.ErrUnsupportedVersion))
 	require.Contains(t, err.Error(), "the broker does not speak MQTT 5 (CONNACK 0x84)")
 	require.EqualValues(t, 0, g.V311())
 	p, err := ParseMQTTProtocol("3.1.1")

@@ -3,12 +3,64 @@ package outbox
 import (
 	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
+
+// TestMQTTFault: what internal/mqtt reports of a failed publish reads, at
+// the seam, as whose fault it was (faultOf), with the text last_error keeps.
+func TestMQTTFault(t *testing.T) {
+	lost := fmt.Errorf("%w: %w", mqtt.ErrDisconnected, errors.New("outbox: mqtt: write: broken pipe"))
+	for _, c := range []struct {
+		in    error
+		fault fault
+		text  string
+	}{
+		{&mqtt.PubackError{Code: 0x87}, faultUndeliverable, "not authorized (0x87)"},
+		{&mqtt.PubackError{Code: 0x90, Reason: "Publishing to this topic is forbidden by service policy"}, faultUndeliverable,
+			"topic name invalid (0x90): Publishing to this topic is forbidden by service policy"},
+		{&mqtt.PubackError{Code: 0x95}, faultUndeliverable, "packet too large (0x95)"},
+		{&mqtt.PubackError{Code: 0x99, Reason: "Payload Format Invalid"}, faultUndeliverable, "payload format invalid (0x99)"},
+		{&mqtt.PubackError{Code: 0x80, Reason: "quota spent"}, faultMessage, "unspecified error (0x80): quota spent"},
+		{&mqtt.PubackError{Code: 0x83}, faultMessage, "implementation specific error (0x83)"},
+		{&mqtt.PubackError{Code: 0x97}, faultMessage, "quota exceeded (0x97)"},
+		{&mqtt.PacketTooLargeError{Size: 2010, Max: 1024}, faultUndeliverable,
+			"packet too large: the message is 2010 bytes as an MQTT packet, over the broker's Maximum Packet Size of 1024 (not sent)"},
+		{&mqtt.StallError{Err: lost}, faultStalled, ErrStalled.Error() + ": " + lost.Error()},
+		{mqtt.ErrNotConnected, faultNotSent, ErrNotConnected.Error()},
+		{lost, faultConnection, lost.Error()},
+	} {
+		err := mqttFault(c.in)
+		require.Equal(t, c.fault, faultOf(err), "%v", c.in)
+		require.EqualError(t, err, c.text)
+	}
+	var ce *mqtt.StallError
+	require.False(t, errors.As(mqttFault(&mqtt.StallError{Err: lost}), &ce), "the seam's ErrStalled, not internal/mqtt's")
+	require.ErrorIs(t, mqttFault(&mqtt.StallError{Err: lost}), mqtt.ErrDisconnected)
+}
+
+// TestMQTTCheckSize: a message is refused for good only when its PUBLISH
+// would be over MQTT's largest Remaining Length, properties counted.
+func TestMQTTCheckSize(t *testing.T) {
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://127.0.0.1:1"})
+	require.NoError(t, err)
+	const limit = 268_435_455
+	topic := "pos/1/orders"
+	require.NoError(t, pub.CheckSize(topic, limit-2-len(topic)-2, nil))
+	require.Error(t, pub.CheckSize(topic, limit-2-len(topic)-2+1, nil))
+	props := &PublishProperties{ContentType: "application/json"} // 1 + 2 + 16 bytes, and their length
+	require.NoError(t, pub.CheckSize(topic, limit-2-len(topic)-2-20, props))
+	require.ErrorContains(t, pub.CheckSize(topic, limit-2-len(topic)-2-19, props), "exceeds MQTT's limit")
+}
 
 // BenchmarkMQTTPublish is MQTTPublisher's own cost per message: publishes
 // kept 64 deep, as the relay's window does, to a broker in this process

@@ -19,7 +19,7 @@ import (
 // one reader that completes their tokens as the PUBACKs come, matched by
 // packet id, and one pinger. It uses neither paho client: paho.golang's
 // Client's Publish waits for the PUBACK, so a window of publishes would
-// need a goroutine each, with nothing to keep them in order on the wire;
+// need a goroutine each, with nothing to keep them in order on the connection;
 // paho.mqtt.golang's client passes every publish and its PUBACK through
 // goroutines of its own, and its Publish blocks for the write timeout once
 // the connection is lost. paho.golang's packets decodes MQTT 5 and encodes
@@ -48,7 +48,7 @@ type Conn struct {
 	lost     chan struct{}
 	stop     chan struct{}
 
-	wmu       sync.Mutex // one packet at a time on the wire
+	wmu       sync.Mutex // one packet at a time on the connection
 	lastWrite time.Time  // under wmu
 	wbuf      []byte     // under wmu: PUBLISHes, encoded
 
@@ -339,7 +339,7 @@ func (c *Conn) read() {
 			return
 		}
 		if id, code, ok := plainPuback(first, body); ok {
-			c.acked(id, code, "")
+			c.puback(id, code, "")
 			continue
 		}
 		cp, err := decodeFrame(first, body)
@@ -353,7 +353,7 @@ func (c *Conn) read() {
 			if p.Properties != nil {
 				reason = p.Properties.ReasonString
 			}
-			c.acked(p.PacketID, p.ReasonCode, reason)
+			c.puback(p.PacketID, p.ReasonCode, reason)
 		case *packets.Pingresp:
 			select {
 			case c.pingresp <- struct{}{}:
@@ -370,9 +370,9 @@ func (c *Conn) read() {
 	}
 }
 
-// acked completes the token a PUBACK is for: with a PubackError for a
+// puback completes the token a PUBACK is for: with a PubackError for a
 // reason code of 0x80 or more.
-func (c *Conn) acked(id uint16, code byte, reason string) {
+func (c *Conn) puback(id uint16, code byte, reason string) {
 	c.mu.Lock()
 	t := c.pending[id]
 	delete(c.pending, id)

@@ -45,7 +45,7 @@ func newLink(c net.Conn, timeout time.Duration) *link {
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			l.raw = raw
-			l.base, _ = tcpBytesAcked(raw)
+			l.base, _ = tcpAcknowledged(raw)
 		}
 	}
 	if l.raw == nil {
@@ -104,10 +104,10 @@ func (l *link) progress() (gone int64, movedAt time.Time) {
 	defer l.pmu.Unlock()
 	g := l.gone // if the socket is closed, what was known stands
 	if !l.writtenOnly {
-		acked, ok := tcpBytesAcked(l.raw)
+		n, ok := tcpAcknowledged(l.raw)
 		switch {
-		case ok && acked > l.base:
-			g, l.byTCP = acked-l.base, true
+		case ok && n > l.base:
+			g, l.byTCP = n-l.base, true
 		case !l.byTCP:
 			// Asked after the CONNECT was acknowledged, yet nothing: the
 			// kernel does not count (before Linux 4.1, or emulated).

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eclipse/paho.golang/packets"
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	mpackets "github.com/mochi-mqtt/server/v2/packets"
@@ -157,46 +156,6 @@ func TestBinaryModeMaximumPacketSizeCountsProperties(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, dead[0].LastError, "over the broker's Maximum Packet Size of 1024 (not sent)")
 	require.Equal(t, 2, b.rec.Count())
-}
-
-// TestRemainingLength: the size the relay checks against MQTT's limit is
-// the Remaining Length of the PUBLISH as encoded: the packet id counts, and
-// on MQTT 5 the properties and their length.
-func TestRemainingLength(t *testing.T) {
-	long := strings.Repeat("x", 200)
-	for _, p := range []PublishProperties{
-		{},
-		{ContentType: "application/json"},
-		{ContentType: "text/plain", User: []UserProperty{{"specversion", "1.0"}, {"id", long}, {"", ""}}},
-		{User: []UserProperty{{"k", "v"}}, MessageExpiry: 90 * time.Second},
-	} {
-		for _, n := range []int{0, 10, 200} {
-			payload := bytes.Repeat([]byte{1}, n)
-			cp := packets.NewControlPacket(packets.PUBLISH)
-			pb := cp.Content.(*packets.Publish)
-			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, "pos/1/orders", payload, 7
-			pb.Properties = wireProperties(&p)
-			if pb.Properties == nil {
-				pb.Properties = &packets.Properties{}
-			}
-			var buf bytes.Buffer
-			_, err := cp.WriteTo(&buf)
-			require.NoError(t, err)
-			// The fixed header: one byte, then the Remaining Length.
-			rem, shift := 0, 0
-			for _, c := range buf.Bytes()[1:] {
-				rem |= int(c&0x7f) << shift
-				shift += 7
-				if c&0x80 == 0 {
-					break
-				}
-			}
-			require.Equal(t, buf.Len()-1-varintSize(rem), rem)
-			require.Equal(t, rem, remainingLength("pos/1/orders", n, &p, true), "MQTT 5, %+v, payload %d", p, n)
-			// 3.1.1: no properties at all.
-			require.Equal(t, 2+len("pos/1/orders")+2+n, remainingLength("pos/1/orders", n, &p, false))
-		}
-	}
 }
 
 func TestParseEnvelopeBinary(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
 
 // TestRelayFailsOverToTheNextBroker: a relay given two addresses (a
@@ -97,11 +98,11 @@ func TestBrokersOptionChecked(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, p.Broker(), "secret")
 	// A fleet spreads: client ids start on different nodes.
-	starts := map[int]bool{}
+	starts := map[string]bool{}
 	for _, id := range []string{"till-1", "till-2", "till-3", "till-4", "till-5", "till-6", "till-7", "till-8"} {
 		p, err := NewMQTTPublisher(MQTTOptions{Brokers: []string{"tcp://a:1", "tcp://b:1", "tcp://c:1"}, ClientID: id})
 		require.NoError(t, err)
-		starts[p.next] = true
+		starts[p.Broker()] = true
 	}
 	require.Len(t, starts, 3, "eight devices start on all three nodes")
 }
@@ -115,7 +116,7 @@ func TestSubscriberFailsOverToTheNextBroker(t *testing.T) {
 		nodes := []*harness.Mochi{harness.StartMochi(t, harness.MochiOptions{}), harness.StartMochi(t, harness.MochiOptions{})}
 		urls := []string{nodes[0].URL(), nodes[1].URL()}
 		const id = "consumer-failover"
-		first := firstBroker(id, len(urls))
+		first := mqtt.FirstBroker(id, len(urls))
 		db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 		in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 		require.NoError(t, err)

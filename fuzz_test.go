@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
-
-	"github.com/eclipse/paho.golang/packets"
 )
 
 func FuzzValidateTopic(f *testing.F) {
@@ -258,51 +255,6 @@ func FuzzValidJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, want := validJSON(b), json.Valid(b); got != want {
 			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", b, got, want)
-		}
-	})
-}
-
-// FuzzPublish5 holds the MQTT 5 PUBLISH the connection writes to what
-// paho.golang's packets writes for the same message, and the PUBACK the
-// reader decodes itself to what packets decodes.
-func FuzzPublish5(f *testing.F) {
-	f.Add("pos/1/orders", []byte(`{"n":1}`), "application/json", "specversion", "1.0", uint32(0), uint16(1), []byte{0, 1, 0})
-	f.Add("a", []byte{}, "", "", "", uint32(90), uint16(65535), []byte{0xff, 0xff, 0x87})
-	f.Fuzz(func(t *testing.T, topic string, payload []byte, contentType, key, value string, expiry uint32, id uint16, ack []byte) {
-		if len(topic) > 65535 || len(contentType) > 65535 || len(key) > 65535 || len(value) > 65535 {
-			return
-		}
-		p := PublishProperties{ContentType: contentType, MessageExpiry: time.Duration(expiry) * time.Second}
-		if key != "" || value != "" {
-			p.User = []UserProperty{{key, value}, {value, key}}
-		}
-		got := appendPublish5(nil, topic, id, payload, &p)
-		cp := packets.NewControlPacket(packets.PUBLISH)
-		pb := cp.Content.(*packets.Publish)
-		pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, topic, payload, id
-		pb.Properties = wireProperties(&p)
-		var want bytes.Buffer
-		if _, err := cp.WriteTo(&want); err != nil {
-			t.Skip()
-		}
-		if !bytes.Equal(got, want.Bytes()) {
-			t.Fatalf("appendPublish5 wrote %x, packets %x", got, want.Bytes())
-		}
-		if rem := remainingLength(topic, len(payload), &p, true); len(got) != 1+varintSize(rem)+rem {
-			t.Fatalf("remainingLength says %d, the packet is %d bytes", rem, len(got))
-		}
-
-		// A PUBACK the reader decodes itself, as packets decodes it.
-		id2, code, ok := plainPuback(packets.PUBACK<<4, ack)
-		if !ok {
-			return
-		}
-		back, err := decodeFrame(packets.PUBACK<<4, ack)
-		if err != nil {
-			t.Fatalf("packets refused PUBACK body %x: %v", ack, err)
-		}
-		if pa := back.Content.(*packets.Puback); pa.PacketID != id2 || pa.ReasonCode != code {
-			t.Fatalf("PUBACK %x: id %d code %d, packets says id %d code %d", ack, id2, code, pa.PacketID, pa.ReasonCode)
 		}
 	})
 }

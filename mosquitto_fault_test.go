@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
 
 // The fault test against a real Mosquitto: go test -race -run TestMosquittoBrokerFaults -v .
@@ -520,7 +521,7 @@ func testMosquittoBrokerFaults(t *testing.T, proto MQTTProtocol, nFaults int) {
 			stallUnnoticed++
 		case strings.Contains(lost[i].text, errNoAck.Error()):
 			stallByAck++
-		case strings.Contains(lost[i].text, errDisconnected.Error()), strings.Contains(lost[i].text, errConnectionLost.Error()):
+		case strings.Contains(lost[i].text, mqtt.ErrDisconnected.Error()), strings.Contains(lost[i].text, errConnectionLost.Error()):
 			stallByKeepalive++ // paho's PINGRESP timeout closed the connection
 		default:
 			stallOther++

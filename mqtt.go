@@ -1,26 +1,27 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
-	mqtt "github.com/eclipse/paho.mqtt.golang"
-	packets311 "github.com/eclipse/paho.mqtt.golang/packets"
-	netproxy "golang.org/x/net/proxy"
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
+
+// This file is the MQTT transport's public face: its options, its
+// constructor, and MQTTPublisher, the adapter from internal/mqtt's
+// connection to the seam (publisher.go), with the one place that decides
+// whose fault an MQTT outcome is (mqttFault). The machinery is beneath it,
+// in internal/mqtt.
 
 // MQTTOptions configures an MQTTPublisher.
 type MQTTOptions struct {
@@ -77,67 +78,93 @@ type MQTTOptions struct {
 	Logger *slog.Logger
 }
 
+// MQTTProtocol is the MQTT version an MQTTPublisher speaks.
+type MQTTProtocol int
+
+const (
+	// ProtocolAuto connects with MQTT 5 and falls back to 3.1.1 for a broker
+	// that does not speak 5. The default.
+	ProtocolAuto MQTTProtocol = iota
+	// Protocol5 is MQTT 5 only: the broker's reason codes decide each
+	// message.
+	Protocol5
+	// Protocol311 is MQTT 3.1.1 only.
+	Protocol311
+)
+
+// String is the name ParseMQTTProtocol reads: "auto", "5" or "3.1.1".
+func (p MQTTProtocol) String() string {
+	switch p {
+	case ProtocolAuto:
+		return "auto"
+	case Protocol5:
+		return "5"
+	case Protocol311:
+		return "3.1.1"
+	}
+	return fmt.Sprintf("MQTTProtocol(%d)", int(p))
+}
+
+// ParseMQTTProtocol reads "auto" (or ""), "5" or "3.1.1".
+func ParseMQTTProtocol(s string) (MQTTProtocol, error) {
+	switch s {
+	case "", "auto":
+		return ProtocolAuto, nil
+	case "5", "5.0":
+		return Protocol5, nil
+	case "3.1.1", "311", "4":
+		return Protocol311, nil
+	}
+	return 0, fmt.Errorf("outbox: mqtt version %q: want auto, 5 or 3.1.1", s)
+}
+
+// TLSFiles names PEM files for a TLS connection to the broker. They are read
+// again at every connection, so a renewed certificate, key or CA bundle
+// takes effect at the next reconnect without a restart.
+type TLSFiles struct {
+	// CAFile is a CA bundle to verify the broker with. Empty means the
+	// system roots.
+	CAFile string
+	// CertFile and KeyFile are the client certificate and its key, for
+	// mutual TLS. Both or neither.
+	CertFile string
+	KeyFile  string
+	// ServerName is the name checked in the broker's certificate. Empty
+	// means the host of the broker URL.
+	ServerName string
+}
+
+// Config reads the files and returns a client TLS configuration: TLS 1.2 at
+// least, the broker's certificate and name verified.
+func (f TLSFiles) Config() (*tls.Config, error) { return mqtt.TLSFiles(f).Config() }
+
+// ParseBrokerURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts,
+// a host and a port.
+func ParseBrokerURL(s string) (*url.URL, error) { return mqtt.ParseURL(s) }
+
 // MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 5 or 3.1.1
 // (MQTTOptions.Protocol), for a Relay. It opens a fresh clean session for
 // every Connect and never reconnects by itself: a reconnection under the
 // hood (paho.mqtt.golang's automatic one) can complete a QoS 1 token
 // without a PUBACK, so the relay does it instead.
 type MQTTPublisher struct {
-	opts MQTTOptions
-	urls []*url.URL
-	mem  []brokerMemory // per address, what auto learnt
-	next int            // the address the next Connect tries
+	opts    MQTTOptions
+	conf    mqtt.Options  // what each connection is opened with
+	brokers *mqtt.Brokers // the addresses, the next to try, what auto learnt
 
-	url *url.URL // the address of the last Connect; under mu
-	at  int      // its index; under mu
-
-	wg   sync.WaitGroup
+	wg   sync.WaitGroup // the connections' goroutines
 	mu   sync.Mutex
-	conn *mqttConn // the connection of the last Connect, either version
+	conn *mqtt.Conn // the connection of the last Connect, either version
 
 	// control, if set, is given every socket before it connects: tests
 	// use it to shrink the send buffer, as on a device whose writes block.
 	control func(network, address string, c syscall.RawConn) error
 }
 
-// brokerMemory is what auto learnt of one address: no5 once its CONNACK
-// said it does not speak 5, for the publisher's life; bareCloses counts 5
-// CONNECTs in a row that it closed without a CONNACK, and after two, 3.1.1
-// is spoken until retry5At.
-type brokerMemory struct {
-	no5        bool
-	bareCloses int
-	retry5At   time.Time
-}
-
-// use311 reports whether auto speaks 3.1.1 to this broker now.
-func (m *brokerMemory) use311(now time.Time) bool { return m.no5 || now.Before(m.retry5At) }
-
-// learn records how an MQTT 5 connect to this broker ended. It returns
-// why auto falls back to 3.1.1 now, for the log, or "" to stay on 5.
-// The publisher and the Subscriber keep one each, under their own lock.
-func (m *brokerMemory) learn(err error, now time.Time) (fallback string) {
-	switch {
-	case err == nil:
-		m.bareCloses = 0
-	case errors.Is(err, errUnsupportedVersion):
-		m.no5 = true
-		return "the broker does not speak MQTT 5; speaking 3.1.1 from now on"
-	case errors.Is(err, errClosedAfterConnect):
-		m.bareCloses++
-		if m.bareCloses >= 2 {
-			m.bareCloses = 0
-			m.retry5At = now.Add(retry5After)
-			return "the broker closed two MQTT 5 CONNECTs in a row without a CONNACK; speaking 3.1.1, trying 5 again in " + retry5After.String()
-		}
-	}
-	return ""
-}
-
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
 // when the relay asks.
 func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
-	urls, err := parseBrokers("mqtt", opts.Broker, opts.Brokers)
+	urls, err := mqtt.ParseBrokers("mqtt", opts.Broker, opts.Brokers)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +176,7 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 		return nil, fmt.Errorf("outbox: mqtt: client id too long")
 	}
 	if opts.TLSFiles != nil {
-		if slices.ContainsFunc(urls, func(u *url.URL) bool { return !isTLS(u) }) {
+		if slices.ContainsFunc(urls, func(u *url.URL) bool { return !mqtt.IsTLS(u) }) {
 			return nil, fmt.Errorf("outbox: mqtt: TLS files need a TLS URL (ssl://, tls:// or mqtts://)")
 		}
 		// Read them once now, so that a wrong path is a clear error at
@@ -178,252 +205,37 @@ func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	first := firstBroker(opts.ClientID, len(urls))
-	return &MQTTPublisher{opts: opts, urls: urls, mem: make([]brokerMemory, len(urls)), next: first, url: urls[first], at: first}, nil
+	p := &MQTTPublisher{opts: opts, brokers: mqtt.NewBrokers(urls, opts.ClientID, opts.Logger, "outbox mqtt: ")}
+	p.conf = mqtt.Options{
+		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password,
+		TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
+		ConnectTimeout: opts.ConnectTimeout, WriteTimeout: opts.WriteTimeout,
+		KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
+		Logger: opts.Logger, Classify: mqttFault, Goroutines: &p.wg,
+	}
+	return p, nil
 }
 
 // Broker returns the address (its URL, without credentials) of the last
 // Connect: the one in use while connected.
-func (p *MQTTPublisher) Broker() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return redactURL(p.url)
-}
+func (p *MQTTPublisher) Broker() string { return mqtt.Redact(p.brokers.Current()) }
 
-// ParseBrokerURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts,
-// a host and a port.
-func ParseBrokerURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: broker URL: %w", err)
-	}
-	switch strings.ToLower(u.Scheme) {
-	case "tcp", "mqtt", "ssl", "tls", "mqtts":
-	default:
-		return nil, fmt.Errorf("outbox: broker URL %q: scheme must be tcp, mqtt, ssl, tls or mqtts", redactURL(u))
-	}
-	if u.Hostname() == "" || u.Port() == "" {
-		return nil, fmt.Errorf("outbox: broker URL %q: needs host and port", redactURL(u))
-	}
-	return u, nil
-}
-
-func redactURL(u *url.URL) string {
-	if u.User == nil {
-		return u.String()
-	}
-	c := *u
-	c.User = url.User("REDACTED")
-	return c.String()
-}
-
-// pahoOptions builds what the Subscriber's 3.1.1 connections share: MQTT
-// 3.1.1, no reconnection by paho (the caller reconnects, with backoff), TLS
-// for a TLS URL (TLS 1.2 at least unless a config is given), credentials and
-// timeouts.
-func pahoOptions(u *url.URL, clientID, username, password string, tlsCfg *tls.Config, connect, keepAlive, ping time.Duration) *mqtt.ClientOptions {
-	o := mqtt.NewClientOptions()
-	o.AddBroker(u.Scheme + "://" + u.Host)
-	o.SetClientID(clientID)
-	if username != "" {
-		o.SetUsername(username)
-		o.SetPassword(password)
-	}
-	if isTLS(u) {
-		if tlsCfg == nil {
-			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		o.SetTLSConfig(tlsCfg)
-	}
-	o.SetProtocolVersion(4)
-	o.SetAutoReconnect(false)
-	o.SetConnectRetry(false)
-	o.SetConnectTimeout(connect)
-	o.SetKeepAlive(keepAlive)
-	o.SetPingTimeout(ping)
-	return o
-}
-
-func isTLS(u *url.URL) bool {
-	switch strings.ToLower(u.Scheme) {
-	case "ssl", "tls", "mqtts":
-		return true
-	}
-	return false
-}
-
-// retry5After is how long auto speaks 3.1.1 after two bare closes before it
-// tries 5 again: the closes may have been an outage, not a broker without 5.
-const retry5After = 10 * time.Minute
-
-// Connect opens a new connection with a clean session, in the version
-// MQTTOptions.Protocol asks for.
+// Connect opens a new connection with a clean session, to the next address,
+// in the version MQTTOptions.Protocol asks for (auto: see ProtocolAuto).
 func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
-	p.mu.Lock()
-	p.at, p.url = p.next, p.urls[p.next]
-	p.next = (p.next + 1) % len(p.urls)
-	m := &p.mem[p.at]
-	p.mu.Unlock()
-	switch p.opts.Protocol {
-	case Protocol311:
-		return p.connect311(ctx)
-	case Protocol5:
-		return p.connectV5(ctx)
-	}
-	p.mu.Lock()
-	use311 := m.use311(time.Now())
-	p.mu.Unlock()
-	if use311 {
-		return p.connect311(ctx)
-	}
-	err := p.connectV5(ctx)
-	p.mu.Lock()
-	fallback := m.learn(err, time.Now())
-	p.mu.Unlock()
-	if fallback == "" {
-		return err
-	}
-	p.opts.Logger.Info("outbox mqtt: "+fallback, "broker", redactURL(p.url), "err", err)
-	return p.connect311(ctx)
-}
-
-// connectV5 connects with MQTT 5.
-func (p *MQTTPublisher) connectV5(ctx context.Context) error {
-	cn, err := p.connect5(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	o := p.conf
+	o.Control = p.control
+	return p.brokers.Connect(ctx, mqttVersion(p.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
+		cn, err := mqtt.Open(ctx, a, &o)
+		if err != nil {
+			return err
 		}
-		var why string
-		var ce *connackError
-		if errors.As(err, &ce) {
-			why = explainConnack(ce)
-		} else {
-			why = explainConnectError(err, time.Now())
-		}
-		return fmt.Errorf("outbox: mqtt 5 connect to %s: %s: %w", redactURL(p.url), why, err)
-	}
-	p.mu.Lock()
-	p.conn = cn
-	p.mu.Unlock()
-	p.opts.Logger.Debug("outbox mqtt: connected", "broker", redactURL(p.url), "protocol", "5",
-		"receive_maximum", cn.receiveMax, "maximum_packet_size", cn.maxPacket)
-	return nil
-}
-
-// connect311 connects with MQTT 3.1.1.
-func (p *MQTTPublisher) connect311(ctx context.Context) error {
-	cn, err := p.open311(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("outbox: mqtt connect to %s: %s: %w", redactURL(p.url), explainConnectError(err, time.Now()), err)
-	}
-	p.mu.Lock()
-	p.conn = cn
-	p.mu.Unlock()
-	p.opts.Logger.Debug("outbox mqtt: connected", "broker", redactURL(p.url), "protocol", "3.1.1")
-	return nil
-}
-
-// dialForConnect dials the broker for a CONNECT of either version: until
-// stopWatch is called (at the CONNACK), a cancelled ctx closes the
-// connection at once, and ConnectTimeout bounds the handshake.
-func (p *MQTTPublisher) dialForConnect(ctx context.Context) (conn net.Conn, link *linkConn, stopWatch func() bool, err error) {
-	tlsCfg, err := tlsConfigFor(p.opts.TLSConfig, p.opts.TLSFiles)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	conn, link, err = p.dial(p.url, tlsCfg)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	stopWatch = context.AfterFunc(ctx, func() { conn.Close() })
-	conn.SetDeadline(time.Now().Add(p.opts.ConnectTimeout))
-	return conn, link, stopWatch, nil
-}
-
-// open311 opens an MQTT 3.1.1 connection with a clean session; the CONNECT
-// and its CONNACK go through paho.mqtt.golang's packets package, whose
-// errors for a refusal explainConnectError knows.
-func (p *MQTTPublisher) open311(ctx context.Context) (*mqttConn, error) {
-	conn, link, stopWatch, err := p.dialForConnect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer stopWatch()
-	cp := packets311.NewControlPacket(packets311.Connect).(*packets311.ConnectPacket)
-	cp.ProtocolName, cp.ProtocolVersion, cp.CleanSession = "MQTT", 4, true
-	cp.ClientIdentifier = p.opts.ClientID
-	cp.Keepalive = uint16(min(p.opts.KeepAlive/time.Second, 65535))
-	if p.opts.Username != "" {
-		cp.UsernameFlag, cp.Username = true, p.opts.Username
-		cp.PasswordFlag, cp.Password = true, []byte(p.opts.Password)
-	}
-	var b bytes.Buffer
-	if err := cp.Write(&b); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if _, err := conn.Write(b.Bytes()); err != nil {
-		conn.Close()
-		return nil, ctxOr(ctx, err)
-	}
-	ack, err := packets311.ReadPacket(conn)
-	if err != nil {
-		conn.Close()
-		return nil, ctxOr(ctx, err)
-	}
-	ca, ok := ack.(*packets311.ConnackPacket)
-	if !ok {
-		conn.Close()
-		return nil, fmt.Errorf("outbox: mqtt: the broker answered the CONNECT with %s", ack)
-	}
-	if ca.ReturnCode != packets311.Accepted {
-		conn.Close()
-		if known := packets311.ConnErrors[ca.ReturnCode]; known != nil {
-			return nil, known
-		}
-		return nil, &connackError{code: ca.ReturnCode}
-	}
-	conn.SetDeadline(time.Time{})
-	cn := p.newConn(conn, link, true)
-	cn.start()
-	return cn, nil
-}
-
-// dial opens the connection both protocol versions write to: the socket
-// (ALL_PROXY honoured) under a linkConn, and TLS on top for a TLS URL, all
-// within ConnectTimeout. top is what MQTT is written to.
-func (p *MQTTPublisher) dial(uri *url.URL, tlsCfg *tls.Config) (top net.Conn, l *linkConn, err error) {
-	deadline := time.Now().Add(p.opts.ConnectTimeout)
-	d := &net.Dialer{Deadline: deadline, Control: p.control}
-	raw, err := netproxy.FromEnvironmentUsing(d).Dial("tcp", uri.Host)
-	if err != nil {
-		return nil, nil, err
-	}
-	l = newLinkConn(raw, p.opts.WriteTimeout)
-	if !isTLS(uri) {
-		return l, l, nil
-	}
-	if tlsCfg == nil {
-		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if tlsCfg.ServerName == "" {
-		// As tls.Dial does.
-		tlsCfg = tlsCfg.Clone()
-		tlsCfg.ServerName = uri.Hostname()
-	}
-	tc := tls.Client(l, tlsCfg)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, nil, err
-	}
-	return tc, l, nil
+		p.mu.Lock()
+		p.conn = cn
+		p.mu.Unlock()
+		return nil
+	})
 }
 
 // Publish sends one message at QoS 1.
@@ -439,9 +251,10 @@ func (p *MQTTPublisher) PublishWithProperties(topic string, payload []byte, prop
 	cn := p.conn
 	p.mu.Unlock()
 	if cn == nil {
-		return failedToken{ErrNotConnected}
+		return mqtt.Failed(ErrNotConnected)
 	}
-	return cn.publish(topic, payload, &props)
+	mp := mqttProperties(&props)
+	return cn.Publish(topic, payload, &mp)
 }
 
 // CarriesProperties reports whether the connection made by the last Connect
@@ -449,7 +262,7 @@ func (p *MQTTPublisher) PublishWithProperties(topic string, payload []byte, prop
 func (p *MQTTPublisher) CarriesProperties() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.conn != nil && !p.conn.v311
+	return p.conn != nil && p.conn.V5()
 }
 
 // Disconnect closes the connection at once; tokens in flight complete with
@@ -461,7 +274,7 @@ func (p *MQTTPublisher) Disconnect() {
 	p.conn = nil
 	p.mu.Unlock()
 	if cn != nil {
-		cn.close()
+		cn.Close()
 	}
 }
 
@@ -477,9 +290,8 @@ func (p *MQTTPublisher) Close() error {
 func (p *MQTTPublisher) ConnectionLost() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case p.conn != nil:
-		return p.conn.lost
+	if p.conn != nil {
+		return p.conn.Lost()
 	}
 	return nil
 }
@@ -492,10 +304,10 @@ func (p *MQTTPublisher) Protocol() string {
 	switch {
 	case p.conn == nil:
 		return ""
-	case p.conn.v311:
-		return "3.1.1"
+	case p.conn.V5():
+		return "5"
 	}
-	return "5"
+	return "3.1.1"
 }
 
 // MaxInFlight is how many publishes the broker lets await their PUBACK on
@@ -505,7 +317,7 @@ func (p *MQTTPublisher) MaxInFlight() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn != nil {
-		return p.conn.receiveMax
+		return p.conn.ReceiveMaximum()
 	}
 	return 0
 }
@@ -516,7 +328,7 @@ func (p *MQTTPublisher) LostReason() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn != nil {
-		return p.conn.lostReason()
+		return p.conn.LostReason()
 	}
 	return nil
 }
@@ -525,10 +337,82 @@ func (p *MQTTPublisher) LostReason() error {
 // topic, the packet id, the properties on MQTT 5, the payload) is at most
 // 268,435,455 bytes.
 func (p *MQTTPublisher) CheckSize(topic string, payloadBytes int, props *PublishProperties) error {
-	if remainingLength(topic, payloadBytes, props, props != nil) > maxRemainingLength {
+	var mp mqtt.Properties
+	if props != nil {
+		mp = mqttProperties(props)
+	}
+	if mqtt.RemainingLength(topic, payloadBytes, &mp, props != nil) > mqtt.MaxRemainingLength {
 		return fmt.Errorf("encoded message of %d bytes exceeds MQTT's limit", payloadBytes)
 	}
 	return nil
+}
+
+// mqttFault is the one place that decides whose fault a failed MQTT publish
+// was, in the seam's terms (Token): internal/mqtt reports what happened,
+// and every token's error passes through here once, as it completes.
+//   - a PUBACK reason code of 0x80 or more: the broker refused this message,
+//     and the connection stays up. Those that say retrying cannot help are
+//     permanent (permanentPuback); the others go again.
+//   - a packet over the broker's Maximum Packet Size: never sent, and it
+//     never fits on this connection, so permanent.
+//   - the connection moved no bytes before the message had left: a stall.
+//   - no connection: never sent.
+//   - anything else (a lost connection, with or without the broker's
+//     DISCONNECT reason) is the connection's fault.
+func mqttFault(err error) error {
+	switch e := err.(type) {
+	case *mqtt.PubackError:
+		return &Refusal{Reason: e.Error(), Permanent: permanentPuback(e.Code)}
+	case *mqtt.PacketTooLargeError:
+		return &Refusal{Reason: e.Error(), Permanent: true}
+	case *mqtt.StallError:
+		return fmt.Errorf("%w: %w", ErrStalled, e.Err)
+	}
+	if err == mqtt.ErrNotConnected {
+		return ErrNotConnected
+	}
+	return err
+}
+
+// permanentPuback reports whether a PUBACK reason code refuses the message
+// for good: not authorized (0x87), topic name invalid (0x90), packet too
+// large (0x95), payload format invalid (0x99).
+func permanentPuback(code byte) bool {
+	switch code {
+	case 0x87, 0x90, 0x95, 0x99:
+		return true
+	}
+	return false
+}
+
+// mqttVersion is p in internal/mqtt's terms.
+func mqttVersion(p MQTTProtocol) mqtt.Version {
+	switch p {
+	case Protocol5:
+		return mqtt.V5
+	case Protocol311:
+		return mqtt.V311
+	}
+	return mqtt.Auto
+}
+
+// mqttProperties is p in internal/mqtt's terms. The user properties are
+// not copied: UserProperty and mqtt.UserProperty are the same struct (the
+// conversion below stops compiling if they part), and a copy would cost an
+// allocation per publish in CloudEvents binary mode.
+func mqttProperties(p *PublishProperties) mqtt.Properties {
+	return mqtt.Properties{ContentType: p.ContentType, User: mqttUser(p.User), MessageExpiry: p.MessageExpiry}
+}
+
+var _ = mqtt.UserProperty(UserProperty{})
+
+func mqttUser(u []UserProperty) []mqtt.UserProperty {
+	return unsafe.Slice((*mqtt.UserProperty)(unsafe.Pointer(unsafe.SliceData(u))), len(u))
+}
+
+// fromMQTTUser is mqttUser the other way, for what the Subscriber receives.
+func fromMQTTUser(u []mqtt.UserProperty) []UserProperty {
+	return unsafe.Slice((*UserProperty)(unsafe.Pointer(unsafe.SliceData(u))), len(u))
 }
 
 // The capabilities of the seam that MQTTPublisher has.
@@ -541,5 +425,5 @@ var (
 	_ LossExplainer       = (*MQTTPublisher)(nil)
 	_ ProtocolNamer       = (*MQTTPublisher)(nil)
 	_ BrokerNamer         = (*MQTTPublisher)(nil)
-	_ ProgressToken       = (*pubToken)(nil)
+	_ ProgressToken       = (*mqtt.PublishToken)(nil)
 )

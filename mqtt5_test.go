@@ -5,10 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 )
 
 // answerCode is a mochi hook that answers a publish to a chosen topic with a
@@ -246,95 +244,17 @@ func TestMQTT5DisconnectReason(t *testing.T) {
 	})
 }
 
-// versionGate stands in front of a broker and answers MQTT 5 CONNECTs as a
-// broker without 5 would; 3.1.1 ones go through.
-type versionGate struct {
-	ln      net.Listener
-	backend string
-	mode    atomic.Value // "connack1", "connack84", "close" or "pass"
-	v5      atomic.Int64 // MQTT 5 CONNECTs seen
-	v311    atomic.Int64
-	wg      sync.WaitGroup
-}
-
-func startVersionGate(t *testing.T, backend, mode string) *versionGate {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := &versionGate{ln: ln, backend: backend}
-	g.mode.Store(mode)
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			g.wg.Add(1)
-			go func() { defer g.wg.Done(); g.serve(c) }()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); g.wg.Wait() })
-	return g
-}
-
-func (g *versionGate) url() string { return "tcp://" + g.ln.Addr().String() }
-
-func (g *versionGate) serve(c net.Conn) {
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	// CONNECT: fixed header, remaining length (small), "\x00\x04MQTT", level.
-	head := make([]byte, 2)
-	if _, err := io.ReadFull(c, head); err != nil || head[1]&0x80 != 0 {
-		return
-	}
-	body := make([]byte, head[1])
-	if _, err := io.ReadFull(c, body); err != nil || len(body) < 7 {
-		return
-	}
-	c.SetReadDeadline(time.Time{})
-	if body[6] == 5 {
-		g.v5.Add(1)
-		switch g.mode.Load().(string) {
-		case "connack1":
-			c.Write([]byte{0x20, 0x02, 0x00, 0x01})
-			return
-		case "connack84":
-			c.Write([]byte{0x20, 0x03, 0x00, 0x84, 0x00})
-			return
-		case "close":
-			return
-		}
-	} else {
-		g.v311.Add(1)
-	}
-	b, err := net.Dial("tcp", g.backend)
-	if err != nil {
-		return
-	}
-	defer b.Close()
-	if _, err := b.Write(append(head, body...)); err != nil {
-		return
-	}
-	done := make(chan struct{})
-	go func() { io.Copy(c, b); c.Close(); close(done) }()
-	io.Copy(b, c)
-	b.Close()
-	<-done
-}
-
 // TestAutoFallsBackWhenTheBrokerRefuses5: a CONNACK "unsupported protocol
 // version" (5.0's 0x84, or the 3.1.1 return code 1 some brokers send) makes
 // auto speak 3.1.1 at once, and for the publisher's life: reconnections do
 // not try 5 again.
 func TestAutoFallsBackWhenTheBrokerRefuses5(t *testing.T) {
-	for _, mode := range []string{"connack1", "connack84"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []harness.GateMode{harness.GateConnack1, harness.GateConnack84} {
+		t.Run(string(mode), func(t *testing.T) {
 			b := startBroker(t)
-			g := startVersionGate(t, b.addr, mode)
+			g := harness.StartVersionGate(t, b.addr, mode)
 			ob := openTest(t, Options{})
-			pub := testPublisher(t, g.url(), ProtocolAuto)
+			pub := testPublisher(t, g.URL(), ProtocolAuto)
 			r, err := ob.NewRelay(pub, fastRelay())
 			require.NoError(t, err)
 			commitOrder(t, ob, "pos/orders", 1)
@@ -348,62 +268,23 @@ func TestAutoFallsBackWhenTheBrokerRefuses5(t *testing.T) {
 			pub.Disconnect()
 			commitOrder(t, ob, "pos/orders", 2)
 			eventually(t, 10*time.Second, "sent after reconnecting", func() bool { return countState(t, ob, "sent") == 2 })
-			require.EqualValues(t, 1, g.v5.Load(), "5 tried once")
-			require.GreaterOrEqual(t, g.v311.Load(), int64(2))
+			require.EqualValues(t, 1, g.V5(), "5 tried once")
+			require.GreaterOrEqual(t, g.V311(), int64(2))
 		})
 	}
-}
-
-// TestAutoFallsBackAfterTwoBareCloses: a close without a CONNACK right after
-// the 5 CONNECT may be an outage: one is an ordinary failed connect, two in
-// a row make auto speak 3.1.1, and it tries 5 again after retry5After.
-func TestAutoFallsBackAfterTwoBareCloses(t *testing.T) {
-	b := startBroker(t)
-	g := startVersionGate(t, b.addr, "close")
-	pub := testPublisher(t, g.url(), ProtocolAuto)
-	ctx := context.Background()
-
-	err := pub.Connect(ctx)
-	require.ErrorIs(t, err, errClosedAfterConnect, "one bare close: a failed connect")
-	require.Empty(t, pub.Protocol())
-	require.NoError(t, pub.Connect(ctx), "the second falls back")
-	require.Equal(t, "3.1.1", pub.Protocol())
-	require.EqualValues(t, 2, g.v5.Load())
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "3.1.1", pub.Protocol())
-	require.EqualValues(t, 2, g.v5.Load(), "5 not tried again before retry5After")
-
-	// Later, and the broker speaks 5 after all.
-	g.mode.Store("pass")
-	pub.mu.Lock()
-	pub.mem[0].retry5At = time.Now().Add(-time.Second)
-	pub.mu.Unlock()
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "5", pub.Protocol())
-	require.EqualValues(t, 3, g.v5.Load())
-
-	// One bare close between successes does not fall back.
-	g.mode.Store("close")
-	require.ErrorIs(t, pub.Connect(ctx), errClosedAfterConnect)
-	g.mode.Store("pass")
-	require.NoError(t, pub.Connect(ctx))
-	require.Equal(t, "5", pub.Protocol())
-	g.mode.Store("close")
-	require.ErrorIs(t, pub.Connect(ctx), errClosedAfterConnect, "the count starts again after a success")
-	pub.Disconnect()
 }
 
 // TestProtocolRequired: Protocol5 against a broker without 5 fails to
 // connect and says why; it never falls back.
 func TestProtocolRequired(t *testing.T) {
 	b := startBroker(t)
-	g := startVersionGate(t, b.addr, "connack84")
-	pub := testPublisher(t, g.url(), Protocol5)
+	g := harness.StartVersionGate(t, b.addr, harness.GateConnack84)
+	pub := testPublisher(t, g.URL(), Protocol5)
 	err := pub.Connect(context.Background())
 	require.Error(t, err)
-	require.True(t, errors.Is(err, errUnsupportedVersion))
+	require.True(t, errors.Is(err, mqtt.ErrUnsupportedVersion))
 	require.Contains(t, err.Error(), "the broker does not speak MQTT 5 (CONNACK 0x84)")
-	require.EqualValues(t, 0, g.v311.Load())
+	require.EqualValues(t, 0, g.V311())
 	p, err := ParseMQTTProtocol("3.1.1")
 	require.NoError(t, err)
 	require.Equal(t, Protocol311, p)

@@ -6,17 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/mqtt"
 	"github.com/edgeoutbox/outbox/internal/wait"
-
-	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
 // SubscriberOptions configures a Subscriber.
@@ -93,11 +88,12 @@ type SubscriberOptions struct {
 // recognises, never to a loss. A message that is not a valid event is
 // quarantined, acknowledged and counted, never allowed to block the rest.
 type Subscriber struct {
-	in   *Inbox
-	h    Handler
-	opts SubscriberOptions
-	urls []*url.URL
-	log  *slog.Logger
+	in      *Inbox
+	h       Handler
+	opts    SubscriberOptions
+	brokers *mqtt.Brokers // the addresses, the next to try, what auto learnt
+	conf    mqtt.SessionOptions
+	log     *slog.Logger
 
 	connected   atomic.Bool
 	applied     atomic.Int64
@@ -107,11 +103,7 @@ type Subscriber struct {
 
 	mu       sync.Mutex
 	lastErr  error
-	protocol string         // what the last connection spoke
-	mem      []brokerMemory // per address, what auto learnt, as MQTTPublisher does
-	next     int            // the address the next connection tries
-	url      *url.URL       // the address of the current (or last) connection; set under mu by Run's goroutine
-	at       int            // its index
+	protocol string // what the last connection spoke
 }
 
 // Outcome is what became of a message.
@@ -159,7 +151,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if in == nil || h == nil {
 		return nil, errors.New("outbox: subscriber: nil Inbox or Handler")
 	}
-	urls, err := parseBrokers("subscriber", opts.Broker, opts.Brokers)
+	urls, err := mqtt.ParseBrokers("subscriber", opts.Broker, opts.Brokers)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +162,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 		return nil, errors.New("outbox: subscriber: no Topics")
 	}
 	for _, t := range opts.Topics {
-		if err := validateSubscription(t); err != nil {
+		if err := mqtt.ValidateSubscription(t); err != nil {
 			return nil, err
 		}
 	}
@@ -195,9 +187,21 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if log == nil {
 		log = in.log
 	}
-	first := firstBroker(opts.ClientID, len(urls))
-	return &Subscriber{in: in, h: h, opts: opts, urls: urls, log: log.With("subscriber", opts.ClientID),
-		mem: make([]brokerMemory, len(urls)), next: first, url: urls[first], at: first}, nil
+	log = log.With("subscriber", opts.ClientID)
+	s := &Subscriber{in: in, h: h, opts: opts, log: log, brokers: mqtt.NewBrokers(urls, opts.ClientID, log, "outbox subscriber: ")}
+	s.conf = mqtt.SessionOptions{
+		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password, Topics: opts.Topics,
+		TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
+		ConnectTimeout: opts.ConnectTimeout, KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
+		Logger: log,
+		Connected: func(protocol string) {
+			s.mu.Lock()
+			s.protocol = protocol
+			s.mu.Unlock()
+		},
+		Subscribed: func() { s.connected.Store(true) },
+	}
+	return s, nil
 }
 
 // Stats returns the subscriber's counters.
@@ -211,8 +215,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		st.LastError = s.lastErr.Error()
 	}
 	st.Protocol = s.protocol
-	st.Broker = redactURL(s.url)
 	s.mu.Unlock()
+	st.Broker = mqtt.Redact(s.brokers.Current())
 	return st
 }
 
@@ -264,135 +268,24 @@ func (s *Subscriber) purgeLoop(ctx context.Context) {
 	})
 }
 
-// disconnectWait bounds how long ending a session waits for paho to send
-// the DISCONNECT and stop its goroutines; it takes longer only when a write
-// is stuck.
-const disconnectWait = time.Second
-
-// session311 runs one MQTT 3.1.1 connection until it is lost or ctx ends.
-func (s *Subscriber) session311(ctx context.Context) error {
-	// paho's callback may be blocked handing over a message when the
-	// session ends; cancelling sctx releases it.
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	lost := make(chan error, 1)
-	// Messages are handed to one worker in arrival order: paho's callback
-	// must not block on a slow handler (that would hold up its pings).
-	queue := make(chan mqtt.Message, 256)
-	tlsCfg, err := tlsConfigFor(s.opts.TLSConfig, s.opts.TLSFiles)
-	if err != nil {
-		return err
-	}
-	o := pahoOptions(s.url, s.opts.ClientID, s.opts.Username, s.opts.Password, tlsCfg,
-		s.opts.ConnectTimeout, s.opts.KeepAlive, s.opts.PingTimeout)
-	o.SetCleanSession(false)
-	o.SetAutoAckDisabled(true)
-	o.SetOrderMatters(true)
-	handler := func(_ mqtt.Client, m mqtt.Message) {
-		select {
-		case queue <- m:
-		case <-sctx.Done():
-		}
-	}
-	// A resumed session's messages arrive before Subscribe returns; the
-	// default handler takes them.
-	o.SetDefaultPublishHandler(handler)
-	o.SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-		select {
-		case lost <- err:
-		default:
-		}
+// session runs one connection to the next address until it is lost or ctx
+// ends, in the version Protocol asks for (auto: see ProtocolAuto).
+func (s *Subscriber) session(ctx context.Context) error {
+	return s.brokers.Connect(ctx, mqttVersion(s.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
+		return mqtt.Subscribe(ctx, a, &s.conf, s.process)
 	})
-	var abort connectAbort
-	if os.Getenv("ALL_PROXY") == "" && os.Getenv("all_proxy") == "" {
-		// Without a proxy (which only paho's own dialer knows how to use)
-		// the subscriber opens the connection itself, so that ctx can end
-		// the attempt.
-		o.SetCustomOpenConnectionFn(abort.open(sctx))
-	}
-	c := mqtt.NewClient(o)
-	tok := c.Connect()
-	select {
-	case <-tok.Done():
-	case <-ctx.Done():
-		// paho cannot abandon a connect under way (Disconnect waits for
-		// it), and it waits for the CONNACK until ConnectTimeout; abort
-		// closes the connection, which ends that wait at once (with a
-		// proxy it takes up to ConnectTimeout). Run must not return before
-		// paho's goroutine has.
-		<-tok.Done()
-		abort.settle()
-		return nil
-	}
-	abort.settle()
-	if err := tok.Error(); err != nil {
-		return fmt.Errorf("outbox: subscriber connect: %w", err)
-	}
-	defer func() {
-		// Disconnect waits (up to the quiesce) for paho's goroutines to
-		// end, and one of them may be blocked in the callback until sctx
-		// ends.
-		cancel()
-		c.Disconnect(uint(disconnectWait / time.Millisecond))
-	}()
-	filters := make(map[string]byte, len(s.opts.Topics))
-	for _, t := range s.opts.Topics {
-		filters[t] = 1
-	}
-	st := c.SubscribeMultiple(filters, handler)
-	// A resumed session's messages come before the SUBACK, as many as the
-	// broker holds: they are applied while the SUBSCRIBE is under way.
-	// Waiting for the SUBACK first would hang once more than the queue holds
-	// had come: paho's one delivery goroutine, blocked handing them over,
-	// is the one that would read the SUBACK.
-	subscribed := st.Done()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-subscribed:
-			subscribed = nil
-			if err := st.Error(); err != nil {
-				return fmt.Errorf("outbox: subscribe: %w", err)
-			}
-			s.mu.Lock()
-			s.protocol = "3.1.1"
-			s.mu.Unlock()
-			s.connected.Store(true)
-			s.log.Info("outbox subscriber connected", "broker", redactURL(s.url), "topics", s.opts.Topics, "protocol", "3.1.1")
-		case err := <-lost:
-			return fmt.Errorf("connection lost: %w", err)
-		case m := <-queue:
-			if !s.process(ctx, m) {
-				return nil
-			}
-		}
-	}
-}
-
-// message is one message received, over either MQTT version (paho's
-// mqtt.Message is one).
-type message interface {
-	Topic() string
-	Payload() []byte
-	Ack()
 }
 
 // process applies one message and acknowledges it once that is settled;
 // false means ctx ended first (the message stays unacknowledged and comes
 // again).
-func (s *Subscriber) process(ctx context.Context, m message) bool {
+func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 	var ev Event
 	if s.opts.Envelope == EnvelopeRaw {
-		ev = Event{Source: s.opts.RawSource, Data: m.Payload()}
+		ev = Event{Source: s.opts.RawSource, Data: m.Payload}
 	} else {
-		var ct string
-		var user []UserProperty
-		if m5, ok := m.(*message5); ok {
-			ct, user = m5.properties()
-		}
 		var err error
-		ev, err = DecodeEventMQTT(m.Payload(), ct, user)
+		ev, err = DecodeEventMQTT(m.Payload, m.ContentType, fromMQTTUser(m.User))
 		if err != nil {
 			return s.quarantine(ctx, m, Event{}, err)
 		}
@@ -435,10 +328,10 @@ func (s *Subscriber) process(ctx context.Context, m message) bool {
 	}
 }
 
-func (s *Subscriber) quarantine(ctx context.Context, m message, ev Event, cause error) bool {
+func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, cause error) bool {
 	retry := s.opts.Retry.newBackOff()
 	for {
-		err := s.in.Quarantine(ctx, m.Topic(), m.Payload(), cause.Error())
+		err := s.in.Quarantine(ctx, m.Topic, m.Payload, cause.Error())
 		if err == nil {
 			break
 		}
@@ -448,86 +341,10 @@ func (s *Subscriber) quarantine(ctx context.Context, m message, ev Event, cause 
 		}
 	}
 	s.quarantined.Add(1)
-	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic(), "reason", cause)
+	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic, "reason", cause)
 	m.Ack()
 	if s.opts.OnEvent != nil {
 		s.opts.OnEvent(ev, Quarantined, cause)
 	}
 	return true
-}
-
-// validateSubscription checks a topic filter, and a shared subscription's
-// form: "$share/", a group name that is not empty and holds no + or #, "/"
-// and a filter.
-func validateSubscription(t string) error {
-	if t == "" {
-		return errors.New("outbox: subscriber: an empty topic filter")
-	}
-	rest, shared := strings.CutPrefix(t, "$share/")
-	if !shared {
-		if t == "$share" {
-			return fmt.Errorf("outbox: subscriber: shared subscription %q: want $share/group/filter", t)
-		}
-		return nil
-	}
-	group, filter, _ := strings.Cut(rest, "/")
-	switch {
-	case group == "":
-		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name is empty (want $share/group/filter)", t)
-	case strings.ContainsAny(group, "+#"):
-		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name %q may not hold + or #", t, group)
-	case filter == "":
-		return fmt.Errorf("outbox: subscriber: shared subscription %q: no topic filter after the group name (want $share/group/filter)", t)
-	}
-	return nil
-}
-
-// connectAbort opens a subscriber's connection for paho and closes it if
-// ctx ends while the connect is under way.
-type connectAbort struct {
-	mu   sync.Mutex
-	stop func() bool   // unregisters the close
-	done chan struct{} // closed once the close ran
-}
-
-// open returns paho's function to open the network connection, as paho's
-// own would (the dialer's timeout is ConnectTimeout) but with ctx.
-func (a *connectAbort) open(ctx context.Context) mqtt.OpenConnectionFunc {
-	return func(u *url.URL, o mqtt.ClientOptions) (net.Conn, error) {
-		d := o.Dialer
-		if d == nil {
-			d = &net.Dialer{Timeout: o.ConnectTimeout}
-		}
-		var conn net.Conn
-		var err error
-		if isTLS(u) {
-			conn, err = (&tls.Dialer{NetDialer: d, Config: o.TLSConfig}).DialContext(ctx, "tcp", u.Host)
-		} else {
-			conn, err = d.DialContext(ctx, "tcp", u.Host)
-		}
-		if err != nil {
-			return nil, err
-		}
-		done := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			defer close(done)
-			conn.Close()
-		})
-		a.mu.Lock()
-		a.stop, a.done = stop, done
-		a.mu.Unlock()
-		return conn, nil
-	}
-}
-
-// settle, called once the connect has ended, keeps the connection from
-// being closed by ctx from now on (Disconnect ends it), or waits for a close
-// already under way.
-func (a *connectAbort) settle() {
-	a.mu.Lock()
-	stop, done := a.stop, a.done
-	a.mu.Unlock()
-	if stop != nil && !stop() {
-		<-done
-	}
 }

@@ -132,23 +132,23 @@ func TestSubscriberMQTT5BothModes(t *testing.T) {
 // CONNACK says it has no 5, at once, and to one that closed two MQTT 5
 // CONNECTs in a row without a CONNACK; either way the events are applied.
 func TestSubscriberAutoFallsBackTo311(t *testing.T) {
-	for _, mode := range []string{"connack1", "connack84", "close"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []harness.GateMode{harness.GateConnack1, harness.GateConnack84, harness.GateClose} {
+		t.Run(string(mode), func(t *testing.T) {
 			b := startBroker(t)
-			g := startVersionGate(t, b.addr, mode)
+			g := harness.StartVersionGate(t, b.addr, mode)
 			ob := openTest(t, Options{})
 			startRelay(t, mqttRelayOn(t, ob, b.url(), fastRelay(), Protocol5))
 			db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 			in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 			require.NoError(t, err)
-			s, _ := runSubscriber(t, in, recordApplied, SubscriberOptions{Broker: g.url(), ClientID: "consumer-auto", Topics: []string{"pos/#"}})
+			s, _ := runSubscriber(t, in, recordApplied, SubscriberOptions{Broker: g.URL(), ClientID: "consumer-auto", Topics: []string{"pos/#"}})
 			eventually(t, 10*time.Second, "connected", func() bool { return s.Stats().Connected })
 			require.Equal(t, "3.1.1", s.Stats().Protocol)
 			want := int64(1)
-			if mode == "close" {
+			if mode == harness.GateClose {
 				want = 2
 			}
-			require.Equal(t, want, g.v5.Load(), "MQTT 5 CONNECTs before falling back")
+			require.Equal(t, want, g.V5(), "MQTT 5 CONNECTs before falling back")
 			for i := 0; i < 5; i++ {
 				commitOrder(t, ob, "pos/orders", i)
 			}

@@ -1,28 +1,23 @@
-package outbox
+package mqtt
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/edgeoutbox/outbox/internal/wait"
-
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	paholog "github.com/eclipse/paho.golang/paho/log"
-	netproxy "golang.org/x/net/proxy"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
-// The Subscriber's MQTT 5 connection: paho.golang's Client, a persistent
-// session (Clean Start false, a session that does not expire), QoS 1, and
-// manual acknowledgement: a PUBACK only after the handler's transaction
-// committed.
+// The subscriber's MQTT 5 session: paho.golang's Client over a connection
+// of ours (dial), a persistent session, QoS 1, and manual acknowledgement:
+// a PUBACK only once the handler is done with the message.
 
 const (
 	// sessionNeverExpires is MQTT 5's Session Expiry Interval for "never":
@@ -36,15 +31,13 @@ const (
 	ackInterval = 10 * time.Millisecond
 )
 
-// message5 is a message received over MQTT 5.
+// message5 is a message received over MQTT 5, as the worker acknowledges
+// it.
 type message5 struct {
 	pb      *paho.Publish
 	c       *paho.Client
 	lastAck *atomic.Int64 // when an Ack was last made (Unix ns), for the stop
 }
-
-func (m *message5) Topic() string   { return m.pb.Topic }
-func (m *message5) Payload() []byte { return m.pb.Payload }
 
 // Ack marks the message acknowledged; paho sends the PUBACK within
 // ackInterval. Its error (the connection is gone) means the message comes
@@ -54,39 +47,40 @@ func (m *message5) Ack() {
 	m.lastAck.Store(time.Now().UnixNano())
 }
 
-// properties returns the message's content type and user properties, for
-// DecodeEventMQTT.
-func (m *message5) properties() (string, []UserProperty) {
-	p := m.pb.Properties
-	if p == nil {
-		return "", nil
+// message is m as Subscribe hands it over.
+func (m *message5) message() Message {
+	msg := Message{Topic: m.pb.Topic, Payload: m.pb.Payload, ack: m}
+	if p := m.pb.Properties; p != nil {
+		msg.ContentType = p.ContentType
+		if len(p.User) > 0 {
+			msg.User = make([]UserProperty, len(p.User))
+			for i, u := range p.User {
+				msg.User[i] = UserProperty{u.Key, u.Value}
+			}
+		}
 	}
-	user := make([]UserProperty, len(p.User))
-	for i, u := range p.User {
-		user[i] = UserProperty{u.Key, u.Value}
-	}
-	return p.ContentType, user
+	return msg
 }
 
-// session5 runs one MQTT 5 connection until it is lost or ctx ends. An
-// error wrapping errUnsupportedVersion or errClosedAfterConnect says the
-// broker may not speak 5 (session chooses the version).
-func (s *Subscriber) session5(ctx context.Context) error {
+// session5 runs one MQTT 5 session (Subscribe). An error wrapping
+// ErrUnsupportedVersion or ErrClosedAfterConnect says the broker may not
+// speak 5 (Brokers.Connect chooses the version).
+func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(context.Context, Message) bool) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	tlsCfg, err := tlsConfigFor(s.opts.TLSConfig, s.opts.TLSFiles)
+	tlsCfg, err := tlsConfigFor(o.TLSConfig, o.TLSFiles)
 	if err != nil {
 		return err
 	}
 	// ConnectTimeout bounds the dial and the CONNACK together.
-	cctx, cancelConnect := context.WithTimeout(sctx, s.opts.ConnectTimeout)
+	cctx, cancelConnect := context.WithTimeout(sctx, o.ConnectTimeout)
 	defer cancelConnect()
-	raw, err := s.dial5(cctx, tlsCfg)
+	raw, err := dialer{tls: tlsCfg}.dial(cctx, a.URL)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", explainConnectError(err, time.Now()), err)
+		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", explain(err, time.Now()), err)
 	}
 	conn := &firstBytes{Conn: raw}
 	var queue queue5
@@ -100,10 +94,10 @@ func (s *Subscriber) session5(ctx context.Context) error {
 	}
 	var lastAck atomic.Int64
 	c := paho.NewClient(paho.ClientConfig{
-		ClientID:                   s.opts.ClientID,
+		ClientID:                   o.ClientID,
 		Conn:                       packets.NewThreadSafeConn(conn),
-		PacketTimeout:              s.opts.ConnectTimeout,
-		PingHandler:                &pinger5{timeout: s.opts.PingTimeout},
+		PacketTimeout:              o.ConnectTimeout,
+		PingHandler:                &pinger5{timeout: o.PingTimeout},
 		EnableManualAcknowledgment: true,
 		SendAcksInterval:           ackInterval,
 		// paho calls this from one goroutine, in arrival order.
@@ -125,17 +119,17 @@ func (s *Subscriber) session5(ctx context.Context) error {
 	// it and forgets them at once, so a connection lost then loses them.
 	expiry := uint32(sessionNeverExpires)
 	cp := &paho.Connect{
-		ClientID:   s.opts.ClientID,
-		KeepAlive:  uint16(min(s.opts.KeepAlive/time.Second, 65535)),
+		ClientID:   o.ClientID,
+		KeepAlive:  uint16(min(o.KeepAlive/time.Second, 65535)),
 		CleanStart: false,
 		// RequestProblemInfo true is MQTT's default (paho would send 0):
 		// mochi, told 0, strips the user properties from every PUBLISH
 		// it delivers, and CloudEvents binary mode's attributes with them.
 		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, RequestProblemInfo: true},
 	}
-	if s.opts.Username != "" {
-		cp.UsernameFlag, cp.Username = true, s.opts.Username
-		cp.PasswordFlag, cp.Password = true, []byte(s.opts.Password)
+	if o.Username != "" {
+		cp.UsernameFlag, cp.Username = true, o.Username
+		cp.PasswordFlag, cp.Password = true, []byte(o.Password)
 	}
 	ca, err := c.Connect(cctx, cp)
 	if err != nil {
@@ -143,14 +137,10 @@ func (s *Subscriber) session5(ctx context.Context) error {
 			return nil
 		}
 		err = conn.classify(ca, err)
-		var ce *connackError
-		why := explainConnectError(err, time.Now())
-		if errors.As(err, &ce) {
-			why = explainConnack(ce)
-		}
-		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", why, err)
+		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", explain(err, time.Now()), err)
 	}
-	s.spoke5()
+	a.Connected()
+	o.connected("5")
 	var wg sync.WaitGroup
 	defer func() {
 		cancel() // ends the Subscribe under way
@@ -164,12 +154,12 @@ func (s *Subscriber) session5(ctx context.Context) error {
 		_ = c.Disconnect(&paho.Disconnect{ReasonCode: 0})
 		wg.Wait()
 	}()
-	subs := make([]paho.SubscribeOptions, len(s.opts.Topics))
-	for i, t := range s.opts.Topics {
+	subs := make([]paho.SubscribeOptions, len(o.Topics))
+	for i, t := range o.Topics {
 		subs[i] = paho.SubscribeOptions{Topic: t, QoS: 1}
 	}
 	// A resumed session's messages come before the SUBACK: they are
-	// applied while the SUBSCRIBE is under way.
+	// handled while the SUBSCRIBE is under way.
 	subscribed := make(chan error, 1)
 	wg.Add(1)
 	go func() {
@@ -203,8 +193,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 				}
 				return fmt.Errorf("outbox: subscribe: %w", err)
 			}
-			s.connected.Store(true)
-			s.log.Info("outbox subscriber connected", "broker", redactURL(s.url), "topics", s.opts.Topics, "protocol", "5")
+			o.subscribed(a, "5")
 		case err := <-lost:
 			return fmt.Errorf("connection lost: %w", err)
 		case <-queue.ready:
@@ -215,7 +204,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 					return fmt.Errorf("connection lost: %w", err)
 				default:
 				}
-				if !s.process(ctx, m) {
+				if !handle(ctx, m.message()) {
 					return nil
 				}
 			}
@@ -225,7 +214,7 @@ func (s *Subscriber) session5(ctx context.Context) error {
 
 // queue5 hands messages from paho to the worker without ever blocking
 // paho: its reader must go on reading PINGRESPs and the SUBACK while a
-// resumed session's backlog is applied. What it holds is what the broker
+// resumed session's backlog is handled. What it holds is what the broker
 // sent and paho has read anyway.
 type queue5 struct {
 	mu    sync.Mutex
@@ -263,35 +252,6 @@ func idInUse(reasons []byte) bool {
 	return len(reasons) > 0
 }
 
-// dial5 opens the network connection (ALL_PROXY honoured, TLS for a TLS
-// URL) before ctx ends.
-func (s *Subscriber) dial5(ctx context.Context, tlsCfg *tls.Config) (net.Conn, error) {
-	d := &net.Dialer{}
-	var raw net.Conn
-	var err error
-	if cd, ok := netproxy.FromEnvironmentUsing(d).(netproxy.ContextDialer); ok {
-		raw, err = cd.DialContext(ctx, "tcp", s.url.Host)
-	} else {
-		raw, err = d.DialContext(ctx, "tcp", s.url.Host)
-	}
-	if err != nil || !isTLS(s.url) {
-		return raw, err
-	}
-	if tlsCfg == nil {
-		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if tlsCfg.ServerName == "" {
-		tlsCfg = tlsCfg.Clone()
-		tlsCfg.ServerName = s.url.Hostname()
-	}
-	tc := tls.Client(raw, tlsCfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	return tc, nil
-}
-
 // firstBytes is the connection paho reads, keeping the first bytes read:
 // a 3.1.1 broker answers an MQTT 5 CONNECT with a CONNACK of two bytes,
 // which paho cannot decode, and those bytes say what it meant.
@@ -312,9 +272,9 @@ func (c *firstBytes) Read(p []byte) (int, error) {
 }
 
 // classify turns a failed MQTT 5 connect into what the version choice
-// needs: errUnsupportedVersion for a CONNACK that says so (5's 0x84 or a
+// needs: ErrUnsupportedVersion for a CONNACK that says so (5's 0x84 or a
 // 3.1.1 return code 1), a connackError for another refusal, and
-// errClosedAfterConnect for a close before any answer.
+// ErrClosedAfterConnect for a close before any answer.
 func (c *firstBytes) classify(ca *paho.Connack, err error) error {
 	c.mu.Lock()
 	head := append([]byte(nil), c.head...)
@@ -326,71 +286,28 @@ func (c *firstBytes) classify(ca *paho.Connack, err error) error {
 			e.reason = ca.Properties.ReasonString
 		}
 		if ca.ReasonCode == packets.ConnackUnsupportedProtocolVersion {
-			return fmt.Errorf("%w: %w", errUnsupportedVersion, e)
+			return fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
 		return e
 	case len(head) == 4 && head[0] == packets.CONNACK<<4 && head[1] == 2:
 		e := &connackError{code: head[3]}
 		if e.code == 1 {
-			return fmt.Errorf("%w: %w", errUnsupportedVersion, e)
+			return fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
 		return e
-	case len(head) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || isReset(err)):
-		return fmt.Errorf("%w: %w", errClosedAfterConnect, err)
+	case len(head) == 0 && closedEarly(err):
+		return fmt.Errorf("%w: %w", ErrClosedAfterConnect, err)
 	}
 	return err
 }
 
-// session runs one connection in the version Protocol asks for; auto
-// chooses as MQTTPublisher does: 5, and 3.1.1 at once for a broker whose
-// CONNACK says it does not speak 5 (for the Subscriber's life), or for
-// retry5After after two MQTT 5 CONNECTs in a row closed without a CONNACK.
-func (s *Subscriber) session(ctx context.Context) error {
-	s.mu.Lock()
-	s.at, s.url = s.next, s.urls[s.next]
-	s.next = (s.next + 1) % len(s.urls)
-	m := &s.mem[s.at]
-	s.mu.Unlock()
-	switch s.opts.Protocol {
-	case Protocol311:
-		return s.session311(ctx)
-	case Protocol5:
-		return s.session5(ctx)
-	}
-	s.mu.Lock()
-	use311 := m.use311(time.Now())
-	s.mu.Unlock()
-	if use311 {
-		return s.session311(ctx)
-	}
-	err := s.session5(ctx)
-	if err == nil {
-		return nil // a stop; a connection that spoke 5 was recorded by spoke5
-	}
-	s.mu.Lock()
-	fallback := m.learn(err, time.Now())
-	s.mu.Unlock()
-	if fallback == "" {
-		return err
-	}
-	s.log.Info("outbox subscriber: "+fallback, "broker", redactURL(s.url), "err", err)
-	return s.session311(ctx)
-}
-
-// spoke5 records a connection that speaks 5.
-func (s *Subscriber) spoke5() {
-	s.mu.Lock()
-	s.mem[s.at].learn(nil, time.Now())
-	s.protocol = "5"
-	s.mu.Unlock()
-}
-
-// pinger5 keeps an MQTT 5 connection alive and notices a dead one: a
-// PINGREQ once nothing was both sent and received for KeepAlive, and the
-// connection deemed dead when nothing at all arrives within PingTimeout of
-// it. Any packet counts, not only the PINGRESP: behind a resumed session's
-// backlog the PINGRESP comes late, on a connection that is plainly alive
-// (paho's own pinger gave such connections up).
+// pinger5 is paho.golang's PingHandler for the subscriber: it keeps the
+// connection alive and notices a dead one. A PINGREQ goes once nothing was
+// both sent and received for KeepAlive, and the connection is deemed dead
+// when nothing at all arrives within PingTimeout of it. Any packet counts,
+// not only the PINGRESP: behind a resumed session's backlog the PINGRESP
+// comes late, on a connection that is plainly alive (paho's own pinger gave
+// such connections up).
 type pinger5 struct {
 	timeout time.Duration
 
@@ -442,7 +359,7 @@ func (p *pinger5) Run(ctx context.Context, conn net.Conn, keepAlive uint16) erro
 		pinged = time.Now()
 		// A write stuck on a dead link ends when paho closes the
 		// connection, which it does before waiting for this to return.
-		if _, err := packets.NewControlPacket(packets.PINGREQ).WriteTo(conn); err != nil {
+		if _, err := conn.Write(pingreq); err != nil {
 			return fmt.Errorf("PINGREQ: %w", err)
 		}
 		p.PacketSent()

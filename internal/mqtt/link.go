@@ -1,4 +1,4 @@
-package outbox
+package mqtt
 
 import (
 	"bufio"
@@ -13,41 +13,16 @@ import (
 	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
-// awaitGone waits until the bytes up to end have left, the link has moved
-// nothing for timeout (a stall, which it records), or closed is closed. It
-// polls: a ping is rare.
-func (l *linkConn) awaitGone(end int64, timeout time.Duration, closed <-chan struct{}) {
-	start := time.Now()
-	delay := time.Millisecond
-	for {
-		gone, moved := l.progress()
-		if gone >= end {
-			return
-		}
-		if time.Since(wait.Later(start, moved)) >= timeout {
-			l.stalled.Store(true)
-			return
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-closed:
-			t.Stop()
-			return
-		}
-		delay = min(2*delay, 100*time.Millisecond)
-	}
-}
-
-// linkConn is the socket under the publisher's connection (and under TLS).
-// It counts the bytes written, tells how many have left — acknowledged by
-// the peer's TCP where the kernel says (Linux), else handed to the kernel —
-// and, while a publish's write is armed, fails a write only after
-// WriteTimeout without any byte moving.
-type linkConn struct {
+// link is the socket under the publish connection (and under TLS). It
+// counts the bytes written and tells how many have left this host: the
+// bytes acknowledged by the peer's TCP where the kernel says (Linux), else
+// those handed to the kernel. While a publish's write is armed, it fails
+// the write only after WriteTimeout without any byte moving, so that a slow
+// link is not taken for a broken one.
+type link struct {
 	net.Conn
-	raw     syscall.RawConn // nil: the bytes acknowledged cannot be asked
-	base    int64           // bytes the peer had acknowledged before (a proxy's handshake)
+	raw     syscall.RawConn // nil: the bytes acknowledged by TCP cannot be asked
+	base    int64           // bytes TCP had acknowledged before (a proxy's handshake)
 	timeout time.Duration
 
 	wmu     sync.Mutex // a write's rounds must not interleave with another's
@@ -55,22 +30,22 @@ type linkConn struct {
 	rbuf    *bufio.Reader // Read's; one reader at a time
 	written atomic.Int64
 	// stalled: the connection was given up on, or nearly, for moving no
-	// bytes (see pubToken.classify). Progress clears it.
+	// bytes (see PublishToken's stall check). progress clears it.
 	stalled atomic.Bool
 
 	pmu         sync.Mutex
 	gone        int64     // bytes known to have left
 	movedAt     time.Time // when gone last grew
-	byAcks      bool      // gone is what the peer acknowledged
+	byTCP       bool      // gone is what TCP acknowledged
 	writtenOnly bool      // the kernel does not say: gone is what was written
 }
 
-func newLinkConn(c net.Conn, timeout time.Duration) *linkConn {
-	l := &linkConn{Conn: c, timeout: timeout, movedAt: time.Now()}
+func newLink(c net.Conn, timeout time.Duration) *link {
+	l := &link{Conn: c, timeout: timeout, movedAt: time.Now()}
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			l.raw = raw
-			l.base, _ = tcpBytesAcked(raw)
+			l.base, _ = tcpAcknowledged(raw)
 		}
 	}
 	if l.raw == nil {
@@ -79,20 +54,18 @@ func newLinkConn(c net.Conn, timeout time.Duration) *linkConn {
 	return l
 }
 
-// Read reads through a buffer. A reader of MQTT packets (mqttConn's)
+// Read reads through a buffer. A reader of MQTT packets (the connection's)
 // asks for the first byte, then each byte of the length, then the rest: on
-// the bare socket, three system calls for each PUBACK, while a window's
-// worth of them waits in the kernel (the MQTT 5 reads were 13 % of
-// a CPU profile of a relay draining to the in-process broker, the writing
-// of its backlog included).
-func (l *linkConn) Read(b []byte) (int, error) {
+// the bare socket that is three system calls for each PUBACK, while a
+// window's worth of them waits in the kernel.
+func (l *link) Read(b []byte) (int, error) {
 	if l.rbuf == nil {
 		l.rbuf = bufio.NewReaderSize(l.Conn, 4096)
 	}
 	return l.rbuf.Read(b)
 }
 
-func (l *linkConn) Write(b []byte) (int, error) {
+func (l *link) Write(b []byte) (int, error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if !l.armed.Load() {
@@ -126,16 +99,16 @@ func (l *linkConn) Write(b []byte) (int, error) {
 
 // progress reports how many bytes are known to have left and when that
 // last grew.
-func (l *linkConn) progress() (gone int64, movedAt time.Time) {
+func (l *link) progress() (gone int64, movedAt time.Time) {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	g := l.gone // if the socket is closed, what was known stands
 	if !l.writtenOnly {
-		acked, ok := tcpBytesAcked(l.raw)
+		n, ok := tcpAcknowledged(l.raw)
 		switch {
-		case ok && acked > l.base:
-			g, l.byAcks = acked-l.base, true
-		case !l.byAcks:
+		case ok && n > l.base:
+			g, l.byTCP = n-l.base, true
+		case !l.byTCP:
 			// Asked after the CONNECT was acknowledged, yet nothing: the
 			// kernel does not count (before Linux 4.1, or emulated).
 			l.writtenOnly = true
@@ -149,4 +122,30 @@ func (l *linkConn) progress() (gone int64, movedAt time.Time) {
 		l.stalled.Store(false)
 	}
 	return l.gone, l.movedAt
+}
+
+// awaitGone waits until the bytes up to end have left, the link has moved
+// nothing for timeout (a stall, which it records), or closed is closed. It
+// polls: a ping is rare.
+func (l *link) awaitGone(end int64, timeout time.Duration, closed <-chan struct{}) {
+	start := time.Now()
+	delay := time.Millisecond
+	for {
+		gone, moved := l.progress()
+		if gone >= end {
+			return
+		}
+		if time.Since(wait.Later(start, moved)) >= timeout {
+			l.stalled.Store(true)
+			return
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-closed:
+			t.Stop()
+			return
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package outbox
+package mqtt
 
 import (
 	"syscall"
@@ -8,11 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tcpBytesAcked reports how many bytes the peer of a TCP socket has
+// tcpAcknowledged reports how many bytes the peer of a TCP socket has
 // acknowledged: bytes that have left this host. Linux counts them since
 // 4.1; earlier kernels, and emulators that copy only part of TCP_INFO,
 // report 0.
-func tcpBytesAcked(raw syscall.RawConn) (int64, bool) {
+func tcpAcknowledged(raw syscall.RawConn) (int64, bool) {
 	var n uint64
 	var err error
 	if cerr := raw.Control(func(fd uintptr) {

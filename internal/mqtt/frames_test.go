@@ -1,16 +1,12 @@
-package outbox
+package mqtt
 
 import (
 	"bytes"
-	"log/slog"
-	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
-
 	packets311 "github.com/eclipse/paho.mqtt.golang/packets"
 	"github.com/stretchr/testify/require"
 )
@@ -47,7 +43,7 @@ func TestPublish311Encoding(t *testing.T) {
 // the Remaining Length; and packets reads it back.
 func TestPublish5Encoding(t *testing.T) {
 	long := strings.Repeat("v", 300)
-	for _, p := range []PublishProperties{
+	for _, p := range []Properties{
 		{},
 		{ContentType: "application/json"},
 		{MessageExpiry: 1500 * time.Millisecond},
@@ -62,7 +58,7 @@ func TestPublish5Encoding(t *testing.T) {
 			cp := packets.NewControlPacket(packets.PUBLISH)
 			pb := cp.Content.(*packets.Publish)
 			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, topic, payload, 4242
-			pb.Properties = wireProperties(&p)
+			pb.Properties = pahoProperties(&p)
 			var b bytes.Buffer
 			_, err := cp.WriteTo(&b)
 			require.NoError(t, err)
@@ -84,10 +80,10 @@ func TestPublish5Encoding(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(appendPublish5([]byte("keep"), "a", 1, nil, nil)), "keep\x32"))
 }
 
-// wireProperties converts p to paho.golang's properties, the reference
-// that appendPublish5 and remainingLength are checked against; nil for none.
-func wireProperties(p *PublishProperties) *packets.Properties {
-	if p.empty() {
+// pahoProperties converts p to paho.golang's properties, the reference
+// that appendPublish5 and RemainingLength are checked against; nil for none.
+func pahoProperties(p *Properties) *packets.Properties {
+	if p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 {
 		return nil
 	}
 	wp := &packets.Properties{ContentType: p.ContentType}
@@ -95,92 +91,48 @@ func wireProperties(p *PublishProperties) *packets.Properties {
 		wp.User = append(wp.User, packets.User{Key: u.Key, Value: u.Value})
 	}
 	if p.MessageExpiry > 0 {
-		s := mqttSecondsUp(p.MessageExpiry)
+		s := secondsUp(p.MessageExpiry)
 		wp.MessageExpiry = &s
 	}
 	return wp
 }
 
-// countingConn counts the writes made on it.
-type countingConn struct {
-	net.Conn
-	writes atomic.Int32
-}
-
-func (c *countingConn) Write(b []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(b)
-}
-
-// TestConnCoalescesAndReadsAcks: publishes handed over before the writer
-// gets to them leave in one write, in order, each under its own packet id;
-// PUBACKs that arrive in one piece complete their tokens, a success of
-// either version and a refusal with or without properties.
-func TestConnCoalescesAndReadsAcks(t *testing.T) {
-	client, broker := net.Pipe()
-	defer broker.Close()
-	cc := &countingConn{Conn: client}
-	link := newLinkConn(cc, time.Second)
-	p := &MQTTPublisher{opts: MQTTOptions{Logger: slog.New(slog.DiscardHandler)}}
-	c := p.newConn(link, link, false)
-	const n = 10
-	var toks []Token
-	for i := 0; i < n; i++ {
-		toks = append(toks, c.publish("a/b", []byte{byte(i)}, &PublishProperties{ContentType: "x"}))
-	}
-	c.start()
-	for i := 0; i < n; i++ {
-		first, body, err := readFrame(broker, nil)
-		require.NoError(t, err)
-		cp, err := decodeFrame(first, body)
-		require.NoError(t, err)
-		pb := cp.Content.(*packets.Publish)
-		require.EqualValues(t, i+1, pb.PacketID)
-		require.Equal(t, []byte{byte(i)}, pb.Payload)
-		require.Equal(t, "x", pb.Properties.ContentType)
-	}
-	require.EqualValues(t, 1, cc.writes.Load(), "ten publishes handed over together, one write")
-	// Each packet's end on the link is its own, not the write's.
-	var end int64
-	for i, tok := range toks {
-		end += int64(len(appendPublish5(nil, "a/b", uint16(i+1), []byte{byte(i)}, &PublishProperties{ContentType: "x"})))
-		pt := tok.(*pubToken)
-		eventually(t, 10*time.Second, "the write's ends recorded", func() bool { return pt.end.Load() != 0 })
-		require.Equal(t, end, pt.end.Load(), "packet %d", i+1)
-	}
-
-	var acks []byte
-	acks = append(acks, 0x40, 2, 0, 1)    // 3.1.1, or MQTT 5 success without a reason code
-	acks = append(acks, 0x40, 3, 0, 2, 0) // MQTT 5, success
-	acks = append(acks, 0x40, 3, 0, 3, 0x87)
-	refused := packets.NewControlPacket(packets.PUBACK)
-	pa := refused.Content.(*packets.Puback)
-	pa.PacketID, pa.ReasonCode = 4, 0x80
-	pa.Properties = &packets.Properties{ReasonString: "quota spent"}
-	var b bytes.Buffer
-	_, err := refused.WriteTo(&b)
-	require.NoError(t, err)
-	acks = append(acks, b.Bytes()...)
-	for id := 5; id <= n; id++ {
-		acks = append(acks, 0x40, 2, 0, byte(id))
-	}
-	_, err = broker.Write(acks)
-	require.NoError(t, err)
-	for i, tok := range toks {
-		select {
-		case <-tok.Done():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("token %d not completed", i+1)
-		}
-		switch i + 1 {
-		case 3:
-			require.ErrorContains(t, tok.Error(), "0x87")
-		case 4:
-			require.ErrorContains(t, tok.Error(), "quota spent")
-		default:
-			require.NoError(t, tok.Error(), "token %d", i+1)
+// TestRemainingLength: the size the relay checks against MQTT's limit is
+// the Remaining Length of the PUBLISH as encoded: the packet id counts, and
+// on MQTT 5 the properties and their length.
+func TestRemainingLength(t *testing.T) {
+	long := strings.Repeat("x", 200)
+	for _, p := range []Properties{
+		{},
+		{ContentType: "application/json"},
+		{ContentType: "text/plain", User: []UserProperty{{"specversion", "1.0"}, {"id", long}, {"", ""}}},
+		{User: []UserProperty{{"k", "v"}}, MessageExpiry: 90 * time.Second},
+	} {
+		for _, n := range []int{0, 10, 200} {
+			payload := bytes.Repeat([]byte{1}, n)
+			cp := packets.NewControlPacket(packets.PUBLISH)
+			pb := cp.Content.(*packets.Publish)
+			pb.QoS, pb.Topic, pb.Payload, pb.PacketID = 1, "pos/1/orders", payload, 7
+			pb.Properties = pahoProperties(&p)
+			if pb.Properties == nil {
+				pb.Properties = &packets.Properties{}
+			}
+			var buf bytes.Buffer
+			_, err := cp.WriteTo(&buf)
+			require.NoError(t, err)
+			// The fixed header: one byte, then the Remaining Length.
+			rem, shift := 0, 0
+			for _, c := range buf.Bytes()[1:] {
+				rem |= int(c&0x7f) << shift
+				shift += 7
+				if c&0x80 == 0 {
+					break
+				}
+			}
+			require.Equal(t, buf.Len()-1-varintSize(rem), rem)
+			require.Equal(t, rem, RemainingLength("pos/1/orders", n, &p, true), "MQTT 5, %+v, payload %d", p, n)
+			// 3.1.1: no properties at all.
+			require.Equal(t, 2+len("pos/1/orders")+2+n, RemainingLength("pos/1/orders", n, &p, false))
 		}
 	}
-	broker.Close()
-	p.wg.Wait()
 }

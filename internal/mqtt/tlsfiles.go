@@ -1,4 +1,4 @@
-package outbox
+package mqtt
 
 import (
 	"crypto/tls"
@@ -8,9 +8,10 @@ import (
 	"os"
 )
 
-// TLSFiles names PEM files for a TLS connection to the broker. They are read
-// again at every connection, so a renewed certificate, key or CA bundle
-// takes effect at the next reconnect without a restart.
+// TLSFiles names PEM files for a TLS connection to the broker, read again
+// at every connection (tlsConfigFor), so that a renewed certificate, key or
+// CA bundle takes effect at the next reconnect without a restart. Its
+// fields are those of the root package's TLSFiles, which converts to it.
 type TLSFiles struct {
 	// CAFile is a CA bundle to verify the broker with. Empty means the
 	// system roots.

@@ -1,4 +1,4 @@
-package outbox
+package mqtt
 
 import (
 	"crypto/tls"
@@ -8,12 +8,23 @@ import (
 	"strings"
 	"time"
 
-	"github.com/eclipse/paho.mqtt.golang/packets"
+	packets311 "github.com/eclipse/paho.mqtt.golang/packets"
 )
 
-// explainConnectError says in words what a user can do about a failed
-// connection: TLS problems (often a device clock that is wrong before NTP
-// syncs) and refused credentials are configuration, not outages.
+// explain says in words what a user can do about a failed connection: TLS
+// problems (often a device clock that is wrong before NTP syncs) and
+// refused credentials are configuration, not outages.
+func explain(err error, now time.Time) string {
+	var ce *connackError
+	if errors.As(err, &ce) {
+		return explainConnack(ce)
+	}
+	return explainConnectError(err, now)
+}
+
+// explainConnectError explains what is not a CONNACK of the broker's own
+// encoding: a TLS failure, or a 3.1.1 refusal as paho.mqtt.golang's
+// packets reports it.
 func explainConnectError(err error, now time.Time) string {
 	var invalid x509.CertificateInvalidError
 	var unknown x509.UnknownAuthorityError
@@ -40,16 +51,47 @@ func explainConnectError(err error, now time.Time) string {
 		// crypto/tls reports the broker's alert with an unexported type.
 		_, why, _ := strings.Cut(err.Error(), "remote error: tls: ")
 		return "the broker refused the TLS handshake (" + why + "): check the client certificate and key"
-	case errors.Is(err, packets.ErrorRefusedBadUsernameOrPassword):
+	case errors.Is(err, packets311.ErrorRefusedBadUsernameOrPassword):
 		return "the broker refused the user name or password (CONNACK 4)"
-	case errors.Is(err, packets.ErrorRefusedNotAuthorised):
+	case errors.Is(err, packets311.ErrorRefusedNotAuthorised):
 		return "the broker refused this client: not authorised (CONNACK 5)"
-	case errors.Is(err, packets.ErrorRefusedIDRejected):
+	case errors.Is(err, packets311.ErrorRefusedIDRejected):
 		return "the broker rejected the client id (CONNACK 2)"
-	case errors.Is(err, packets.ErrorRefusedServerUnavailable):
+	case errors.Is(err, packets311.ErrorRefusedServerUnavailable):
 		return "the broker is unavailable (CONNACK 3)"
-	case errors.Is(err, packets.ErrorRefusedBadProtocolVersion):
+	case errors.Is(err, packets311.ErrorRefusedBadProtocolVersion):
 		return "the broker does not speak MQTT 3.1.1 (CONNACK 1)"
 	}
 	return "cannot connect"
+}
+
+// explainConnack says what a user can do about a refused connection.
+func explainConnack(e *connackError) string {
+	if !e.v5 {
+		switch e.code {
+		case 4:
+			return "the broker refused the user name or password (CONNACK 4)"
+		case 5:
+			return "the broker refused this client: not authorised (CONNACK 5)"
+		case 2:
+			return "the broker rejected the client id (CONNACK 2)"
+		case 3:
+			return "the broker is unavailable (CONNACK 3)"
+		}
+		return e.Error()
+	}
+	code := fmt.Sprintf("(CONNACK 0x%02X)", e.code)
+	switch e.code {
+	case 0x86:
+		return "the broker refused the user name or password " + code
+	case 0x87, 0x8A:
+		return "the broker refused this client: " + reasonWords(e.code) + " " + code
+	case 0x85:
+		return "the broker rejected the client id " + code
+	case 0x88, 0x89:
+		return "the broker is unavailable: " + reasonWords(e.code) + " " + code
+	case 0x84:
+		return "the broker does not speak MQTT 5 " + code
+	}
+	return "the broker refused the connection: " + reasonWords(e.code) + " " + code
 }

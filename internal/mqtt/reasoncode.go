@@ -1,13 +1,13 @@
-package outbox
+package mqtt
 
 import (
 	"fmt"
 	"strings"
 )
 
-// What an MQTT 5 broker's reason codes say: a CONNACK that refuses the
-// connection, a PUBACK that refuses one message (a Refusal), a DISCONNECT,
-// each in words a user can act on.
+// What an MQTT broker's reason codes say: a CONNACK that refuses the
+// connection, a PUBACK that refuses one message, a DISCONNECT, each in
+// words a user can act on. Whose fault each is, the caller decides.
 
 // connackError is a CONNACK that refused the connection.
 type connackError struct {
@@ -34,37 +34,6 @@ func connackWords(code byte, v5 bool) string {
 		return fmt.Sprintf("return code %d", code)
 	}
 	return reasonWords(code) + fmt.Sprintf(" (0x%02X)", code)
-}
-
-// explainConnack says what a user can do about a refused MQTT 5 connection.
-func explainConnack(e *connackError) string {
-	if !e.v5 {
-		switch e.code {
-		case 4:
-			return "the broker refused the user name or password (CONNACK 4)"
-		case 5:
-			return "the broker refused this client: not authorised (CONNACK 5)"
-		case 2:
-			return "the broker rejected the client id (CONNACK 2)"
-		case 3:
-			return "the broker is unavailable (CONNACK 3)"
-		}
-		return e.Error()
-	}
-	code := fmt.Sprintf("(CONNACK 0x%02X)", e.code)
-	switch e.code {
-	case 0x86:
-		return "the broker refused the user name or password " + code
-	case 0x87, 0x8A:
-		return "the broker refused this client: " + reasonWords(e.code) + " " + code
-	case 0x85:
-		return "the broker rejected the client id " + code
-	case 0x88, 0x89:
-		return "the broker is unavailable: " + reasonWords(e.code) + " " + code
-	case 0x84:
-		return "the broker does not speak MQTT 5 " + code
-	}
-	return "the broker refused the connection: " + reasonWords(e.code) + " " + code
 }
 
 // reasonWords names an MQTT 5 reason code.
@@ -138,18 +107,21 @@ func reasonWords(code byte) string {
 	return "reason code"
 }
 
-// pubackError is what a PUBACK reason code of 0x80 or more makes of its
-// message: "not authorized (0x87)", with the broker's reason string if any.
-func pubackError(code byte, reason string) error {
-	msg := fmt.Sprintf("%s (0x%02X)", reasonWords(code), code)
-	if reason != "" && !strings.EqualFold(reason, reasonWords(code)) {
-		msg += ": " + reason
+// PubackError is a PUBACK reason code of 0x80 or more: the broker refused
+// the message. Its text is the code in words, with the broker's reason
+// string if it adds to them: "not authorized (0x87)".
+type PubackError struct {
+	Code   byte   // the reason code, 0x80 or more
+	Reason string // the broker's Reason String; may be empty
+}
+
+// Error is the code in words, then the reason string if it adds to them.
+func (e *PubackError) Error() string {
+	msg := fmt.Sprintf("%s (0x%02X)", reasonWords(e.Code), e.Code)
+	if e.Reason != "" && !strings.EqualFold(e.Reason, reasonWords(e.Code)) {
+		msg += ": " + e.Reason
 	}
-	switch code {
-	case 0x87, 0x90, 0x99, 0x95:
-		return &Refusal{Reason: msg, Permanent: true}
-	}
-	return &Refusal{Reason: msg}
+	return msg
 }
 
 // disconnectError is a DISCONNECT the broker sent before closing.

@@ -1,8 +1,0 @@
-//go:build !linux
-
-package outbox
-
-import "syscall"
-
-// tcpBytesAcked is unknown here: a message counts as gone once written.
-func tcpBytesAcked(syscall.RawConn) (int64, bool) { return 0, false }

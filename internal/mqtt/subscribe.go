@@ -1,0 +1,115 @@
+package mqtt
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// SessionOptions configure a subscriber's sessions (Subscribe).
+type SessionOptions struct {
+	// ClientID names the persistent session on the broker; Username and
+	// Password authenticate.
+	ClientID string
+	Username string
+	Password string
+	// Topics are the filters subscribed to, at QoS 1.
+	Topics []string
+	// TLSConfig is used for a TLS URL; TLSFiles, if set, replaces it and
+	// is read again for every session.
+	TLSConfig *tls.Config
+	TLSFiles  *TLSFiles
+	// ConnectTimeout bounds connecting, the CONNACK included; KeepAlive is
+	// the MQTT keepalive and PingTimeout how long the broker may stay
+	// silent after a PINGREQ.
+	ConnectTimeout time.Duration
+	KeepAlive      time.Duration
+	PingTimeout    time.Duration
+	// Logger gets the session's notes.
+	Logger *slog.Logger
+	// Connected, if set, is called once the broker accepted the
+	// connection, with the version it speaks: "5" or "3.1.1".
+	Connected func(protocol string)
+	// Subscribed, if set, is called once the broker acknowledged the
+	// subscriptions.
+	Subscribed func()
+}
+
+// Message is one message a subscriber received, over either version.
+type Message struct {
+	Topic   string // the topic it was published to
+	Payload []byte
+	// ContentType and User are the message's MQTT 5 properties; empty
+	// over 3.1.1.
+	ContentType string
+	User        []UserProperty
+
+	ack interface{ Ack() }
+}
+
+// Ack acknowledges the message (its PUBACK), once it has been dealt with
+// for good. Over a connection that is gone it does nothing: the broker
+// delivers the message again.
+func (m Message) Ack() { m.ack.Ack() }
+
+// Subscribe runs one session of a subscriber for the attempt a, in the
+// version it says, until the connection is lost or fails (an error) or ctx
+// ends (nil). The session persists on the broker (3.1.1's clean session
+// false; 5's Clean Start false, with a session that never expires), so
+// that what is published while the subscriber is away waits for it.
+//
+// handle gets each message in arrival order, one at a time, and
+// acknowledges it when it is done with it; it returns false when ctx ended
+// first. A resumed session's messages come before the SUBACK, as many as
+// the broker holds: they are handled while the SUBSCRIBE is under way.
+func Subscribe(ctx context.Context, a *Attempt, o *SessionOptions, handle func(context.Context, Message) bool) error {
+	if a.V5 {
+		return session5(ctx, a, o, handle)
+	}
+	return session311(ctx, a, o, handle)
+}
+
+// connected notes a connection the broker accepted.
+func (o *SessionOptions) connected(protocol string) {
+	if o.Connected != nil {
+		o.Connected(protocol)
+	}
+}
+
+// subscribed notes the SUBACK.
+func (o *SessionOptions) subscribed(a *Attempt, protocol string) {
+	if o.Subscribed != nil {
+		o.Subscribed()
+	}
+	o.Logger.Info("outbox subscriber connected", "broker", Redact(a.URL), "topics", o.Topics, "protocol", protocol)
+}
+
+// ValidateSubscription checks a topic filter, and a shared subscription's
+// form: "$share/", a group name that is not empty and holds no + or #, "/"
+// and a filter.
+func ValidateSubscription(t string) error {
+	if t == "" {
+		return errors.New("outbox: subscriber: an empty topic filter")
+	}
+	rest, shared := strings.CutPrefix(t, "$share/")
+	if !shared {
+		if t == "$share" {
+			return fmt.Errorf("outbox: subscriber: shared subscription %q: want $share/group/filter", t)
+		}
+		return nil
+	}
+	group, filter, _ := strings.Cut(rest, "/")
+	switch {
+	case group == "":
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name is empty (want $share/group/filter)", t)
+	case strings.ContainsAny(group, "+#"):
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: the group name %q may not hold + or #", t, group)
+	case filter == "":
+		return fmt.Errorf("outbox: subscriber: shared subscription %q: no topic filter after the group name (want $share/group/filter)", t)
+	}
+	return nil
+}

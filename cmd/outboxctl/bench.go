@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -12,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox/internal/bench"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
 func (a *app) benchCmd() *cobra.Command {
@@ -58,16 +57,16 @@ directory.`,
   outboxctl bench --json --sections 1,2
   outboxctl bench --full --sections 2 --windows 16 --mosquitto none
   outboxctl bench --keys`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys {
-				bench.KeysMarkdown(a.stdout)
+				bench.KeysMarkdown(a.Stdout)
 				return nil
 			}
 			if full && smoke {
-				return usageError{errors.New("--full and --smoke exclude each other")}
+				return cli.Usagef("--full and --smoke exclude each other")
 			}
-			cfg := bench.Config{Mode: bench.Quick, Mosquitto: mosquitto, SrcDir: src, Progress: a.stderr}
+			cfg := bench.Config{Mode: bench.Quick, Mosquitto: mosquitto, SrcDir: src, Progress: a.Stderr}
 			if quiet {
 				cfg.Progress = nil
 			}
@@ -105,11 +104,11 @@ directory.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(a.stdout)
+				enc := json.NewEncoder(a.Stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			rep.Markdown(a.stdout)
+			rep.Markdown(a.Stdout)
 			return nil
 		},
 	}
@@ -128,7 +127,7 @@ directory.`,
 		Hidden:             true,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return bench.Child(cmd.Context(), args, a.stdout)
+			return bench.Child(cmd.Context(), args, a.Stdout)
 		},
 	})
 	return cmd
@@ -143,7 +142,7 @@ func intList(flag, what, list string, most int) ([]int, error) {
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > most {
-			return nil, usageError{fmt.Errorf("%s: %q is not %s 1..%d", flag, s, what, most)}
+			return nil, cli.Usagef("%s: %q is not %s 1..%d", flag, s, what, most)
 		}
 		out = append(out, n)
 	}

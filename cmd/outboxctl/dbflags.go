@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
 // dbFlags are the flags of every command that opens a database.
@@ -45,13 +46,13 @@ const (
 // open opens the outbox at --db as mode allows.
 func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, error) {
 	if f.path == "" {
-		return nil, usageError{errors.New("--db is required")}
+		return nil, cli.Usagef("--db is required")
 	}
 	opts := outbox.Options{
 		BusyTimeout: f.timeout,
 		MustExist:   mode != create,
 		ReadOnly:    mode == inspect,
-		Logger:      a.logger,
+		Logger:      a.Logger,
 
 		MaxPendingMessages: f.maxMessages,
 		MaxPendingBytes:    f.maxBytes,

@@ -44,7 +44,7 @@ const (
 )
 
 // open opens the outbox at --db as mode allows.
-func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, error) {
+func (f *dbFlags) open(ctx context.Context, a *cli.App, mode openMode) (*outbox.Outbox, error) {
 	if f.path == "" {
 		return nil, cli.Usagef("--db is required")
 	}
@@ -66,7 +66,7 @@ func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outb
 
 // openStats opens the outbox at --db as mode allows and reads its Stats;
 // the caller closes the outbox.
-func (f *dbFlags) openStats(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, outbox.Stats, error) {
+func (f *dbFlags) openStats(ctx context.Context, a *cli.App, mode openMode) (*outbox.Outbox, outbox.Stats, error) {
 	ob, err := f.open(ctx, a, mode)
 	if err != nil {
 		return nil, outbox.Stats{}, err

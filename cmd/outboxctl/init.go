@@ -10,7 +10,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) initCmd() *cobra.Command {
+func initCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	cmd := &cobra.Command{
 		Use:   "init --db PATH [--max-pending-messages N] [--max-pending-bytes B]",

@@ -30,7 +30,7 @@ type recordJSON struct {
 	PayloadBase64 *string    `json:"payload_base64,omitempty"`
 }
 
-func (a *app) listCmd() *cobra.Command {
+func listCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var state string
 	var limit int

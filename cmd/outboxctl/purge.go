@@ -9,7 +9,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) purgeCmd() *cobra.Command {
+func purgeCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var sentBefore time.Duration
 	var dead bool

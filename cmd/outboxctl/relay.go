@@ -44,7 +44,7 @@ type relayFlags struct {
 	writersFull   bool
 }
 
-func (a *app) relayCmd() *cobra.Command {
+func relayCmd(a *cli.App) *cobra.Command {
 	var f relayFlags
 	cmd := &cobra.Command{
 		Use:   "relay --db PATH --broker URL",
@@ -139,10 +139,10 @@ messages only with --admin-token-file: without one it is read-only.`,
 				return cli.UsageError{Err: err}
 			}
 			if f.statsInterval > 0 {
-				go a.logStats(cmd, relay, f.statsInterval)
+				go logStats(cmd, a, relay, f.statsInterval)
 			}
 			if f.metricsListen != "" {
-				stop, err := a.serveMetrics(f.metricsListen, ob, relay, token)
+				stop, err := serveMetrics(a, f.metricsListen, ob, relay, token)
 				if err != nil {
 					return err
 				}
@@ -234,7 +234,7 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 	return o, nil
 }
 
-func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration) {
+func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -253,7 +253,7 @@ func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration)
 }
 
 // serveMetrics serves the exporter's endpoints on addr until stop.
-func (a *app) serveMetrics(addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
+func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)

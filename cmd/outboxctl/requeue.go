@@ -9,7 +9,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) requeueCmd() *cobra.Command {
+func requeueCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var ids []string
 	var allDead, allExpired bool

@@ -32,7 +32,7 @@ type statusJSON struct {
 	WALBytes           int64      `json:"wal_bytes"`
 }
 
-func (a *app) statusCmd() *cobra.Command {
+func statusCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var asJSON bool
 	cmd := &cobra.Command{

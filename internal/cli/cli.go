@@ -60,6 +60,17 @@ func (a *App) Root(root *cobra.Command, subs ...*cobra.Command) *cobra.Command {
 	return root
 }
 
+// Main runs root, with the subcommands that subs make, on the process's
+// arguments, and exits with its status.
+func Main(root *cobra.Command, subs ...func(*App) *cobra.Command) {
+	a := &App{Stdout: os.Stdout, Stderr: os.Stderr}
+	cmds := make([]*cobra.Command, len(subs))
+	for i, sub := range subs {
+		cmds[i] = sub(a)
+	}
+	os.Exit(a.Run(a.Root(root, cmds...), os.Args[1:]))
+}
+
 // Run runs root with args until it returns or SIGINT or SIGTERM cancels its
 // context, and returns the exit status. An error is one line on Stderr,
 // after the command's name.

@@ -13,7 +13,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) benchCmd() *cobra.Command {
+func benchCmd(a *cli.App) *cobra.Command {
 	var full, smoke, asJSON, quiet, keys bool
 	var sections, windows, mosquitto, src, cpuProfile string
 	cmd := &cobra.Command{
@@ -52,11 +52,11 @@ target is marked met or MISSED. Quick by default (under 2 minutes; workloads
 scaled down and labelled so); --full runs the full sizes (about 17 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory.`,
-		Example: `  outboxctl bench
-  outboxctl bench --full > BENCHMARKS-run.md
-  outboxctl bench --json --sections 1,2
-  outboxctl bench --full --sections 2 --windows 16 --mosquitto none
-  outboxctl bench --keys`,
+		Example: `  outboxlab bench
+  outboxlab bench --full > BENCHMARKS-run.md
+  outboxlab bench --json --sections 1,2
+  outboxlab bench --full --sections 2 --windows 16 --mosquitto none
+  outboxlab bench --keys`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys {

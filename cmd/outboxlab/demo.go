@@ -28,7 +28,7 @@ type demoFlags struct {
 	keep      bool
 }
 
-func (a *app) demoCmd() *cobra.Command {
+func demoCmd(a *cli.App) *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -44,8 +44,8 @@ connected. At the end a summary gives orders committed, events delivered,
 duplicates, lost, out of order, commit-to-delivery latency and the peak
 backlog. The exit status is 0 only if nothing was lost, nothing phantom was
 delivered and nothing came out of order.`,
-		Example: `  outboxctl demo
-  outboxctl demo --duration 60s --rate 200 --outages 4 --outage-length 5s`,
+		Example: `  outboxlab demo
+  outboxlab demo --duration 60s --rate 200 --outages 4 --outage-length 5s`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.duration <= 0 || f.rate <= 0 || f.outages < 0 || f.outageLen <= 0 {
@@ -54,7 +54,7 @@ delivered and nothing came out of order.`,
 			if time.Duration(f.outages)*f.outageLen >= f.duration {
 				return cli.Usagef("the outages take the whole --duration; shorten them or run longer")
 			}
-			return a.demo(cmd.Context(), f)
+			return demo(cmd.Context(), a, f)
 		},
 	}
 	cmd.Flags().DurationVar(&f.duration, "duration", 15*time.Second, "how long the till sells")
@@ -102,8 +102,8 @@ func (s *demoSubscriber) receive(payload []byte) {
 	}
 }
 
-func (a *app) demo(ctx context.Context, f demoFlags) error {
-	dir, err := os.MkdirTemp("", "outboxctl-demo-")
+func demo(ctx context.Context, a *cli.App, f demoFlags) error {
+	dir, err := os.MkdirTemp("", "outboxlab-demo-")
 	if err != nil {
 		return err
 	}
@@ -209,7 +209,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	for n := 1; time.Since(start) < f.duration; n++ {
 		select {
 		case <-ctx.Done():
-			return a.finishDemo(ctx, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
+			return finishDemo(ctx, a, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
 		case <-tick.C:
 		}
 		if len(outageAt) > 0 && time.Since(start) >= outageAt[0] {
@@ -282,12 +282,12 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return a.finishDemo(ctx, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
+	return finishDemo(ctx, a, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
 }
 
 var errDeclined = errors.New("card declined")
 
-func (a *app) finishDemo(ctx context.Context, relayDone chan error, stopRelay func(), stopStatus, statusDone chan struct{},
+func finishDemo(ctx context.Context, a *cli.App, relayDone chan error, stopRelay func(), stopStatus, statusDone chan struct{},
 	status *statusLine, sub *demoSubscriber, committed, declined int, peak int64) error {
 	stopRelay()
 	relayErr := <-relayDone

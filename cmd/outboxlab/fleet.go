@@ -28,7 +28,7 @@ type fleetFlags struct {
 	cpuProfile       string
 }
 
-func (a *app) fleetCmd() *cobra.Command {
+func fleetCmd(a *cli.App) *cobra.Command {
 	var f fleetFlags
 	cmd := &cobra.Command{
 		Use:   "fleet",
@@ -62,11 +62,11 @@ the window, with lease renewals and garbage collections per second;
 --cpuprofile writes a CPU profile of the window for the breakdown; --settle
 is the wait before the window (past a minute, the window leaves out each
 relay's first purge, which prepares its statements once).`,
-		Example: `  outboxctl fleet
-  outboxctl fleet --devices 100 --outage 10s --jitter on
-  outboxctl fleet --broker tcp://127.0.0.1:1883 --json
-  outboxctl fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof
-  outboxctl fleet --idle 60s --settle 70s --broker tcp://127.0.0.1:1883`,
+		Example: `  outboxlab fleet
+  outboxlab fleet --devices 100 --outage 10s --jitter on
+  outboxlab fleet --broker tcp://127.0.0.1:1883 --json
+  outboxlab fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof
+  outboxlab fleet --idle 60s --settle 70s --broker tcp://127.0.0.1:1883`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.devices < 1 || f.devices > 10000 {
@@ -98,7 +98,7 @@ relay's first purge, which prepares its statements once).`,
 				}
 			}
 			if f.idle != 0 || f.cpuProfile != "" || cmd.Flags().Changed("settle") {
-				return a.fleetIdle(cmd, f)
+				return fleetIdle(cmd, a, f)
 			}
 			var reports []fleet.Report
 			for _, j := range jitters {
@@ -159,7 +159,7 @@ relay's first purge, which prepares its statements once).`,
 }
 
 // fleetIdle runs the idle measurement (--idle).
-func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
+func fleetIdle(cmd *cobra.Command, a *cli.App, f fleetFlags) error {
 	if f.idle < time.Second {
 		return cli.Usagef("--idle %s: give a window of at least 1s", f.idle)
 	}

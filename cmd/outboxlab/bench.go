@@ -33,8 +33,10 @@ fast it empties, each beside the physical limit measured the same way:
   4. catch-up after an outage while new orders keep arriving, and what the
      draining does to their transactions
   5. peak heap and RSS of a relay process draining a large backlog
-  6. stripped binary sizes for amd64, arm64 and armv7 (needs the Go toolchain
-     and the module's source: run it from the repository)
+  6. stripped sizes of outboxctl (what a till runs), outboxlab, a minimal
+     program using the library and the floor (SQLite, paho and backoff
+     alone), for amd64, arm64 and armv7, each beside the floor (needs the
+     Go toolchain and the module's source: run it from the repository)
   7. the articles' polling dispatcher, ported, beside ours: latency, and what
      a broker outage does to its messages
   8. durable before publish: the relay's fsyncs of the WAL per 1,000 events

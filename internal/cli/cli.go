@@ -18,11 +18,11 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Exit statuses.
+// exit statuses
 const (
-	ExitOK    = 0
-	ExitError = 1 // the command failed
-	ExitUsage = 2 // the command line was wrong
+	exitOK    = 0
+	exitError = 1 // the command failed
+	exitUsage = 2 // the command line was wrong
 )
 
 // App holds what a command's subcommands share.
@@ -35,10 +35,10 @@ type App struct {
 	logLevel, logFormat string
 }
 
-// Root makes root a command's root: it adds the logging flags and subs,
+// setUpRoot makes root a command's root: it adds the logging flags and subs,
 // prints its help when run alone, and types its command-line errors. root
 // brings its Use, Short, Long, Example and Version.
-func (a *App) Root(root *cobra.Command, subs ...*cobra.Command) *cobra.Command {
+func (a *App) setUpRoot(root *cobra.Command, subs ...*cobra.Command) *cobra.Command {
 	root.SilenceUsage = true
 	root.SilenceErrors = true
 	// Runnable, so that cobra hands the root's arguments to its Args check
@@ -68,13 +68,13 @@ func Main(root *cobra.Command, subs ...func(*App) *cobra.Command) {
 	for i, sub := range subs {
 		cmds[i] = sub(a)
 	}
-	os.Exit(a.Run(a.Root(root, cmds...), os.Args[1:]))
+	os.Exit(a.run(a.setUpRoot(root, cmds...), os.Args[1:]))
 }
 
-// Run runs root with args until it returns or SIGINT or SIGTERM cancels its
+// run runs root with args until it returns or SIGINT or SIGTERM cancels its
 // context, and returns the exit status. An error is one line on Stderr,
 // after the command's name.
-func (a *App) Run(root *cobra.Command, args []string) int {
+func (a *App) run(root *cobra.Command, args []string) int {
 	root.SetArgs(args)
 	root.SetOut(a.Stdout)
 	root.SetErr(a.Stderr)
@@ -82,14 +82,14 @@ func (a *App) Run(root *cobra.Command, args []string) int {
 	defer stop()
 	err := root.ExecuteContext(ctx)
 	if err == nil {
-		return ExitOK
+		return exitOK
 	}
 	fmt.Fprintln(a.Stderr, root.Name()+": "+oneLine(err))
 	var ue UsageError
 	if errors.As(err, &ue) {
-		return ExitUsage
+		return exitUsage
 	}
-	return ExitError
+	return exitError
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -8,13 +8,15 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// UsageError marks a wrong command line (exit status 2). Run decides the
+// UsageError marks a wrong command line (exit status 2). Main decides the
 // exit status from this type alone, so every check of the command line
 // returns one: the commands', and cobra's (see typeUsageErrors).
 type UsageError struct{ Err error }
 
+// Error says what is wrong with the command line.
 func (e UsageError) Error() string { return e.Err.Error() }
 
+// Unwrap returns the error that made the command line wrong.
 func (e UsageError) Unwrap() error { return e.Err }
 
 // Usagef returns a UsageError saying what is wrong with the command line.

@@ -3,7 +3,7 @@ package outboxprom
 import (
 	"context"
 	"fmt"
-	"html/template"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -37,18 +37,14 @@ type statusData struct {
 	DeadCount   int64
 	CanRequeue  bool
 	Notice      string
-	Spark       template.HTML // an inline SVG
+	Spark       string // an inline SVG, made by sparkline
 	Refresh     int
 	Now         string
 	Err         string
 }
 
-var statusTmpl = template.Must(template.New("status").Parse(`<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="{{.Refresh}}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>outbox: {{if .HasRelay}}{{if .Connected}}connected{{else}}NOT connected{{end}}{{else}}status{{end}}, {{.Pending}} pending</title>
-<style>
+// statusStyle is the page's style sheet (inline: the page loads nothing).
+const statusStyle = `<style>
 body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222;max-width:70rem}
 h1{font-size:1.3rem;margin:0 0 1rem} .muted{color:#666;font-size:.9rem}
 .state{font-size:1.6rem;font-weight:bold;padding:.6rem 1rem;border-radius:.4rem;display:inline-block}
@@ -57,36 +53,128 @@ h1{font-size:1.3rem;margin:0 0 1rem} .muted{color:#666;font-size:.9rem}
 .card{border:1px solid #ddd;border-radius:.4rem;padding:.7rem 1rem} .big{font-size:1.5rem;font-weight:bold}
 table{border-collapse:collapse;width:100%} td,th{border-bottom:1px solid #eee;padding:.3rem .5rem;text-align:left;font-size:.9rem;vertical-align:top}
 .notice{background:#fff7d6;padding:.5rem 1rem;border-radius:.4rem} .err{color:#7f1d1d}
-</style></head><body>
-<h1>outbox on {{.Source}} <span class="muted">version {{.Version}}, page of {{.Now}}, refreshes every {{.Refresh}} s</span></h1>
-{{if .Notice}}<p class="notice" id="notice">{{.Notice}}</p>{{end}}
-{{if .Err}}<p class="err" id="error">Cannot read the outbox: {{.Err}}</p>{{end}}
-{{if .HasRelay}}
-<p><span id="state" data-connected="{{.Connected}}" class="state {{if .Connected}}up">Connected to the broker{{else}}down">NOT connected to the broker{{end}}</span>
-<span class="muted" id="since">{{if .Since}}since {{.Since}}{{end}}{{if not .Connected}}; {{.Attempts}} connection attempts so far{{end}}</span></p>
-<p id="mqtt">MQTT version (of the last connection): <b>{{if .Protocol}}{{.Protocol}}{{else}}not known yet{{end}}</b>.
-{{if .Ready}}<span class="err" id="ready">Not ready: {{.Ready}}</span>{{else}}<span id="ready">Ready: holds the lease, last database write succeeded.</span>{{end}}</p>
-{{else}}<p id="state" data-connected="unknown">No relay runs in this process.</p>{{end}}
+</style>`
+
+// escapeHTML escapes text for an element's content or a quoted attribute,
+// as html/template does.
+var escapeHTML = strings.NewReplacer("\x00", "\uFFFD", `"`, "&#34;", "&", "&amp;", "'", "&#39;", "+", "&#43;", "<", "&lt;", ">", "&gt;").Replace
+
+// writeStatus writes the status page of d. It is written out here rather
+// than by html/template: executing a template makes the linker keep every
+// exported method of every type in the program (text/template finds
+// methods by name), which made the page the heaviest part of a till's
+// outboxctl after the library itself. Every string from the outbox, the
+// relay or the request goes through escapeHTML.
+func writeStatus(w io.Writer, d statusData) error {
+	var b strings.Builder
+	put := func(parts ...string) {
+		for _, p := range parts {
+			b.WriteString(p)
+		}
+	}
+	num := func(n int64) string { return strconv.FormatInt(n, 10) }
+	title := "status"
+	if d.HasRelay {
+		title = "NOT connected"
+		if d.Connected {
+			title = "connected"
+		}
+	}
+	put(`<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="`, strconv.Itoa(d.Refresh), `">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>outbox: `, title, `, `, num(d.Pending), ` pending</title>
+`, statusStyle, `</head><body>
+<h1>outbox on `, escapeHTML(d.Source), ` <span class="muted">version `, escapeHTML(d.Version), `, page of `, escapeHTML(d.Now), `, refreshes every `, strconv.Itoa(d.Refresh), ` s</span></h1>
+`)
+	if d.Notice != "" {
+		put(`<p class="notice" id="notice">`, escapeHTML(d.Notice), `</p>`)
+	}
+	put("\n")
+	if d.Err != "" {
+		put(`<p class="err" id="error">Cannot read the outbox: `, escapeHTML(d.Err), `</p>`)
+	}
+	put("\n")
+	if d.HasRelay {
+		put("\n<p><span id=\"state\" data-connected=\"", strconv.FormatBool(d.Connected), `" class="state `)
+		if d.Connected {
+			put(`up">Connected to the broker`)
+		} else {
+			put(`down">NOT connected to the broker`)
+		}
+		put("</span>\n<span class=\"muted\" id=\"since\">")
+		if d.Since != "" {
+			put("since ", escapeHTML(d.Since))
+		}
+		if !d.Connected {
+			put("; ", num(d.Attempts), " connection attempts so far")
+		}
+		put("</span></p>\n<p id=\"mqtt\">MQTT version (of the last connection): <b>")
+		if d.Protocol != "" {
+			put(escapeHTML(d.Protocol))
+		} else {
+			put("not known yet")
+		}
+		put("</b>.\n")
+		if d.Ready != "" {
+			put(`<span class="err" id="ready">Not ready: `, escapeHTML(d.Ready), `</span>`)
+		} else {
+			put(`<span id="ready">Ready: holds the lease, last database write succeeded.</span>`)
+		}
+		put("</p>\n")
+	} else {
+		put(`<p id="state" data-connected="unknown">No relay runs in this process.</p>`)
+	}
+	put(`
 <div class="grid">
-<div class="card"><div class="muted">Waiting to be sent</div><div class="big" id="pending">{{.Pending}}</div>
-<div class="muted" id="oldest">{{if .Oldest}}oldest waits for {{.Oldest}}{{else}}nothing waits{{end}}</div></div>
-<div class="card"><div class="muted">Backlog</div>{{.Spark}}</div>
-<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">{{.Published}}</div></div>
-<div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">{{.DeadCount}}</div></div>
+<div class="card"><div class="muted">Waiting to be sent</div><div class="big" id="pending">`, num(d.Pending), `</div>
+<div class="muted" id="oldest">`)
+	if d.Oldest != "" {
+		put("oldest waits for ", escapeHTML(d.Oldest))
+	} else {
+		put("nothing waits")
+	}
+	put(`</div></div>
+<div class="card"><div class="muted">Backlog</div>`, d.Spark, `</div>
+<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div></div>
+<div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>
 </div>
 <h2>Last error</h2>
-<p id="last-error">{{if .LastError}}{{.LastError}} <span class="muted">({{.LastErrorAt}})</span>{{else}}none{{end}}</p>
-<h2>Dead messages</h2>
-{{if .Dead}}<table id="dead"><tr><th>id</th><th>topic</th><th>attempts</th><th>why</th><th>parked</th></tr>
-{{range .Dead}}<tr><td>{{.ID}}</td><td>{{.Topic}}</td><td>{{.Attempts}}</td><td>{{.LastError}}</td><td>{{.DeadAt.UTC.Format "2006-01-02 15:04:05"}} UTC</td></tr>
-{{end}}</table>{{if gt .DeadCount (len .Dead)}}<p class="muted">and {{.DeadCount}} in all; outboxctl list --state dead shows every one.</p>{{end}}
-{{if .CanRequeue}}<form method="post" action="/requeue" id="requeue">
+<p id="last-error">`)
+	if d.LastError != "" {
+		put(escapeHTML(d.LastError), ` <span class="muted">(`, escapeHTML(d.LastErrorAt), `)</span>`)
+	} else {
+		put("none")
+	}
+	put("</p>\n<h2>Dead messages</h2>\n")
+	if len(d.Dead) > 0 {
+		put("<table id=\"dead\"><tr><th>id</th><th>topic</th><th>attempts</th><th>why</th><th>parked</th></tr>\n")
+		for _, r := range d.Dead {
+			put(`<tr><td>`, escapeHTML(r.ID), `</td><td>`, escapeHTML(r.Topic), `</td><td>`, strconv.Itoa(r.Attempts), `</td><td>`, escapeHTML(r.LastError),
+				`</td><td>`, r.DeadAt.UTC().Format("2006-01-02 15:04:05"), " UTC</td></tr>\n")
+		}
+		put("</table>")
+		if d.DeadCount > int64(len(d.Dead)) {
+			put(`<p class="muted">and `, num(d.DeadCount), ` in all; outboxctl list --state dead shows every one.</p>`)
+		}
+		put("\n")
+		if d.CanRequeue {
+			put(`<form method="post" action="/requeue" id="requeue">
 <label>Admin token <input type="password" name="token" autocomplete="off" required></label>
 <button type="submit">Requeue every dead message</button></form>
-{{else}}<p class="muted" id="read-only">Read-only: the relay was started without an admin token, so nothing can be requeued here (outboxctl requeue can).</p>{{end}}
-{{else}}<p id="dead">none</p>{{end}}
-</body></html>
-`))
+`)
+		} else {
+			put(`<p class="muted" id="read-only">Read-only: the relay was started without an admin token, so nothing can be requeued here (outboxctl requeue can).</p>`)
+		}
+		put("\n")
+	} else {
+		put(`<p id="dead">none</p>`)
+	}
+	put("\n</body></html>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
 
 func (e *Exporter) statusPage(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
@@ -143,14 +231,14 @@ func (e *Exporter) statusPage(w http.ResponseWriter, req *http.Request) {
 	// The page is for this listener only: no framing by another site.
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
-	if err := statusTmpl.Execute(w, d); err != nil {
+	if err := writeStatus(w, d); err != nil {
 		e.log.Debug("outboxprom: writing the status page", "err", err)
 	}
 }
 
 // sparkline draws the backlog of the last hour as an inline SVG polyline:
 // time left to right, the largest backlog at the top.
-func sparkline(pts []sample, now time.Time) template.HTML {
+func sparkline(pts []sample, now time.Time) string {
 	const w, h = 240.0, 48.0
 	var peak int64
 	for _, p := range pts {
@@ -174,9 +262,9 @@ func sparkline(pts []sample, now time.Time) template.HTML {
 		fmt.Fprintf(&b, "%.1f,%.1f", max(x, 0), y)
 	}
 	// Every value here is a number this code formatted.
-	return template.HTML(fmt.Sprintf(`<svg id="sparkline" xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="backlog over the last hour, at most %d">`+
+	return fmt.Sprintf(`<svg id="sparkline" xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="backlog over the last hour, at most %d">`+
 		`<rect width="%g" height="%g" fill="#f6f6f6"/><polyline fill="none" stroke="#2563eb" stroke-width="2" points="%s"/></svg>`+
-		`<div class="muted" id="peak">peak %d over the last %s</div>`, w, h, w, h, peak, w, h, b.String(), peak, ago(span)))
+		`<div class="muted" id="peak">peak %d over the last %s</div>`, w, h, w, h, peak, w, h, b.String(), peak, ago(span))
 }
 
 // ago says a duration in words a technician reads at a glance.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -83,4 +84,20 @@ func TestStatusPageInChromium(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`id="published">25<`), dom)
 	chrome.Screenshot(r.srv.URL+"/", filepath.Join(dir, "status-after.png"))
 	t.Logf("screenshots in %s", dir)
+}
+
+// TestStatusPageEscapes: every string the page shows comes from the outbox,
+// the relay, a broker or the request, and none of it can add markup.
+func TestStatusPageEscapes(t *testing.T) {
+	const evil = `<i>"x'&+`
+	d := statusData{
+		Source: evil, Version: evil, HasRelay: true, Since: evil, Protocol: evil, Ready: evil,
+		Pending: 1, Oldest: evil, LastError: evil, LastErrorAt: evil, DeadCount: 2, Notice: evil, Now: evil, Err: evil,
+		Dead: []outbox.Record{{ID: evil, Topic: evil, LastError: evil}},
+	}
+	var b strings.Builder
+	require.NoError(t, writeStatus(&b, d))
+	page := b.String()
+	require.NotContains(t, page, "<i>")
+	require.Equal(t, 14, strings.Count(page, "&lt;i&gt;&#34;x&#39;&amp;&#43;"), "every field shown, escaped:\n%s", page)
 }

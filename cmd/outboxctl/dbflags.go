@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
 // dbFlags are the flags of every command that opens a database.
@@ -43,15 +44,15 @@ const (
 )
 
 // open opens the outbox at --db as mode allows.
-func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, error) {
+func (f *dbFlags) open(ctx context.Context, a *cli.App, mode openMode) (*outbox.Outbox, error) {
 	if f.path == "" {
-		return nil, usageError{errors.New("--db is required")}
+		return nil, cli.Usagef("--db is required")
 	}
 	opts := outbox.Options{
 		BusyTimeout: f.timeout,
 		MustExist:   mode != create,
 		ReadOnly:    mode == inspect,
-		Logger:      a.logger,
+		Logger:      a.Logger,
 
 		MaxPendingMessages: f.maxMessages,
 		MaxPendingBytes:    f.maxBytes,
@@ -65,7 +66,7 @@ func (f *dbFlags) open(ctx context.Context, a *app, mode openMode) (*outbox.Outb
 
 // openStats opens the outbox at --db as mode allows and reads its Stats;
 // the caller closes the outbox.
-func (f *dbFlags) openStats(ctx context.Context, a *app, mode openMode) (*outbox.Outbox, outbox.Stats, error) {
+func (f *dbFlags) openStats(ctx context.Context, a *cli.App, mode openMode) (*outbox.Outbox, outbox.Stats, error) {
 	ob, err := f.open(ctx, a, mode)
 	if err != nil {
 		return nil, outbox.Stats{}, err

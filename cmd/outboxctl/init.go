@@ -6,9 +6,11 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) initCmd() *cobra.Command {
+func initCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	cmd := &cobra.Command{
 		Use:   "init --db PATH [--max-pending-messages N] [--max-pending-bytes B]",
@@ -25,7 +27,7 @@ stored, a negative value removes the limit. status shows them.`,
 		Example: `  outboxctl init --db /var/lib/till/till.db
   outboxctl init --db /var/lib/till/till.db --max-pending-messages 100000 --max-pending-bytes 64000000
   outboxctl init --db /var/lib/till/till.db --max-pending-bytes -1   # remove the byte limit`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, statErr := os.Stat(db.path)
 			ob, st, err := db.openStats(cmd.Context(), a, create)
@@ -37,7 +39,7 @@ stored, a negative value removes the limit. status shows them.`,
 			if errors.Is(statErr, os.ErrNotExist) {
 				what = "new file"
 			}
-			fmt.Fprintf(a.stdout, "%s: outbox schema version %d (%s), limits: %s\n", db.path, st.SchemaVersion, what,
+			fmt.Fprintf(a.Stdout, "%s: outbox schema version %d (%s), limits: %s\n", db.path, st.SchemaVersion, what,
 				limitsText(st.MaxPendingMessages, st.MaxPendingBytes))
 			return nil
 		},

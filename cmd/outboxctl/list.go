@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
 // recordJSON is one message in the stable output of `list --json`.
@@ -29,7 +30,7 @@ type recordJSON struct {
 	PayloadBase64 *string    `json:"payload_base64,omitempty"`
 }
 
-func (a *app) listCmd() *cobra.Command {
+func listCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var state string
 	var limit int
@@ -50,14 +51,14 @@ payload_base64 with --payload.`,
   outboxctl list --db till.db --state dead --json
   outboxctl list --db till.db --state expired
   outboxctl list --db till.db --after 1500 --limit 50 --payload`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st := outbox.State(state)
 			if st != outbox.StatePending && st != outbox.StateDead && st != outbox.StateExpired && st != outbox.StateSent {
-				return usageError{fmt.Errorf("--state %q: want pending, dead, expired or sent", state)}
+				return cli.Usagef("--state %q: want pending, dead, expired or sent", state)
 			}
 			if limit < 1 {
-				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
+				return cli.Usagef("--limit %d: want at least 1", limit)
 			}
 			ob, err := db.open(cmd.Context(), a, inspect)
 			if err != nil {
@@ -84,9 +85,9 @@ payload_base64 with --payload.`,
 				out = append(out, j)
 			}
 			if asJSON {
-				return writeJSON(a.stdout, out)
+				return writeJSON(a.Stdout, out)
 			}
-			w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			w := tabwriter.NewWriter(a.Stdout, 0, 0, 2, ' ', 0)
 			header := "SEQ\tID\tTOPIC\tTYPE\tSIZE\tAGE\tATTEMPTS\tLAST ERROR"
 			if payload {
 				header += "\tPAYLOAD"

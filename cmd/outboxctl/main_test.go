@@ -22,48 +22,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli/clitest"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
-// binary is outboxctl built once for all tests: every subcommand is
-// exercised as an operator runs it.
+// binary is outboxctl built once for all tests (clitest.Main): every
+// subcommand is exercised as an operator runs it.
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "outboxctl-test-")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "outboxctl")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		panic(fmt.Sprintf("go build: %v\n%s", err, out))
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(clitest.Main(m, &binary)) }
 
-type result struct {
-	stdout, stderr string
-	code           int
-}
-
-func ctl(t *testing.T, args ...string) result {
+func ctl(t *testing.T, args ...string) clitest.Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run %v: %v", args, err)
-	}
-	return result{stdout.String(), stderr.String(), code}
+	return clitest.Run(t, binary, args...)
 }
 
 // newOutbox creates an outbox file with some messages: pending, sent, dead.
@@ -83,28 +54,28 @@ func enqueue(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) {
 }
 
 func TestHelpHasExamples(t *testing.T) {
-	for _, sub := range []string{"demo", "relay", "init", "status", "list", "requeue", "purge", "fleet"} {
+	for _, sub := range []string{"relay", "init", "status", "list", "requeue", "purge"} {
 		r := ctl(t, sub, "--help")
-		require.Equal(t, 0, r.code, sub)
-		require.Contains(t, r.stdout, "Examples:", sub)
-		require.Contains(t, r.stdout, "outboxctl "+sub, sub)
+		require.Equal(t, 0, r.Code, sub)
+		require.Contains(t, r.Stdout, "Examples:", sub)
+		require.Contains(t, r.Stdout, "outboxctl "+sub, sub)
 	}
 	r := ctl(t, "--help")
-	require.Equal(t, 0, r.code)
-	require.Contains(t, r.stdout, "Examples:")
+	require.Equal(t, 0, r.Code)
+	require.Contains(t, r.Stdout, "Examples:")
 }
 
 func TestInit(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "new.db")
 	r := ctl(t, "init", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, fmt.Sprintf("outbox schema version %d (new file)", outbox.SchemaVersion))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, fmt.Sprintf("outbox schema version %d (new file)", outbox.SchemaVersion))
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	r = ctl(t, "init", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, fmt.Sprintf("outbox schema version %d (existing file)", outbox.SchemaVersion))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, fmt.Sprintf("outbox schema version %d (existing file)", outbox.SchemaVersion))
 }
 
 func TestBadDatabases(t *testing.T) {
@@ -146,9 +117,9 @@ func TestBadDatabases(t *testing.T) {
 		} {
 			args := append(append([]string{}, cmd...), "--db", c.path)
 			r := ctl(t, args...)
-			require.Equal(t, 1, r.code, "%v", args)
-			require.Contains(t, r.stderr, c.want, "%v", args)
-			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line: %q", r.stderr)
+			require.Equal(t, 1, r.Code, "%v", args)
+			require.Contains(t, r.Stderr, c.want, "%v", args)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.Stderr), "\n")+1, "one line: %q", r.Stderr)
 		}
 	}
 	_, err = os.Stat(missing)
@@ -193,8 +164,8 @@ func TestUsageErrors(t *testing.T) {
 		{"init", "--db", path, "--max-pending-messages", "many"},
 	} {
 		r := ctl(t, args...)
-		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
-		require.True(t, strings.HasPrefix(r.stderr, "outboxctl: "), "%v: %q", args, r.stderr)
+		require.Equal(t, 2, r.Code, "%v: %s", args, r.Stderr)
+		require.True(t, strings.HasPrefix(r.Stderr, "outboxctl: "), "%v: %q", args, r.Stderr)
 	}
 }
 
@@ -203,9 +174,9 @@ func TestUsageErrors(t *testing.T) {
 func TestRelayMQTTVersionFlag(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "never.db")
 	r := ctl(t, "relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--mqtt-version", "v5")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stderr, "--mqtt-version")
-	require.Contains(t, r.stderr, "auto, 5 or 3.1.1")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "--mqtt-version")
+	require.Contains(t, r.Stderr, "auto, 5 or 3.1.1")
 	_, err := os.Stat(path)
 	require.True(t, os.IsNotExist(err), "nothing written")
 }
@@ -226,9 +197,9 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	require.NoError(t, err)
 
 	r := ctl(t, "status", "--db", path, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	for _, k := range []string{"db", "schema_version", "pending", "pending_bytes", "oldest_pending_at", "oldest_pending_age_seconds",
 		"dead", "sent", "max_pending_messages", "max_pending_bytes", "lease_owner", "lease_expires_at", "file_bytes", "wal_bytes"} {
 		require.Contains(t, st, k)
@@ -241,9 +212,9 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	require.Greater(t, st["file_bytes"], 0.0)
 
 	r = ctl(t, "status", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "pending         1 messages, 16 B")
-	require.Contains(t, r.stdout, "relay lease     free")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "pending         1 messages, 16 B")
+	require.Contains(t, r.Stdout, "relay lease     free")
 
 	// An idle relay lets its lease lapse (docs/delivery.md).
 	for expires, want := range map[int64]string{
@@ -254,16 +225,16 @@ func TestStatusListRequeuePurge(t *testing.T) {
 			ON CONFLICT (name) DO UPDATE SET expires_at = excluded.expires_at`, expires)
 		require.NoError(t, err)
 		r = ctl(t, "status", "--db", path)
-		require.Equal(t, 0, r.code, r.stderr)
-		require.Contains(t, r.stdout, want)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Contains(t, r.Stdout, want)
 	}
 	_, err = db.Exec(`DELETE FROM outbox_lease`)
 	require.NoError(t, err)
 
 	r = ctl(t, "list", "--db", path, "--state", "dead", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var recs []map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &recs))
 	require.Len(t, recs, 2)
 	require.EqualValues(t, 2, recs[0]["seq"])
 	require.Equal(t, "refused", recs[0]["last_error"])
@@ -272,38 +243,38 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	deadID := recs[0]["id"].(string)
 
 	r = ctl(t, "list", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.NotContains(t, r.stdout, "secret card data", "payloads only with --payload")
-	require.Contains(t, r.stdout, "SEQ")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stdout, "secret card data", "payloads only with --payload")
+	require.Contains(t, r.Stdout, "SEQ")
 	r = ctl(t, "list", "--db", path, "--payload")
-	require.Contains(t, r.stdout, "secret card data")
+	require.Contains(t, r.Stdout, "secret card data")
 	r = ctl(t, "list", "--db", path, "--payload", "--json")
-	require.Contains(t, r.stdout, `"payload_base64"`)
+	require.Contains(t, r.Stdout, `"payload_base64"`)
 
 	// An unknown id changes nothing, even beside a valid one.
 	r = ctl(t, "requeue", "--db", path, "--id", deadID, "--id", "no-such-id")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `no message with id "no-such-id"`)
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, `no message with id "no-such-id"`)
 	r = ctl(t, "status", "--db", path, "--json")
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.EqualValues(t, 2, st["dead"])
 	// A message that is not dead is refused too.
 	r = ctl(t, "requeue", "--db", path, "--id", recsOf(t, path, "pending")[0])
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "not dead")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "not dead")
 
 	r = ctl(t, "requeue", "--db", path, "--id", deadID)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "requeued 1 message(s)")
 	r = ctl(t, "purge", "--db", path, "--dead")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "deleted 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "deleted 1 message(s)")
 	r = ctl(t, "purge", "--db", path, "--sent-before", "1h")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "deleted 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "deleted 1 message(s)")
 	r = ctl(t, "requeue", "--db", path, "--all-dead")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 0 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "requeued 0 message(s)")
 	require.Len(t, recsOf(t, path, "pending"), 2, "pending messages are never purged")
 }
 
@@ -324,39 +295,39 @@ func TestStatusListRequeueExpired(t *testing.T) {
 	require.NoError(t, err)
 
 	r := ctl(t, "status", "--db", path, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.EqualValues(t, 2, st["expired"])
 	require.EqualValues(t, 1, st["dead"])
 	require.EqualValues(t, 0, st["pending"])
 	r = ctl(t, "status", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `(?m)^expired +2$`, r.stdout)
-	require.Regexp(t, `(?m)^dead +1$`, r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `(?m)^expired +2$`, r.Stdout)
+	require.Regexp(t, `(?m)^dead +1$`, r.Stdout)
 
 	r = ctl(t, "list", "--db", path, "--state", "expired", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var recs []map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &recs))
 	require.Len(t, recs, 2)
 	require.Equal(t, "expired", recs[0]["state"])
 	require.Contains(t, recs[0]["last_error"], "not published")
 	r = ctl(t, "list", "--db", path, "--state", "expired")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "expired (not published)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "expired (not published)")
 	require.Len(t, recsOf(t, path, "dead"), 1)
 
 	r = ctl(t, "requeue", "--db", path, "--all-dead")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "requeued 1 message(s)")
 	require.Len(t, recsOf(t, path, "expired"), 2, "--all-dead leaves expired messages alone")
 	r = ctl(t, "requeue", "--db", path, "--id", recs[0]["id"].(string))
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "requeued 1 message(s)")
 	r = ctl(t, "requeue", "--db", path, "--all-expired")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 message(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "requeued 1 message(s)")
 	require.Len(t, recsOf(t, path, "pending"), 3)
 	require.Empty(t, recsOf(t, path, "expired"))
 	var expiring int
@@ -366,11 +337,11 @@ func TestStatusListRequeueExpired(t *testing.T) {
 
 func recsOf(t *testing.T, path, state string) []string {
 	r := ctl(t, "list", "--db", path, "--state", state, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var recs []struct {
 		ID string `json:"id"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &recs))
 	var ids []string
 	for _, r := range recs {
 		ids = append(ids, r.ID)
@@ -386,18 +357,18 @@ func TestReadOnlyFileSystem(t *testing.T) {
 	defer exec.Command("umount", dir).Run()
 	path := filepath.Join(dir, "till.db")
 	r := ctl(t, "init", "--db", path)
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, args := range [][]string{{"requeue", "--all-dead"}, {"purge", "--dead"}, {"init"}} {
 		r := ctl(t, append(args, "--db", path)...)
-		require.Equal(t, 1, r.code, "%v", args)
-		require.Contains(t, r.stderr, "is on a read-only file system", "%v", args)
+		require.Equal(t, 1, r.Code, "%v", args)
+		require.Contains(t, r.Stderr, "is on a read-only file system", "%v", args)
 	}
 	// Inspection needs no write, so it works there.
 	for _, args := range [][]string{{"status"}, {"list"}} {
 		r := ctl(t, append(args, "--db", path)...)
-		require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+		require.Equal(t, 0, r.Code, "%v: %s", args, r.Stderr)
 	}
 }
 
@@ -411,9 +382,23 @@ func TestLockedDatabase(t *testing.T) {
 	defer conn.ExecContext(context.Background(), `ROLLBACK`)
 	start := time.Now()
 	r := ctl(t, "purge", "--db", path, "--dead", "--timeout", "300ms")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "is locked by another process (waited 300ms")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "is locked by another process (waited 300ms")
 	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+}
+
+// stopRelay sends a relay SIGTERM and requires it to exit 0, within 15 s.
+func stopRelay(t *testing.T, cmd *exec.Cmd, logs *harness.LogBuffer) {
+	t.Helper()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit 0 on SIGTERM: %s", logs.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("relay did not exit on SIGTERM")
+	}
 }
 
 // broker is an in-process MQTT broker that records what it routes.
@@ -538,22 +523,14 @@ func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 	}
 	// status, another process, says which version the relay speaks.
 	r := ctl(t, "status", "--db", path, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.Equal(t, speaks, st["mqtt_version"], "mochi speaks both; auto chooses 5")
 	r = ctl(t, "status", "--db", path)
-	require.Regexp(t, `mqtt version\s+`+regexp.QuoteMeta(speaks)+`\n`, r.stdout)
+	require.Regexp(t, `mqtt version\s+`+regexp.QuoteMeta(speaks)+`\n`, r.Stdout)
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "exit 0 on SIGTERM: %s", stderr.String())
-	case <-time.After(15 * time.Second):
-		t.Fatal("relay did not exit on SIGTERM")
-	}
+	stopRelay(t, cmd, &stderr)
 	logs := stderr.String()
 	require.Contains(t, logs, `"msg":"outbox relay connected"`)
 	require.Contains(t, logs, `"protocol":"`+speaks+`"`)
@@ -561,16 +538,6 @@ func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 	var pending int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_messages WHERE state = 'pending'`).Scan(&pending))
 	require.Zero(t, pending)
-}
-
-func TestDemo(t *testing.T) {
-	r := ctl(t, "demo", "--duration", "3s", "--rate", "100", "--outages", "1", "--outage-length", "1s")
-	require.Equal(t, 0, r.code, "%s\n%s", r.stdout, r.stderr)
-	require.Contains(t, r.stdout, "lost                 0")
-	require.Contains(t, r.stdout, "out of order         0")
-	require.Contains(t, r.stdout, "-- broker down for 1s")
-	require.Contains(t, r.stdout, "-- broker back")
-	require.Contains(t, r.stdout, "OK: every committed order's event was delivered")
 }
 
 // oldSchema creates a database at an older schema version from the frozen
@@ -625,7 +592,7 @@ func TestInspectionWritesNothing(t *testing.T) {
 		before := dirState(t, filepath.Dir(path))
 		for _, args := range inspections {
 			r := ctl(t, append(args, "--db", path)...)
-			require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+			require.Equal(t, 0, r.Code, "%v: %s", args, r.Stderr)
 		}
 		require.Equal(t, before, dirState(t, filepath.Dir(path)), "no file created or changed")
 	})
@@ -634,11 +601,11 @@ func TestInspectionWritesNothing(t *testing.T) {
 		before := dirState(t, filepath.Dir(path))
 		for _, args := range inspections {
 			r := ctl(t, append(args, "--db", path)...)
-			require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+			require.Equal(t, 0, r.Code, "%v: %s", args, r.Stderr)
 		}
 		r := ctl(t, "status", "--db", path, "--json")
 		var st map[string]any
-		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 		require.EqualValues(t, outbox.SchemaVersion-1, st["schema_version"], "read as it is")
 		require.EqualValues(t, 1, st["pending"])
 		require.Equal(t, before, dirState(t, filepath.Dir(path)), "not migrated, nothing written")
@@ -648,34 +615,34 @@ func TestInspectionWritesNothing(t *testing.T) {
 		before := dirState(t, filepath.Dir(path))
 		for _, args := range inspections {
 			r := ctl(t, append(args, "--db", path)...)
-			require.Equal(t, 1, r.code, "%v", args)
-			require.Contains(t, r.stderr, "outboxctl init --db "+path+" migrates it", "%v", args)
-			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line: %q", r.stderr)
+			require.Equal(t, 1, r.Code, "%v", args)
+			require.Contains(t, r.Stderr, "outboxctl init --db "+path+" migrates it", "%v", args)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(r.Stderr), "\n")+1, "one line: %q", r.Stderr)
 		}
 		require.Equal(t, before, dirState(t, filepath.Dir(path)))
 		r := ctl(t, "init", "--db", path)
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 		r = ctl(t, "status", "--db", path, "--json")
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 	})
 }
 
 func TestInitSetsLimits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "till.db")
 	r := ctl(t, "init", "--db", path, "--max-pending-messages", "5", "--max-pending-bytes", "1000")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "limits: 5 messages, 1000 B")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "limits: 5 messages, 1000 B")
 	r = ctl(t, "init", "--db", path, "--max-pending-bytes", "-1")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "limits: 5 messages\n", "0 keeps, negative removes")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "limits: 5 messages\n", "0 keeps, negative removes")
 	r = ctl(t, "status", "--db", path, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.EqualValues(t, 5, st["max_pending_messages"])
 	require.EqualValues(t, 0, st["max_pending_bytes"])
 	r = ctl(t, "status", "--db", path)
-	require.Contains(t, r.stdout, "limits          5 messages")
+	require.Contains(t, r.Stdout, "limits          5 messages")
 	// Plain SQL is held to the stored limit.
 	db, err := outbox.OpenDB(path, outbox.DBOptions{})
 	require.NoError(t, err)

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -60,15 +59,7 @@ func TestRelayMetricsListen(t *testing.T) {
 	require.Contains(t, page, "Connected to the broker")
 	require.NotContains(t, page, "0123456789abcdef", "the token is never shown")
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "exit 0 on SIGTERM: %s", stderr.String())
-	case <-time.After(15 * time.Second):
-		t.Fatal("relay did not exit on SIGTERM")
-	}
+	stopRelay(t, cmd, &stderr)
 	require.NotContains(t, stderr.String(), "0123456789abcdef", "the token is never logged")
 }
 
@@ -83,8 +74,8 @@ func TestRelayMetricsFlags(t *testing.T) {
 		{"--metrics-listen", "127.0.0.1:0", "--admin-token-file", "/nonexistent"},
 	} {
 		r := ctl(t, append([]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1"}, args...)...)
-		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
-		require.Contains(t, r.stderr, "--admin-token-file")
+		require.Equal(t, 2, r.Code, "%v: %s", args, r.Stderr)
+		require.Contains(t, r.Stderr, "--admin-token-file")
 	}
 	_, err := os.Stat(path)
 	require.True(t, os.IsNotExist(err), "nothing written")

@@ -1,14 +1,15 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) purgeCmd() *cobra.Command {
+func purgeCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var sentBefore time.Duration
 	var dead bool
@@ -22,14 +23,14 @@ Pending messages are never deleted. Deletes run in bounded batches so that
 writers are not held up.`,
 		Example: `  outboxctl purge --db till.db --sent-before 24h
   outboxctl purge --db till.db --dead`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			given := cmd.Flags().Changed("sent-before")
 			if given == dead {
-				return usageError{errors.New("give either --sent-before DURATION or --dead")}
+				return cli.Usagef("give either --sent-before DURATION or --dead")
 			}
 			if given && sentBefore < 0 {
-				return usageError{fmt.Errorf("--sent-before %s: want a duration of zero or more", sentBefore)}
+				return cli.Usagef("--sent-before %s: want a duration of zero or more", sentBefore)
 			}
 			ob, err := db.open(cmd.Context(), a, existing)
 			if err != nil {
@@ -45,7 +46,7 @@ writers are not held up.`,
 			if err != nil {
 				return db.explain(err)
 			}
-			fmt.Fprintf(a.stdout, "deleted %d message(s)\n", n)
+			fmt.Fprintf(a.Stdout, "deleted %d message(s)\n", n)
 			return nil
 		},
 	}

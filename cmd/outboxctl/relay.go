@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 	"github.com/edgeoutbox/outbox/outboxprom"
 )
 
@@ -43,7 +44,7 @@ type relayFlags struct {
 	writersFull   bool
 }
 
-func (a *app) relayCmd() *cobra.Command {
+func relayCmd(a *cli.App) *cobra.Command {
 	var f relayFlags
 	cmd := &cobra.Command{
 		Use:   "relay --db PATH --broker URL",
@@ -73,48 +74,48 @@ messages only with --admin-token-file: without one it is read-only.`,
       --ca-file /etc/till/ca.pem --cert-file /etc/till/till.pem --key-file /etc/till/till.key
   MQTT_PASSWORD=secret outboxctl relay --db till.db --broker tcp://broker:1883 --username till7 --password-env MQTT_PASSWORD --log-format json
   outboxctl relay --db till.db --broker tcp://127.0.0.1:1883 --metrics-listen 127.0.0.1:9464 --admin-token-file /etc/till/outbox-admin-token`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			mopts, err := f.mqttOptions()
 			if err != nil {
-				return usageError{err}
+				return cli.UsageError{Err: err}
 			}
-			mopts.Logger = a.logger
+			mopts.Logger = a.Logger
 			if f.window < 1 || f.window > 65535 {
-				return usageError{fmt.Errorf("--window %d: want 1 to 65535", f.window)}
+				return cli.Usagef("--window %d: want 1 to 65535", f.window)
 			}
 			if f.maxAttempts < 1 {
-				return usageError{fmt.Errorf("--max-attempts %d: want at least 1", f.maxAttempts)}
+				return cli.Usagef("--max-attempts %d: want at least 1", f.maxAttempts)
 			}
 			if f.backoffMax <= 0 || f.pollInterval <= 0 || f.shutdown <= 0 {
-				return usageError{errors.New("--backoff-max, --poll-interval and --shutdown-timeout must be positive")}
+				return cli.Usagef("--backoff-max, --poll-interval and --shutdown-timeout must be positive")
 			}
 			envelope, err := outbox.ParseEnvelope(f.envelope)
 			if err != nil {
-				return usageError{err}
+				return cli.UsageError{Err: err}
 			}
 			if f.topicPrefix != "" {
 				if err := outbox.ValidateTopic(f.topicPrefix); err != nil {
-					return usageError{fmt.Errorf("--topic-prefix: %w", err)}
+					return cli.Usagef("--topic-prefix: %w", err)
 				}
 			}
 			var token string
 			if f.tokenFile != "" {
 				if f.metricsListen == "" {
-					return usageError{errors.New("--admin-token-file needs --metrics-listen")}
+					return cli.Usagef("--admin-token-file needs --metrics-listen")
 				}
 				b, err := os.ReadFile(f.tokenFile)
 				if err != nil {
-					return usageError{fmt.Errorf("--admin-token-file: %w", err)}
+					return cli.Usagef("--admin-token-file: %w", err)
 				}
 				token = strings.TrimRight(string(b), "\r\n")
 				if len(token) < 8 {
-					return usageError{errors.New("--admin-token-file: the token must have at least 8 characters")}
+					return cli.Usagef("--admin-token-file: the token must have at least 8 characters")
 				}
 			}
 			pub, err := outbox.NewMQTTPublisher(mopts)
 			if err != nil {
-				return usageError{err}
+				return cli.UsageError{Err: err}
 			}
 			defer pub.Close()
 			ob, err := f.db.open(cmd.Context(), a, create)
@@ -135,19 +136,19 @@ messages only with --admin-token-file: without one it is read-only.`,
 				WritersAtFull:   f.writersFull,
 			})
 			if err != nil {
-				return usageError{err}
+				return cli.UsageError{Err: err}
 			}
 			if f.statsInterval > 0 {
-				go a.logStats(cmd, relay, f.statsInterval)
+				go logStats(cmd, a, relay, f.statsInterval)
 			}
 			if f.metricsListen != "" {
-				stop, err := a.serveMetrics(f.metricsListen, ob, relay, token)
+				stop, err := serveMetrics(a, f.metricsListen, ob, relay, token)
 				if err != nil {
 					return err
 				}
 				defer stop()
 			}
-			a.logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
+			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
 			return relay.Run(cmd.Context())
 		},
 	}
@@ -233,7 +234,7 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 	return o, nil
 }
 
-func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration) {
+func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -246,27 +247,27 @@ func (a *app) logStats(cmd *cobra.Command, r *outbox.Relay, every time.Duration)
 		if err != nil {
 			continue
 		}
-		a.logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
+		a.Logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
 			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
 }
 
 // serveMetrics serves the exporter's endpoints on addr until stop.
-func (a *app) serveMetrics(addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
+func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
-	exp := outboxprom.New(ob, outboxprom.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.logger})
+	exp := outboxprom.New(ob, outboxprom.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
 	srv := &http.Server{Handler: exp.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.logger.Error("outboxctl relay: the metrics listener failed", "err", err)
+			a.Logger.Error("outboxctl relay: the metrics listener failed", "err", err)
 		}
 	}()
-	a.logger.Info("outboxctl relay: serving metrics and the status page", "addr", ln.Addr().String(), "requeue", token != "")
+	a.Logger.Info("outboxctl relay: serving metrics and the status page", "addr", ln.Addr().String(), "requeue", token != "")
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

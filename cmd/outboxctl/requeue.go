@@ -1,15 +1,15 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) requeueCmd() *cobra.Command {
+func requeueCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var ids []string
 	var allDead, allExpired bool
@@ -24,7 +24,7 @@ expired messages alone, --all-expired dead ones.`,
 		Example: `  outboxctl requeue --db till.db --id 019ad2f4-5c1e-7a3b-9f00-3c5e8d1b2a47
   outboxctl requeue --db till.db --all-dead
   outboxctl requeue --db till.db --all-expired`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			given := 0
 			for _, g := range []bool{len(ids) > 0, allDead, allExpired} {
@@ -33,7 +33,7 @@ expired messages alone, --all-expired dead ones.`,
 				}
 			}
 			if given != 1 {
-				return usageError{errors.New("give one of --id (one or more), --all-dead or --all-expired")}
+				return cli.Usagef("give one of --id (one or more), --all-dead or --all-expired")
 			}
 			ob, err := db.open(cmd.Context(), a, existing)
 			if err != nil {
@@ -61,7 +61,7 @@ expired messages alone, --all-expired dead ones.`,
 			if err != nil {
 				return db.explain(err)
 			}
-			fmt.Fprintf(a.stdout, "requeued %d message(s)\n", n)
+			fmt.Fprintf(a.Stdout, "requeued %d message(s)\n", n)
 			return nil
 		},
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
 // statusJSON is the stable output of `status --json`. Times are RFC 3339 in
@@ -30,7 +32,7 @@ type statusJSON struct {
 	WALBytes           int64      `json:"wal_bytes"`
 }
 
-func (a *app) statusCmd() *cobra.Command {
+func statusCmd(a *cli.App) *cobra.Command {
 	var db dbFlags
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -51,7 +53,7 @@ mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
 null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ob, st, err := db.openStats(cmd.Context(), a, inspect)
 			if err != nil {
@@ -80,9 +82,9 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				out.MQTTVersion = &v
 			}
 			if asJSON {
-				return writeJSON(a.stdout, out)
+				return writeJSON(a.Stdout, out)
 			}
-			w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			w := tabwriter.NewWriter(a.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "database\t%s\n", out.DB)
 			fmt.Fprintf(w, "schema version\t%d\n", out.SchemaVersion)
 			fmt.Fprintf(w, "pending\t%d messages, %s\n", out.Pending, bytesText(out.PendingBytes))

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +28,7 @@ func TestRelayTLS(t *testing.T) {
 	require.NoError(t, b.Subscribe("shop/#", func(m harness.Message) { delivered <- string(m.Payload) }))
 
 	db := filepath.Join(dir, "shop.db")
-	require.Equal(t, 0, ctl(t, "init", "--db", db).code)
+	require.Equal(t, 0, ctl(t, "init", "--db", db).Code)
 	conn, err := sql.Open("sqlite", db)
 	require.NoError(t, err)
 	defer conn.Close()
@@ -44,10 +43,6 @@ func TestRelayTLS(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		return cmd, &logs
 	}
-	stop := func(cmd *exec.Cmd) {
-		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-		require.NoError(t, cmd.Wait())
-	}
 
 	// The wrong CA: the broker is not trusted, nothing is sent, the
 	// message waits.
@@ -57,7 +52,7 @@ func TestRelayTLS(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "no TLS error logged: %s", logs.String())
 		time.Sleep(5 * time.Millisecond)
 	}
-	stop(cmd)
+	stopRelay(t, cmd, logs)
 	require.Empty(t, delivered)
 
 	// The right CA: delivered.
@@ -68,5 +63,5 @@ func TestRelayTLS(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("not delivered over TLS: %s", logs.String())
 	}
-	stop(cmd)
+	stopRelay(t, cmd, logs)
 }

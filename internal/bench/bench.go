@@ -4,7 +4,7 @@
 // publishing, latency, catch-up after an outage, memory, binary size, a
 // baseline (the polling dispatcher of the articles), what durable before
 // publish costs, and a drain over a slow cellular link beside that link's
-// limit. outboxctl bench runs it.
+// limit. outboxlab bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
-	dir, err := os.MkdirTemp("", "outboxctl-bench-")
+	dir, err := os.MkdirTemp("", "outboxlab-bench-")
 	if err != nil {
 		return nil, err
 	}

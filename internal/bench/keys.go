@@ -132,10 +132,21 @@ var keys = func() []keyDoc {
 	add(5, "enqueue_allocs_per_message_batch10", "heap allocations per message, 10 per Enqueue", "allocs", "")
 	add(5, "enqueue_business_allocs_per_tx", "heap allocations of the business transaction alone (database/sql + driver)", "allocs", "")
 
-	// 6. Size.
-	for _, prog := range []struct{ key, name string }{{"outboxctl", "outboxctl"}, {"library", "a minimal program using the library"}, {"floor", "floor: SQLite + paho + backoff only"}} {
-		for _, arch := range []string{"amd64", "arm64", "armv7"} {
-			add(6, fmt.Sprintf("size_%s_%s_bytes", prog.key, arch), fmt.Sprintf("%s, %s", prog.name, arch), "bytes", "")
+	// 6. Size. The targets are the till's: on arm64, outboxctl and the
+	// library beside the floor.
+	for _, prog := range sizePrograms {
+		for _, arch := range sizeTargets {
+			add(6, fmt.Sprintf("size_%s_%s_bytes", prog.key, arch.key), fmt.Sprintf("%s, %s", prog.name, arch.key), "bytes", "")
+		}
+		if prog.key == "floor" {
+			continue
+		}
+		for _, arch := range sizeTargets {
+			target := ""
+			if arch.key == "arm64" && prog.arm64Max > 0 {
+				target = fmt.Sprintf("≤ %.2f", prog.arm64Max)
+			}
+			add(6, fmt.Sprintf("size_%s_%s_vs_floor", prog.key, arch.key), fmt.Sprintf("%s / floor, %s", prog.key, arch.key), "ratio", target)
 		}
 	}
 

@@ -282,7 +282,7 @@ func (r *runner) latency(ctx context.Context) error {
 	}
 	r.rep.note(3, "%s events per case%s committed one per transaction at %d/s (synchronous FULL, the default) while the relay is connected (window 64). "+
 		"Latency is measured from the return of COMMIT (a FULL commit's fsync is not counted). Library: `Transact` (at FULL its rows need no fsync of the relay's before publishing: its COMMIT synced them). "+
-		"Sidecar: another process (`outboxctl bench child writer`) inserts order and outbox rows with plain SQL at synchronous=FULL; the relay notices them by watching the WAL (inotify and SQLite's WAL index; `PRAGMA data_version` where it cannot), and, not knowing the writer's level, fsyncs the WAL before publishing them; "+
+		"Sidecar: another process (`outboxlab bench child writer`) inserts order and outbox rows with plain SQL at synchronous=FULL; the relay notices them by watching the WAL (inotify and SQLite's WAL index; `PRAGMA data_version` where it cannot), and, not knowing the writer's level, fsyncs the WAL before publishing them; "+
 		"declared (`RelayOptions.WritersAtFull`, `outboxctl relay --writers-full`), it publishes them with no fsync first. "+
 		"Raw paho, the floor: the same payloads published at the same rate by paho alone (MQTT 3.1.1, no database), from the call to `Publish`: what the broker, the client and this machine's scheduling cost before any outbox. "+
 		"For the relay's cases commit → PUBACK is also split at the relay's call to `Publish`: noticing, reading and encoding the event, then the broker's round trip through the relay's client (raw paho's figure is that leg alone).",

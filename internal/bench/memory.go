@@ -55,7 +55,7 @@ func (r *runner) memory(ctx context.Context) error {
 	if r.cfg.Mode != Full {
 		scale = " (" + string(r.cfg.Mode) + "; --full drains 1,000,000)"
 	}
-	r.rep.note(5, "A relay process of its own (`outboxctl bench child relay`, the same code as `outboxctl relay`) drains %s pending messages%s of %d bytes to the in-process broker of this program, window 64, default GOGC; "+
+	r.rep.note(5, "A relay process of its own (`outboxlab bench child relay`, the same library code as `outboxctl relay`) drains %s pending messages%s of %d bytes to the in-process broker of this program, window 64, default GOGC; "+
 		"its Go heap is sampled every millisecond through runtime/metrics. RSS includes SQLite's page cache (allocated outside the Go heap). "+
 		"Allocations per message: `runtime.MemStats` over 2,000 transactions through `Transact` at NORMAL, Enqueue's minus the business transaction's.",
 		thousands(int64(n)), scale, payloadLen)

@@ -171,7 +171,7 @@ func (r *Report) MarshalJSON() ([]byte, error) {
 // section.
 func (r *Report) Markdown(w io.Writer) {
 	m := r.Meta
-	fmt.Fprintf(w, "# outboxctl bench (%s)\n\n", m.Mode)
+	fmt.Fprintf(w, "# outboxlab bench (%s)\n\n", m.Mode)
 	fmt.Fprintf(w, "| | |\n|---|---|\n")
 	fmt.Fprintf(w, "| date | %s |\n| machine | %s, %d CPUs (GOMAXPROCS %d), %s, Linux %s |\n", m.Date, m.CPU, m.NumCPU, m.GOMAXPROCS, m.OSArch, m.Kernel)
 	fmt.Fprintf(w, "| Go | %s |\n| SQLite | %s (%s, pure Go) |\n| MQTT | paho %s; brokers: mochi %s (in-process)", m.GoVersion, m.SQLiteVersion, m.SQLiteDriver, m.Paho, m.Mochi)

@@ -110,7 +110,7 @@ func StartShapedProxy(tb TB, target string, up, down int64) *FaultProxy {
 }
 
 // LaunchShapedProxy is StartShapedProxy for a program that is not a test
-// (outboxctl bench): it lives until Close.
+// (outboxlab bench): it lives until Close.
 func LaunchShapedProxy(target string, up, down int64) (*FaultProxy, error) {
 	p, err := launchFaultProxy(target, true)
 	if err != nil {

@@ -1,4 +1,4 @@
-// Command floor is the size floor for outboxctl bench: a program that uses
+// Command floor is the size floor for outboxlab bench: a program that uses
 // the outbox library's three runtime dependencies — the pure-Go SQLite
 // driver, the paho MQTT client and the backoff package — and nothing of the
 // library itself. A binary cannot be smaller than this and still store and

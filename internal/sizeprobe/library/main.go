@@ -1,5 +1,5 @@
 // Command library is a minimal program using the outbox library, for the
-// size figures of outboxctl bench: it opens an outbox, writes an order and
+// size figures of outboxlab bench: it opens an outbox, writes an order and
 // its event in one transaction, and runs the MQTT relay.
 package main
 

@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -12,9 +10,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox/internal/bench"
+	"github.com/edgeoutbox/outbox/internal/cli"
 )
 
-func (a *app) benchCmd() *cobra.Command {
+func benchCmd(a *cli.App) *cobra.Command {
 	var full, smoke, asJSON, quiet, keys bool
 	var sections, windows, mosquitto, src, cpuProfile string
 	cmd := &cobra.Command{
@@ -34,8 +33,10 @@ fast it empties, each beside the physical limit measured the same way:
   4. catch-up after an outage while new orders keep arriving, and what the
      draining does to their transactions
   5. peak heap and RSS of a relay process draining a large backlog
-  6. stripped binary sizes for amd64, arm64 and armv7 (needs the Go toolchain
-     and the module's source: run it from the repository)
+  6. stripped sizes of outboxctl (what a till runs), outboxlab, a minimal
+     program using the library and the floor (SQLite, paho and backoff
+     alone), for amd64, arm64 and armv7, each beside the floor (needs the
+     Go toolchain and the module's source: run it from the repository)
   7. the articles' polling dispatcher, ported, beside ours: latency, and what
      a broker outage does to its messages
   8. durable before publish: the relay's fsyncs of the WAL per 1,000 events
@@ -53,21 +54,21 @@ target is marked met or MISSED. Quick by default (under 2 minutes; workloads
 scaled down and labelled so); --full runs the full sizes (about 17 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory.`,
-		Example: `  outboxctl bench
-  outboxctl bench --full > BENCHMARKS-run.md
-  outboxctl bench --json --sections 1,2
-  outboxctl bench --full --sections 2 --windows 16 --mosquitto none
-  outboxctl bench --keys`,
-		Args: noArgs,
+		Example: `  outboxlab bench
+  outboxlab bench --full > BENCHMARKS-run.md
+  outboxlab bench --json --sections 1,2
+  outboxlab bench --full --sections 2 --windows 16 --mosquitto none
+  outboxlab bench --keys`,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys {
-				bench.KeysMarkdown(a.stdout)
+				bench.KeysMarkdown(a.Stdout)
 				return nil
 			}
 			if full && smoke {
-				return usageError{errors.New("--full and --smoke exclude each other")}
+				return cli.Usagef("--full and --smoke exclude each other")
 			}
-			cfg := bench.Config{Mode: bench.Quick, Mosquitto: mosquitto, SrcDir: src, Progress: a.stderr}
+			cfg := bench.Config{Mode: bench.Quick, Mosquitto: mosquitto, SrcDir: src, Progress: a.Stderr}
 			if quiet {
 				cfg.Progress = nil
 			}
@@ -105,11 +106,11 @@ directory.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(a.stdout)
+				enc := json.NewEncoder(a.Stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			rep.Markdown(a.stdout)
+			rep.Markdown(a.Stdout)
 			return nil
 		},
 	}
@@ -128,7 +129,7 @@ directory.`,
 		Hidden:             true,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return bench.Child(cmd.Context(), args, a.stdout)
+			return bench.Child(cmd.Context(), args, a.Stdout)
 		},
 	})
 	return cmd
@@ -143,7 +144,7 @@ func intList(flag, what, list string, most int) ([]int, error) {
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > most {
-			return nil, usageError{fmt.Errorf("%s: %q is not %s 1..%d", flag, s, what, most)}
+			return nil, cli.Usagef("%s: %q is not %s 1..%d", flag, s, what, most)
 		}
 		out = append(out, n)
 	}

@@ -1,4 +1,4 @@
-module github.com/edgeoutbox/outbox/bench
+module github.com/edgeoutbox/outbox/peers
 
 go 1.26.0
 

@@ -10,14 +10,14 @@ import (
 	"github.com/edgeoutbox/outbox/internal/bench"
 )
 
-// TestBenchSmoke runs every section of outboxctl bench at tiny sizes
+// TestBenchSmoke runs every section of outboxlab bench at tiny sizes
 // through the built binary and checks the JSON report's keys, so that the
 // command cannot rot.
 func TestBenchSmoke(t *testing.T) {
-	r := ctl(t, "bench", "--smoke", "--json", "--quiet", "--mosquitto", "none")
-	require.Equal(t, 0, r.code, r.stderr)
+	r := lab(t, "bench", "--smoke", "--json", "--quiet", "--mosquitto", "none")
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var rep map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r.stdout)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &rep), r.Stdout)
 	for _, k := range []string{"mode", "date", "cpu", "nproc", "go_version", "sqlite_version", "seconds", "targets", "notes"} {
 		require.Contains(t, rep, k)
 	}
@@ -85,22 +85,22 @@ func TestBenchSmoke(t *testing.T) {
 	require.Nil(t, rep["link_day_seconds"], "the day is drained whole only in --full")
 
 	// The Markdown form has a table per section.
-	r = ctl(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "## 1. Enqueue overhead")
-	require.Contains(t, r.stdout, "| FULL: library / business alone |")
-	require.True(t, strings.Contains(r.stdout, "**met**") || strings.Contains(r.stdout, "**MISSED**"))
+	r = lab(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "## 1. Enqueue overhead")
+	require.Contains(t, r.Stdout, "| FULL: library / business alone |")
+	require.True(t, strings.Contains(r.Stdout, "**met**") || strings.Contains(r.Stdout, "**MISSED**"))
 
-	r = ctl(t, "bench", "--sections", "10")
-	require.Equal(t, 2, r.code, r.stderr)
+	r = lab(t, "bench", "--sections", "10")
+	require.Equal(t, 2, r.Code, r.Stderr)
 
 	// One window of section 2: its cells, and no others.
-	r = ctl(t, "bench", "--smoke", "--quiet", "--json", "--mosquitto", "none", "--sections", "2", "--windows", "16")
-	require.Equal(t, 0, r.code, r.stderr)
+	r = lab(t, "bench", "--smoke", "--quiet", "--json", "--mosquitto", "none", "--sections", "2", "--windows", "16")
+	require.Equal(t, 0, r.Code, r.Stderr)
 	one := map[string]any{}
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &one))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &one))
 	require.NotNil(t, one["drain_mochi_w16_ratio"])
 	require.Nil(t, one["drain_mochi_w64_ratio"])
-	r = ctl(t, "bench", "--windows", "0")
-	require.Equal(t, 2, r.code, r.stderr)
+	r = lab(t, "bench", "--windows", "0")
+	require.Equal(t, 2, r.Code, r.Stderr)
 }

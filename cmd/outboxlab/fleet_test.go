@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 type fleetRun struct {
@@ -28,10 +30,10 @@ func TestFleet(t *testing.T) {
 	small := []string{"fleet", "--devices", "10", "--rate", "5", "--steady", "500ms", "--outage", "2s",
 		"--reconnect-initial", "100ms", "--reconnect-max", "1s", "--dir", t.TempDir()}
 
-	r := ctl(t, append(small, "--json")...)
-	require.Equal(t, 0, r.code, "%s\n%s", r.stdout, r.stderr)
+	r := lab(t, append(small, "--json")...)
+	require.Equal(t, 0, r.Code, "%s\n%s", r.Stdout, r.Stderr)
 	var out struct{ Runs []fleetRun }
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &out), r.Stdout)
 	require.Len(t, out.Runs, 2, "jitter on, then off")
 	require.Equal(t, 0.5, out.Runs[0].Jitter)
 	require.Zero(t, out.Runs[1].Jitter)
@@ -43,16 +45,16 @@ func TestFleet(t *testing.T) {
 		require.Equal(t, run.Committed, run.Delivered)
 		require.GreaterOrEqual(t, run.RecoveryAttempts, 10)
 	}
-	require.Contains(t, r.stderr, "broker away for 2s")
+	require.Contains(t, r.Stderr, "broker away for 2s")
 
 	// Against a broker of the caller's, with the table.
-	b := startBroker(t)
-	r = ctl(t, append(small, "--broker", "tcp://"+b.addr, "--jitter", "on", "-q")...)
-	require.Equal(t, 0, r.code, "%s\n%s", r.stdout, r.stderr)
-	require.Empty(t, r.stderr)
-	require.Contains(t, r.stdout, "broker tcp://"+b.addr)
-	require.Regexp(t, `\n\s+lost\s+0\n`, r.stdout)
-	require.NotContains(t, r.stdout, "÷", "one run, no ratio")
+	addr := harness.StartMochi(t, harness.MochiOptions{}).Addr()
+	r = lab(t, append(small, "--broker", "tcp://"+addr, "--jitter", "on", "-q")...)
+	require.Equal(t, 0, r.Code, "%s\n%s", r.Stdout, r.Stderr)
+	require.Empty(t, r.Stderr)
+	require.Contains(t, r.Stdout, "broker tcp://"+addr)
+	require.Regexp(t, `\n\s+lost\s+0\n`, r.Stdout)
+	require.NotContains(t, r.Stdout, "÷", "one run, no ratio")
 }
 
 func TestFleetUsageErrors(t *testing.T) {
@@ -65,8 +67,8 @@ func TestFleetUsageErrors(t *testing.T) {
 		{"fleet", "--reconnect-initial", "2s", "--reconnect-max", "1s"},
 		{"fleet", "--broker", "http://127.0.0.1:1"},
 	} {
-		r := ctl(t, args...)
-		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
-		require.True(t, strings.HasPrefix(r.stderr, "outboxctl: "), "%v: %q", args, r.stderr)
+		r := lab(t, args...)
+		require.Equal(t, 2, r.Code, "%v: %s", args, r.Stderr)
+		require.True(t, strings.HasPrefix(r.Stderr, "outboxlab: "), "%v: %q", args, r.Stderr)
 	}
 }

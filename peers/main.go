@@ -1,14 +1,14 @@
 // Command peers measures this outbox beside the SQLite queues a user would
-// pick instead, in one run and the way outboxctl bench's section 1 does:
+// pick instead, in one run and the way outboxlab bench's section 1 does:
 // the same business transaction (one order row) alone, with a bare row
 // (the least any outbox row costs), with Enqueue, with goqite's SendTx and
 // with River's InsertTx (riversqlite), in interleaved rounds, at FULL and
 // at NORMAL; then the database side of draining a backlog for each (no
 // broker: publishing is a no-op).
 //
-//	cd bench && go run ./peers            # about two minutes
-//	cd bench && go run ./peers -quick     # a smoke run
-//	cd bench && go run ./peers -json      # the same figures as one JSON object
+//	cd peers && go run .            # about two minutes
+//	cd peers && go run . -quick     # a smoke run
+//	cd peers && go run . -json      # the same figures as one JSON object
 //
 // With -json it prints, instead of the tables, one object: the machine and
 // the run's sizes, then one key per figure (enqueue_<mode>_<variant>_tx_per_s

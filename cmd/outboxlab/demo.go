@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -27,7 +28,7 @@ type demoFlags struct {
 	keep      bool
 }
 
-func (a *app) demoCmd() *cobra.Command {
+func demoCmd(a *cli.App) *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -43,17 +44,17 @@ connected. At the end a summary gives orders committed, events delivered,
 duplicates, lost, out of order, commit-to-delivery latency and the peak
 backlog. The exit status is 0 only if nothing was lost, nothing phantom was
 delivered and nothing came out of order.`,
-		Example: `  outboxctl demo
-  outboxctl demo --duration 60s --rate 200 --outages 4 --outage-length 5s`,
-		Args: noArgs,
+		Example: `  outboxlab demo
+  outboxlab demo --duration 60s --rate 200 --outages 4 --outage-length 5s`,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.duration <= 0 || f.rate <= 0 || f.outages < 0 || f.outageLen <= 0 {
-				return usageError{errors.New("--duration, --rate and --outage-length must be positive, --outages zero or more")}
+				return cli.Usagef("--duration, --rate and --outage-length must be positive, --outages zero or more")
 			}
 			if time.Duration(f.outages)*f.outageLen >= f.duration {
-				return usageError{errors.New("the outages take the whole --duration; shorten them or run longer")}
+				return cli.Usagef("the outages take the whole --duration; shorten them or run longer")
 			}
-			return a.demo(cmd.Context(), f)
+			return demo(cmd.Context(), a, f)
 		},
 	}
 	cmd.Flags().DurationVar(&f.duration, "duration", 15*time.Second, "how long the till sells")
@@ -101,8 +102,8 @@ func (s *demoSubscriber) receive(payload []byte) {
 	}
 }
 
-func (a *app) demo(ctx context.Context, f demoFlags) error {
-	dir, err := os.MkdirTemp("", "outboxctl-demo-")
+func demo(ctx context.Context, a *cli.App, f demoFlags) error {
+	dir, err := os.MkdirTemp("", "outboxlab-demo-")
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	addr := broker.Addr()
 
 	// Library logs only when something is wrong; the demo tells the story.
-	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	logger := slog.New(slog.NewTextHandler(a.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	path := filepath.Join(dir, "till.db")
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: logger})
 	if err != nil {
@@ -150,10 +151,10 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(relayCtx) }()
 
-	fmt.Fprintf(a.stdout, "till: %d orders/s for %s; broker on %s goes away %d× for %s\ndatabase: %s\n",
+	fmt.Fprintf(a.Stdout, "till: %d orders/s for %s; broker on %s goes away %d× for %s\ndatabase: %s\n",
 		f.rate, f.duration, addr, f.outages, f.outageLen, path)
 
-	status := newStatusLine(a.stdout)
+	status := newStatusLine(a.Stdout)
 	var peak int64
 	var committed, declined int
 	var mu sync.Mutex // guards committed, declined for the status line
@@ -208,7 +209,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	for n := 1; time.Since(start) < f.duration; n++ {
 		select {
 		case <-ctx.Done():
-			return a.finishDemo(ctx, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
+			return finishDemo(ctx, a, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
 		case <-tick.C:
 		}
 		if len(outageAt) > 0 && time.Since(start) >= outageAt[0] {
@@ -281,12 +282,12 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return a.finishDemo(ctx, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
+	return finishDemo(ctx, a, relayDone, stopRelay, stopStatus, statusDone, status, sub, committed, declined, peak)
 }
 
 var errDeclined = errors.New("card declined")
 
-func (a *app) finishDemo(ctx context.Context, relayDone chan error, stopRelay func(), stopStatus, statusDone chan struct{},
+func finishDemo(ctx context.Context, a *cli.App, relayDone chan error, stopRelay func(), stopStatus, statusDone chan struct{},
 	status *statusLine, sub *demoSubscriber, committed, declined int, peak int64) error {
 	stopRelay()
 	relayErr := <-relayDone
@@ -314,7 +315,7 @@ func (a *app) finishDemo(ctx context.Context, relayDone chan error, stopRelay fu
 		}
 		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
 	}
-	w := a.stdout
+	w := a.Stdout
 	fmt.Fprintf(w, "\norders committed     %d (and %d declined, rolled back)\n", committed, declined)
 	fmt.Fprintf(w, "events delivered     %d unique\n", sub.unique)
 	fmt.Fprintf(w, "duplicates           %d (redeliveries after a cut, dropped by the subscriber)\n", sub.dups)

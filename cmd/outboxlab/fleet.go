@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/cli"
 	"github.com/edgeoutbox/outbox/internal/fleet"
 )
 
@@ -28,7 +28,7 @@ type fleetFlags struct {
 	cpuProfile       string
 }
 
-func (a *app) fleetCmd() *cobra.Command {
+func fleetCmd(a *cli.App) *cobra.Command {
 	var f fleetFlags
 	cmd := &cobra.Command{
 		Use:   "fleet",
@@ -62,24 +62,24 @@ the window, with lease renewals and garbage collections per second;
 --cpuprofile writes a CPU profile of the window for the breakdown; --settle
 is the wait before the window (past a minute, the window leaves out each
 relay's first purge, which prepares its statements once).`,
-		Example: `  outboxctl fleet
-  outboxctl fleet --devices 100 --outage 10s --jitter on
-  outboxctl fleet --broker tcp://127.0.0.1:1883 --json
-  outboxctl fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof
-  outboxctl fleet --idle 60s --settle 70s --broker tcp://127.0.0.1:1883`,
-		Args: noArgs,
+		Example: `  outboxlab fleet
+  outboxlab fleet --devices 100 --outage 10s --jitter on
+  outboxlab fleet --broker tcp://127.0.0.1:1883 --json
+  outboxlab fleet --idle 60s --broker tcp://127.0.0.1:1883 --cpuprofile idle.pprof
+  outboxlab fleet --idle 60s --settle 70s --broker tcp://127.0.0.1:1883`,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.devices < 1 || f.devices > 10000 {
-				return usageError{fmt.Errorf("--devices %d: give 1 to 10000", f.devices)}
+				return cli.Usagef("--devices %d: give 1 to 10000", f.devices)
 			}
 			if f.rate <= 0 || f.rate > 1000 {
-				return usageError{fmt.Errorf("--rate %g: give more than 0 and at most 1000 events per device per second", f.rate)}
+				return cli.Usagef("--rate %g: give more than 0 and at most 1000 events per device per second", f.rate)
 			}
 			if f.payload < 40 || f.payload > 256<<10 {
-				return usageError{fmt.Errorf("--payload %d: give 40 to 262144 bytes", f.payload)}
+				return cli.Usagef("--payload %d: give 40 to 262144 bytes", f.payload)
 			}
 			if f.steady < 0 || f.outage <= 0 || f.initial <= 0 || f.maxWait < f.initial {
-				return usageError{errors.New("--steady must not be negative, --outage and --reconnect-initial positive, --reconnect-max at least --reconnect-initial")}
+				return cli.Usagef("--steady must not be negative, --outage and --reconnect-initial positive, --reconnect-max at least --reconnect-initial")
 			}
 			var jitters []float64
 			switch f.jitter {
@@ -90,15 +90,15 @@ relay's first purge, which prepares its statements once).`,
 			case "off":
 				jitters = []float64{-1}
 			default:
-				return usageError{fmt.Errorf("--jitter %q: give on, off or both", f.jitter)}
+				return cli.Usagef("--jitter %q: give on, off or both", f.jitter)
 			}
 			if f.broker != "" {
 				if _, err := outbox.ParseBrokerURL(f.broker); err != nil {
-					return usageError{err}
+					return cli.UsageError{Err: err}
 				}
 			}
 			if f.idle != 0 || f.cpuProfile != "" || cmd.Flags().Changed("settle") {
-				return a.fleetIdle(cmd, f)
+				return fleetIdle(cmd, a, f)
 			}
 			var reports []fleet.Report
 			for _, j := range jitters {
@@ -113,7 +113,7 @@ relay's first purge, which prepares its statements once).`,
 						label = "jitter off"
 					}
 					cfg.Progress = func(format string, args ...any) {
-						fmt.Fprintf(a.stderr, "fleet (%s): "+format+"\n", append([]any{label}, args...)...)
+						fmt.Fprintf(a.Stderr, "fleet (%s): "+format+"\n", append([]any{label}, args...)...)
 					}
 				}
 				rep, err := fleet.Run(cmd.Context(), cfg)
@@ -123,13 +123,13 @@ relay's first purge, which prepares its statements once).`,
 				reports = append(reports, rep)
 			}
 			if f.asJSON {
-				enc := json.NewEncoder(a.stdout)
+				enc := json.NewEncoder(a.Stdout)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(map[string]any{"runs": reports}); err != nil {
 					return err
 				}
 			} else {
-				printFleet(a.stdout, f, reports)
+				printFleet(a.Stdout, f, reports)
 			}
 			for _, r := range reports {
 				if r.Lost > 0 || r.Phantom > 0 || r.DeliveryTimeout {
@@ -159,12 +159,12 @@ relay's first purge, which prepares its statements once).`,
 }
 
 // fleetIdle runs the idle measurement (--idle).
-func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
+func fleetIdle(cmd *cobra.Command, a *cli.App, f fleetFlags) error {
 	if f.idle < time.Second {
-		return usageError{fmt.Errorf("--idle %s: give a window of at least 1s", f.idle)}
+		return cli.Usagef("--idle %s: give a window of at least 1s", f.idle)
 	}
 	if f.settle < 0 {
-		return usageError{fmt.Errorf("--settle %s: must not be negative", f.settle)}
+		return cli.Usagef("--settle %s: must not be negative", f.settle)
 	}
 	cfg := fleet.IdleConfig{Devices: f.devices, Settle: f.settle, Measure: f.idle, Broker: f.broker, Dir: f.dir}
 	if f.cpuProfile != "" {
@@ -176,14 +176,14 @@ func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
 		cfg.CPUProfile = file
 	}
 	if !f.quiet {
-		cfg.Progress = func(format string, args ...any) { fmt.Fprintf(a.stderr, "fleet (idle): "+format+"\n", args...) }
+		cfg.Progress = func(format string, args ...any) { fmt.Fprintf(a.Stderr, "fleet (idle): "+format+"\n", args...) }
 	}
 	rep, err := fleet.RunIdle(cmd.Context(), cfg)
 	if err != nil {
 		return err
 	}
 	if f.asJSON {
-		enc := json.NewEncoder(a.stdout)
+		enc := json.NewEncoder(a.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
@@ -191,8 +191,8 @@ func (a *app) fleetIdle(cmd *cobra.Command, f fleetFlags) error {
 	if f.broker != "" {
 		broker = "broker " + f.broker
 	}
-	fmt.Fprintf(a.stdout, "fleet idle: %d relays, library defaults, %s, %d CPUs, window %s\n\n", rep.Devices, broker, runtime.NumCPU(), rep.Window)
-	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(a.Stdout, "fleet idle: %d relays, library defaults, %s, %d CPUs, window %s\n\n", rep.Devices, broker, runtime.NumCPU(), rep.Window)
+	tw := tabwriter.NewWriter(a.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "CPU, all relays\t%.1f %% of one core\t\n", rep.CoreFraction*100)
 	fmt.Fprintf(tw, "user / system\t%.2f s / %.2f s\t\n", rep.UserSeconds, rep.SysSeconds)
 	fmt.Fprintf(tw, "per relay\t%.1f µs/s\t\n", rep.CPUSeconds/time.Duration(rep.Window).Seconds()/float64(rep.Devices)*1e6)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -8,17 +8,36 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// usageError marks a wrong command line (exit status 2). run decides the exit
-// status from this type alone, so every check of the command line returns
-// one: ours, and cobra's (see typeUsageErrors).
-type usageError struct{ error }
+// UsageError marks a wrong command line (exit status 2). Main decides the
+// exit status from this type alone, so every check of the command line
+// returns one: the commands', and cobra's (see typeUsageErrors).
+type UsageError struct{ Err error }
+
+// Error says what is wrong with the command line.
+func (e UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error that made the command line wrong.
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a UsageError saying what is wrong with the command line.
+func Usagef(format string, args ...any) error {
+	return UsageError{fmt.Errorf(format, args...)}
+}
+
+// NoArgs refuses positional arguments with a usage error.
+func NoArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return Usagef("unexpected argument %q", args[0])
+	}
+	return nil
+}
 
 // typeUsageErrors makes cobra's own checks of the command line under root
-// return usageErrors: flag parsing, unknown commands and help topics, and the
-// argument checks of every command, cobra's completion commands included.
-// root must have Args: unknownCommand and be runnable.
+// return UsageErrors: flag parsing, unknown commands and help topics, and
+// the argument checks of every command, cobra's completion commands
+// included. root must have Args: unknownCommand and be runnable.
 func typeUsageErrors(root *cobra.Command) {
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return UsageError{err} })
 	// cobra's suggestion distance, which SuggestionsFor does not default.
 	root.SuggestionsMinimumDistance = 2
 	// Created now rather than in Execute, so that their argument checks can
@@ -29,14 +48,6 @@ func typeUsageErrors(root *cobra.Command) {
 	}
 	root.InitDefaultCompletionCmd()
 	typeArgErrors(root)
-}
-
-// noArgs refuses positional arguments with a usage error.
-func noArgs(_ *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
-	}
-	return nil
 }
 
 // unknownCommand is the root command's argument check. Left to cobra, an
@@ -50,12 +61,12 @@ func unknownCommand(cmd *cobra.Command, args []string) error {
 	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
 		msg += " Did you mean this? " + strings.Join(s, " ")
 	}
-	return usageError{errors.New(msg)}
+	return UsageError{errors.New(msg)}
 }
 
 // helpArgs is the help command's argument check. cobra's help says "Unknown
-// help topic" only when finding the topic fails, which it no longer does once
-// the root checks its own arguments.
+// help topic" only when finding the topic fails, which it no longer does
+// once the root checks its own arguments.
 func helpArgs(cmd *cobra.Command, args []string) error {
 	if found, _, err := cmd.Root().Find(args); err == nil && found == cmd.Root() {
 		return unknownCommand(found, args)
@@ -63,16 +74,16 @@ func helpArgs(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-// typeArgErrors makes every argument check under cmd return a usageError:
+// typeArgErrors makes every argument check under cmd return a UsageError:
 // cobra's own commands (completion bash, ...) check with cobra.NoArgs, whose
 // error is plain.
 func typeArgErrors(cmd *cobra.Command) {
 	if check := cmd.Args; check != nil {
 		cmd.Args = func(cmd *cobra.Command, args []string) error {
 			err := check(cmd, args)
-			var ue usageError
+			var ue UsageError
 			if err != nil && !errors.As(err, &ue) {
-				return usageError{err}
+				return UsageError{err}
 			}
 			return err
 		}

@@ -8,6 +8,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/txn"
 )
 
 // State is the state of a row in the outbox table.
@@ -290,7 +292,7 @@ func (o *Outbox) PurgeDead(ctx context.Context) (int64, error) {
 	if o.readOnly {
 		return 0, ErrReadOnly
 	}
-	return purgeBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE dead_at IS NOT NULL LIMIT ?)`, purgeBatch)
+	return txn.InBatches(ctx, o.db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE dead_at IS NOT NULL LIMIT ?)`, txn.BatchRows)
 }
 
 // PurgeSent deletes sent messages acknowledged before the given time and
@@ -305,10 +307,10 @@ func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error)
 // purgeSent deletes the sent rows whose marks were recorded before
 // beforeMS or after futureMS, in bounded batches, and the marks that no
 // longer cover a row.
-func purgeSent(ctx context.Context, db execer, beforeMS, futureMS int64) (int64, error) {
+func purgeSent(ctx context.Context, db txn.Execer, beforeMS, futureMS int64) (int64, error) {
 	const cut = `(SELECT coalesce(max(seq), 0) FROM outbox_sent_log WHERE sent_at < ? OR sent_at > ?)`
-	n, err := purgeBatches(ctx, db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
-		WHERE seq <= `+cut+` AND dead_at IS NULL LIMIT ?)`, beforeMS, futureMS, purgeBatch)
+	n, err := txn.InBatches(ctx, db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
+		WHERE seq <= `+cut+` AND dead_at IS NULL LIMIT ?)`, beforeMS, futureMS, txn.BatchRows)
 	if err != nil {
 		return n, err
 	}
@@ -318,33 +320,9 @@ func purgeSent(ctx context.Context, db execer, beforeMS, futureMS int64) (int64,
 	return n, nil
 }
 
-// purgeBatch bounds each DELETE so that no purge holds the write lock for
-// long: writers wait at most one batch.
-const purgeBatch = 1000
-
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// purgeBatches runs a bounded DELETE until it deletes nothing.
-func purgeBatches(ctx context.Context, db execer, query string, args ...any) (int64, error) {
-	var total int64
-	for {
-		res, err := db.ExecContext(ctx, query, args...)
-		if err != nil {
-			return total, fmt.Errorf("outbox: purge: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n == 0 || ctx.Err() != nil {
-			return total, ctx.Err()
-		}
-	}
 }
 
 func placeholders(n int) string {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // Backoff is an exponential backoff with jitter that never gives up: each
@@ -18,48 +20,11 @@ type Backoff struct {
 	Jitter     float64       // 0..1; default 0.5. Negative means none.
 }
 
-func (b Backoff) withDefaults() Backoff {
-	if b.Initial <= 0 {
-		b.Initial = 500 * time.Millisecond
-	}
-	if b.Max <= 0 {
-		b.Max = 30 * time.Second
-	}
-	if b.Max < b.Initial {
-		b.Max = b.Initial
-	}
-	if b.Multiplier < 1 {
-		b.Multiplier = 2
-	}
-	switch {
-	case b.Jitter < 0:
-		b.Jitter = 0
-	case b.Jitter == 0:
-		b.Jitter = 0.5
-	case b.Jitter > 1:
-		b.Jitter = 1
-	}
-	return b
-}
+func (b Backoff) withDefaults() Backoff { return Backoff(wait.Backoff(b).WithDefaults()) }
 
 // newBackOff returns a fresh sequence of waits for this policy. The elapsed
 // time limit is off: an outage of any length is waited out.
-func (b Backoff) newBackOff() *backoff.ExponentialBackOff {
-	b = b.withDefaults()
-	eb := backoff.NewExponentialBackOff()
-	eb.InitialInterval = b.Initial
-	// backoff/v4 applies the jitter after the cap; shrink the cap so that
-	// no wait exceeds Max while waits at the cap still spread out.
-	eb.MaxInterval = time.Duration(float64(b.Max) / (1 + b.Jitter))
-	if eb.MaxInterval < b.Initial {
-		eb.MaxInterval = b.Initial
-	}
-	eb.Multiplier = b.Multiplier
-	eb.RandomizationFactor = b.Jitter
-	eb.MaxElapsedTime = 0
-	eb.Reset()
-	return eb
-}
+func (b Backoff) newBackOff() *backoff.ExponentialBackOff { return wait.Backoff(b).Sequence() }
 
 // RetryPolicy decides what becomes of a message after a failed attempt
 // that counts against it: one the broker refused for itself (a Token error

@@ -4,31 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
-
-// jumpyClock is a device clock that the test moves by hours at will, as an
-// RTC reset or an NTP sync does.
-type jumpyClock struct {
-	mu     sync.Mutex
-	offset time.Duration
-}
-
-func (c *jumpyClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.offset)
-}
-
-func (c *jumpyClock) jump(d time.Duration) {
-	c.mu.Lock()
-	c.offset += d
-	c.mu.Unlock()
-}
 
 // TestClockJumpsChangeNothing: the device clock jumping hours back and
 // forward changes neither delivery order nor the lease.
@@ -36,8 +18,8 @@ func TestClockJumpsChangeNothing(t *testing.T) { forProtocols(t, testClockJumpsC
 
 func testClockJumpsChangeNothing(t *testing.T, proto MQTTProtocol) {
 	b := startBroker(t)
-	clock := &jumpyClock{}
-	ob := openTest(t, Options{Now: clock.now})
+	clock := &harness.JumpyClock{}
+	ob := openTest(t, Options{Now: clock.Now})
 	opts := fastRelay()
 	// Short, so that the check below spans several TTLs; not shorter: a
 	// renewal late by a second on a loaded machine lost the lease at 1 s.
@@ -56,7 +38,7 @@ func testClockJumpsChangeNothing(t *testing.T, proto MQTTProtocol) {
 	ctx := context.Background()
 	for i := 0; i < 200; i++ {
 		if i%40 == 0 {
-			clock.jump(jumps[i/40])
+			clock.Jump(jumps[i/40])
 		}
 		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
 			return ob.Enqueue(ctx, tx, Message{Topic: "pos/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
@@ -70,7 +52,7 @@ func testClockJumpsChangeNothing(t *testing.T, proto MQTTProtocol) {
 
 	// The holder keeps the lease through jumps for several TTLs.
 	for i := 0; i < 3; i++ {
-		clock.jump(48 * time.Hour)
+		clock.Jump(48 * time.Hour)
 		deadline := time.Now().Add(ttl)
 		for time.Now().Before(deadline) {
 			s, err := ob.Stats(ctx)

@@ -85,19 +85,23 @@
 //
 // # The consumer side
 //
-// An [Inbox] applies each event once, in the consumer's own database,
-// SQLite or PostgreSQL ([DialectPostgres], through pgx's stdlib driver,
-// which the library does not import): [Inbox.Apply] runs a [Handler] and records the event's source
-// and id in one transaction, and returns [ErrDuplicate], without running the
-// handler, for an event it applied within InboxOptions.DedupeWindow. The
-// window is measured on an inbox clock stored in that database, which
-// wall-clock jumps do not move. A [Subscriber] receives events from an MQTT
-// broker at QoS 1 in a persistent session, over MQTT 5 or 3.1.1, applies
-// each through an Inbox and acknowledges it only once its transaction has
-// committed; a message that is not a valid event is quarantined and never
-// blocks the ones behind it. [DecodeEvent] parses the CloudEvents envelope
-// the relay publishes in structured mode, and [DecodeEventMQTT] either mode,
-// binary mode ([EnvelopeCloudEventsBinary]) too.
+// Package consumer (github.com/edgeoutbox/outbox/consumer) applies the
+// events on the other side, each once: an Inbox in the consumer's own
+// database and a Subscriber that takes them from an MQTT broker.
+// [DecodeEvent] parses the CloudEvents envelope the relay publishes in
+// structured mode, and [DecodeEventMQTT] either mode, binary mode
+// ([EnvelopeCloudEventsBinary]) too.
+//
+// # The packages
+//
+// The root package is the outbox: writing events ([Outbox.Enqueue]) and
+// relaying them ([Relay]) to any [Publisher] (publisher.go is the whole
+// contract a transport implements), with MQTT's ([NewMQTTPublisher])
+// beside it; its machinery is in internal packages. Package outboxtest runs
+// the delivery guarantees against any Publisher; package outboxprom exports
+// the metrics to Prometheus and serves a status page; cmd/outboxctl is what
+// a device runs, cmd/outboxlab what a developer runs (demo, bench, fleet).
+// README.md's Layout says where each change goes.
 //
 // # Errors
 //
@@ -111,6 +115,7 @@
 // [ErrSchemaTooNew], [ErrSchemaTooOld] or [ErrNoSchema], and a *sql.DB set
 // up wrongly with [ErrUnsupportedDB]; [ErrNotFound] is a message that is not
 // there. [Relay.Run] fails with [ErrLeaseLost] when another relay took over;
-// a Publisher wraps [ErrRejected] or [ErrNotConnected] in its errors; and
-// [Inbox.Apply] says that it skipped an event with [ErrDuplicate].
+// a Publisher wraps [ErrRejected] (a [Refusal]), [ErrUndeliverable],
+// [ErrNotConnected] or [ErrStalled] in its errors; and the consumer's
+// Inbox.Apply says that it skipped an event with [ErrDuplicate].
 package outbox

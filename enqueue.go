@@ -188,8 +188,8 @@ func (o *Outbox) validate(msgs []Message) error {
 		if len(m.Payload) > o.maxPayload {
 			return fmt.Errorf("message %d: %w: %d bytes, limit %d", i, ErrPayloadTooLarge, len(m.Payload), o.maxPayload)
 		}
-		if m.ID != "" && (len(m.ID) > maxIDBytes || !utf8.ValidString(m.ID)) {
-			return fmt.Errorf("message %d: %w: id must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxIDBytes)
+		if m.ID != "" && (len(m.ID) > MaxIDBytes || !utf8.ValidString(m.ID)) {
+			return fmt.Errorf("message %d: %w: id must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, MaxIDBytes)
 		}
 		if m.Expiry < 0 {
 			return fmt.Errorf("message %d: %w: negative Expiry %s", i, ErrInvalidMessage, m.Expiry)

@@ -87,7 +87,7 @@ var (
 	ErrLeaseLost = errors.New("outbox: relay lease lost to another relay")
 )
 
-// ErrDuplicate is returned by Inbox.Apply for an event that was already
+// ErrDuplicate is returned by consumer.Inbox.Apply for an event that was already
 // applied: the handler did not run.
 var ErrDuplicate = errors.New("outbox: duplicate event")
 

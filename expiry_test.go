@@ -19,9 +19,9 @@ import (
 
 // expiryOutbox opens an outbox whose clock moves only when el is advanced,
 // with limits set so that the pending counters are kept (and checked).
-func expiryOutbox(t *testing.T, el *fakeElapsed, now func() time.Time) *Outbox {
+func expiryOutbox(t *testing.T, el *harness.FakeElapsed, now func() time.Time) *Outbox {
 	t.Helper()
-	return openTest(t, Options{MaxPendingMessages: 1000, MaxPendingBytes: 1 << 20, elapsed: el.elapsed, Now: now})
+	return openTest(t, Options{MaxPendingMessages: 1000, MaxPendingBytes: 1 << 20, elapsed: el.Elapsed, Now: now})
 }
 
 // enqueueExpiring commits one message on topic, with payload {"n":n} and
@@ -82,12 +82,12 @@ func waitDrained(t *testing.T, ob *Outbox) {
 func TestExpiryIntervalSeenByBroker(t *testing.T) {
 	forProtocols(t, func(t *testing.T, proto MQTTProtocol) {
 		url, h := expirySeen(t)
-		el := &fakeElapsed{}
+		el := &harness.FakeElapsed{}
 		ob := expiryOutbox(t, el, nil)
 		enqueueExpiring(t, ob, "e/none", 1, 0)
 		enqueueExpiring(t, ob, "e/hour", 2, time.Hour)
 		enqueueExpiring(t, ob, "e/ten", 3, 10*time.Minute+300*time.Millisecond)
-		el.advance(5 * time.Minute)
+		el.Advance(5 * time.Minute)
 		r := mqttRelayOn(t, ob, url, fastRelay(), proto)
 		startRelay(t, r)
 		eventually(t, 10*time.Second, "three publishes", func() bool { return len(h.all()) == 3 })
@@ -108,12 +108,12 @@ func TestExpiryIntervalSeenByBroker(t *testing.T) {
 // without its expiry.
 func TestExpiredMessageParked(t *testing.T) {
 	ctx := context.Background()
-	el := &fakeElapsed{}
+	el := &harness.FakeElapsed{}
 	ob := expiryOutbox(t, el, nil)
 	for n, expiry := range []time.Duration{0, time.Minute, 0, time.Hour, time.Minute, 0} {
 		enqueueExpiring(t, ob, "till/orders", n+1, expiry)
 	}
-	el.advance(2 * time.Minute)
+	el.Advance(2 * time.Minute)
 	pub := &fakePublisher{}
 	r, err := ob.NewRelay(pub, fastRelay())
 	require.NoError(t, err)
@@ -171,7 +171,7 @@ func TestExpiredMessageParked(t *testing.T) {
 	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox WHERE expires_at IS NOT NULL AND seq > 6`).Scan(&withExpiry))
 	require.Zero(t, withExpiry, "requeued without its expiry")
 
-	el.advance(time.Hour) // no expiry left to run out
+	el.Advance(time.Hour) // no expiry left to run out
 	r, err = ob.NewRelay(pub, fastRelay())
 	require.NoError(t, err)
 	stop = startRelay(t, r)
@@ -185,7 +185,7 @@ func TestExpiredMessageParked(t *testing.T) {
 	for n, expiry := range []time.Duration{time.Minute, 0} {
 		enqueueExpiring(t, ob, "till/orders", 10+n, expiry)
 	}
-	el.advance(2 * time.Minute)
+	el.Advance(2 * time.Minute)
 	r, err = ob.NewRelay(pub, fastRelay())
 	require.NoError(t, err)
 	startRelay(t, r)
@@ -201,7 +201,7 @@ func TestExpiredMessageParked(t *testing.T) {
 // not when the batch is read: a message read while the window was full,
 // whose expiry runs out while it waits for a slot, is not published.
 func TestExpiryCheckedAtItsTurn(t *testing.T) {
-	el := &fakeElapsed{}
+	el := &harness.FakeElapsed{}
 	ob := expiryOutbox(t, el, nil)
 	enqueueExpiring(t, ob, "t", 1, 0)
 	enqueueExpiring(t, ob, "t", 2, time.Minute)
@@ -213,7 +213,7 @@ func TestExpiryCheckedAtItsTurn(t *testing.T) {
 	require.NoError(t, err)
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "the first in flight", func() bool { return pub.heldCount() == 1 })
-	el.advance(2 * time.Minute) // while the second waits for the window
+	el.Advance(2 * time.Minute) // while the second waits for the window
 	pub.release(1)
 	eventually(t, 5*time.Second, "the third in flight", func() bool { return pub.publishedCount() == 2 && pub.heldCount() == 1 })
 	pub.release(1)
@@ -238,14 +238,14 @@ func TestExpiryClockJumpForward(t *testing.T) {
 
 	t.Run("same outbox", func(t *testing.T) {
 		url, h := expirySeen(t)
-		clock := &fixedClock{t: boot}
-		el := &fakeElapsed{}
-		ob := expiryOutbox(t, el, clock.now)
+		clock := harness.NewFixedClock(boot)
+		el := &harness.FakeElapsed{}
+		ob := expiryOutbox(t, el, clock.Now)
 		for i := 0; i < 10; i++ {
 			enqueueExpiring(t, ob, fmt.Sprintf("till/%d", i), i, time.Hour)
 		}
-		clock.set(synced)
-		el.advance(10 * time.Minute)
+		clock.Set(synced)
+		el.Advance(10 * time.Minute)
 		startRelay(t, mqttRelayOn(t, ob, url, fastRelay(), Protocol5))
 		waitDrained(t, ob)
 		eventually(t, 10*time.Second, "ten publishes", func() bool { return len(h.all()) == 10 })
@@ -258,21 +258,21 @@ func TestExpiryClockJumpForward(t *testing.T) {
 	t.Run("after a restart", func(t *testing.T) {
 		url, h := expirySeen(t)
 		path := filepath.Join(t.TempDir(), "outbox.db")
-		clock := &fixedClock{t: boot}
-		el := &fakeElapsed{}
-		ob, err := Open(ctx, path, Options{Logger: testLogger(), Now: clock.now, elapsed: el.elapsed})
+		clock := harness.NewFixedClock(boot)
+		el := &harness.FakeElapsed{}
+		ob, err := Open(ctx, path, Options{Logger: testLogger(), Now: clock.Now, elapsed: el.Elapsed})
 		require.NoError(t, err)
 		enqueueExpiring(t, ob, "till/hour", 1, time.Hour)
 		enqueueExpiring(t, ob, "till/forty", 2, 40*time.Minute)
-		el.advance(30 * time.Minute)
+		el.Advance(30 * time.Minute)
 		require.NoError(t, ob.Close())
 
-		clock.set(synced)
-		el = &fakeElapsed{}
-		ob, err = Open(ctx, path, Options{Logger: testLogger(), Now: clock.now, elapsed: el.elapsed})
+		clock.Set(synced)
+		el = &harness.FakeElapsed{}
+		ob, err = Open(ctx, path, Options{Logger: testLogger(), Now: clock.Now, elapsed: el.Elapsed})
 		require.NoError(t, err)
 		t.Cleanup(func() { ob.Close() })
-		el.advance(15 * time.Minute) // 45 minutes in all
+		el.Advance(15 * time.Minute) // 45 minutes in all
 		startRelay(t, mqttRelayOn(t, ob, url, fastRelay(), Protocol5))
 		waitDrained(t, ob)
 		eventually(t, 10*time.Second, "one publish", func() bool { return len(h.all()) == 1 })
@@ -282,9 +282,9 @@ func TestExpiryClockJumpForward(t *testing.T) {
 	})
 
 	t.Run("broker away", func(t *testing.T) {
-		clock := &fixedClock{t: boot}
-		el := &fakeElapsed{}
-		ob := expiryOutbox(t, el, clock.now)
+		clock := harness.NewFixedClock(boot)
+		el := &harness.FakeElapsed{}
+		ob := expiryOutbox(t, el, clock.Now)
 		pub := &fakePublisher{connErr: errors.New("connection refused")}
 		r, err := ob.NewRelay(pub, fastRelay())
 		require.NoError(t, err)
@@ -293,9 +293,9 @@ func TestExpiryClockJumpForward(t *testing.T) {
 		enqueueExpiring(t, ob, "till/orders", 2, time.Minute)
 		enqueueExpiring(t, ob, "till/orders", 3, 0)
 		enqueueExpiring(t, ob, "till/orders", 4, 2*time.Hour)
-		clock.set(synced)
+		clock.Set(synced)
 		eventually(t, 5*time.Second, "a few refused connects", func() bool { return pub.connectCount() >= 3 })
-		el.advance(61 * time.Minute) // the broker stays away an hour
+		el.Advance(61 * time.Minute) // the broker stays away an hour
 		pub.mu.Lock()
 		pub.connErr = nil
 		pub.mu.Unlock()
@@ -315,11 +315,11 @@ func TestExpiryClockJumpForward(t *testing.T) {
 // to date) plus the message's life in milliseconds.
 func TestExpiryFromPlainSQL(t *testing.T) {
 	url, h := expirySeen(t)
-	el := &fakeElapsed{}
+	el := &harness.FakeElapsed{}
 	ob := expiryOutbox(t, el, nil)
 	// Before the relay starts: an idle relay's clock stands still
 	// (session.idle).
-	el.advance(time.Hour)
+	el.Advance(time.Hour)
 	startRelay(t, mqttRelayOn(t, ob, url, fastRelay(), Protocol5))
 	eventually(t, 10*time.Second, "the relay stores its clock", func() bool {
 		var ms int64
@@ -347,7 +347,7 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 		t.Skip("inotify is Linux's")
 	}
 	url, h := expirySeen(t)
-	el := &fakeElapsed{}
+	el := &harness.FakeElapsed{}
 	ob := expiryOutbox(t, el, nil)
 	opts := fastRelay()
 	opts.LeaseTTL = time.Second
@@ -356,7 +356,7 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 	skips := counted(&r.hooks.onSkip)
 	startRelay(t, r)
 	eventually(t, 10*time.Second, "connected and idle", func() bool { return skips.Load() > 0 })
-	el.advance(time.Hour)
+	el.Advance(time.Hour)
 	execCounted(t, ob.DB(), `INSERT INTO outbox (topic, payload, expires_at) VALUES
 		('sql/minute', '{}', (SELECT clock_ms FROM outbox_state WHERE id = 1) + 60000)`)
 	waitDrained(t, ob)
@@ -373,11 +373,11 @@ func TestExpiryAfterAnIdleSpell(t *testing.T) {
 func TestExpiryClockStoredByEnqueue(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "outbox.db")
-	elA, elB := &fakeElapsed{}, &fakeElapsed{}
-	a, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elA.elapsed})
+	elA, elB := &harness.FakeElapsed{}, &harness.FakeElapsed{}
+	a, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elA.Elapsed})
 	require.NoError(t, err)
 	t.Cleanup(func() { a.Close() })
-	b, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elB.elapsed})
+	b, err := Open(ctx, path, Options{Logger: testLogger(), elapsed: elB.Elapsed})
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Close() })
 	stored := func() (ms int64) {
@@ -388,11 +388,11 @@ func TestExpiryClockStoredByEnqueue(t *testing.T) {
 		require.NoError(t, a.DB().QueryRow(`SELECT expires_at FROM outbox ORDER BY seq DESC LIMIT 1`).Scan(&ms))
 		return ms
 	}
-	elA.advance(5 * time.Second)
+	elA.Advance(5 * time.Second)
 	enqueueExpiring(t, a, "t", 1, time.Minute)
 	require.Zero(t, stored(), "5 s ahead: not stored yet")
 	require.EqualValues(t, 65_000, lastExpiry())
-	elA.advance(6 * time.Second)
+	elA.Advance(6 * time.Second)
 	enqueueExpiring(t, a, "t", 2, 0)
 	require.Zero(t, stored(), "a message without an expiry stores nothing")
 	enqueueExpiring(t, a, "t", 3, time.Minute)

@@ -78,18 +78,20 @@ type MQTTOptions struct {
 	Logger *slog.Logger
 }
 
-// MQTTProtocol is the MQTT version an MQTTPublisher speaks.
+// MQTTProtocol is the MQTT version an MQTTPublisher (or a consumer's
+// Subscriber) speaks. Its values are internal/mqtt's, so that the one
+// converts to the other.
 type MQTTProtocol int
 
 const (
 	// ProtocolAuto connects with MQTT 5 and falls back to 3.1.1 for a broker
 	// that does not speak 5. The default.
-	ProtocolAuto MQTTProtocol = iota
+	ProtocolAuto = MQTTProtocol(mqtt.Auto)
 	// Protocol5 is MQTT 5 only: the broker's reason codes decide each
 	// message.
-	Protocol5
+	Protocol5 = MQTTProtocol(mqtt.V5)
 	// Protocol311 is MQTT 3.1.1 only.
-	Protocol311
+	Protocol311 = MQTTProtocol(mqtt.V311)
 )
 
 // String is the name ParseMQTTProtocol reads: "auto", "5" or "3.1.1".
@@ -226,7 +228,7 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
 	o := p.conf
 	o.Control = p.control
-	return p.brokers.Connect(ctx, mqttVersion(p.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
+	return p.brokers.Connect(ctx, mqtt.Version(p.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
 		cn, err := mqtt.Open(ctx, a, &o)
 		if err != nil {
 			return err
@@ -385,17 +387,6 @@ func permanentPuback(code byte) bool {
 	return false
 }
 
-// mqttVersion is p in internal/mqtt's terms.
-func mqttVersion(p MQTTProtocol) mqtt.Version {
-	switch p {
-	case Protocol5:
-		return mqtt.V5
-	case Protocol311:
-		return mqtt.V311
-	}
-	return mqtt.Auto
-}
-
 // mqttProperties is p in internal/mqtt's terms. The user properties are
 // not copied: UserProperty and mqtt.UserProperty are the same struct (the
 // conversion below stops compiling if they part), and a copy would cost an
@@ -408,11 +399,6 @@ var _ = mqtt.UserProperty(UserProperty{})
 
 func mqttUser(u []UserProperty) []mqtt.UserProperty {
 	return unsafe.Slice((*mqtt.UserProperty)(unsafe.Pointer(unsafe.SliceData(u))), len(u))
-}
-
-// fromMQTTUser is mqttUser the other way, for what the Subscriber receives.
-func fromMQTTUser(u []mqtt.UserProperty) []UserProperty {
-	return unsafe.Slice((*UserProperty)(unsafe.Pointer(unsafe.SliceData(u))), len(u))
 }
 
 // The capabilities of the seam that MQTTPublisher has.

@@ -17,6 +17,8 @@ const (
 	// DefaultReserveBytes is the disk space an Outbox keeps back unless
 	// Options.ReserveBytes says otherwise.
 	DefaultReserveBytes = 1 << 20
+	// MaxIDBytes is the longest event id the outbox and the inbox take.
+	MaxIDBytes = 128
 	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
 	DefaultMaxPayloadBytes = 256 << 10
 	// MaxPayloadBytesLimit is the largest Options.MaxPayloadBytes, which
@@ -24,7 +26,6 @@ const (
 	// (a SizeLimiter): a message it can never carry is parked dead.
 	MaxPayloadBytesLimit = 268_435_455
 	maxTopicBytes        = 65_535
-	maxIDBytes           = 128
 	maxTypeBytes         = 1024
 )
 

@@ -14,12 +14,11 @@ const SchemaVersion = 6
 
 // The schema is SQL, in schema/: outbox.sql is the newest, what a new
 // database gets in one step; outbox/NNN_*.sql brings version NNN-1 to NNN and
-// is never edited once released; inbox/NNN_*.sql is the same for the
-// consumer's inbox (small enough to create by running its migrations), and
-// inbox_postgres/NNN_*.sql for the inbox on PostgreSQL (inbox_dialect.go);
-// recount.sql counts the limits' counters again, on every Open.
+// is never edited once released; recount.sql counts the limits' counters
+// again, on every Open. The consumer's inbox has its own, in
+// consumer/schema/.
 //
-//go:embed schema/outbox.sql schema/recount.sql schema/outbox/*.sql schema/inbox/*.sql schema/inbox_postgres/*.sql
+//go:embed schema/outbox.sql schema/recount.sql schema/outbox/*.sql
 var schemaFiles embed.FS
 
 var (

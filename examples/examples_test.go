@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/consumer"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -98,7 +99,7 @@ func TestPOS(t *testing.T) {
 // rows and the inbox agree with what was printed.
 func TestConsumerDemo(t *testing.T) {
 	t.Parallel()
-	consumer := build(t, "consumer")
+	consumerBin := build(t, "consumer")
 
 	check := func(out string) map[string]string {
 		t.Helper()
@@ -116,10 +117,10 @@ func TestConsumerDemo(t *testing.T) {
 		require.Equal(t, first, ids["/stores/1/tills/2 1 com.example.pos.OrderPlaced"], "same id, other source: another event")
 		return ids
 	}
-	check(run(t, consumer, "--demo", "--count", "3"))
+	check(run(t, consumerBin, "--demo", "--count", "3"))
 
 	path := filepath.Join(t.TempDir(), "consumer.db")
-	ids := check(run(t, consumer, "--demo", "--count", "3", "--db", path))
+	ids := check(run(t, consumerBin, "--demo", "--count", "3", "--db", path))
 	db, err := outbox.OpenDB(path, outbox.DBOptions{})
 	require.NoError(t, err)
 	defer db.Close()
@@ -135,11 +136,11 @@ func TestConsumerDemo(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, ids, stored, "orders_seen holds exactly the events printed")
-	in, err := outbox.NewInbox(context.Background(), db, outbox.InboxOptions{})
+	in, err := consumer.NewInbox(context.Background(), db, consumer.InboxOptions{})
 	require.NoError(t, err)
 	st, err := in.Stats(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, outbox.InboxStats{Applied: 3, Quarantined: 1}, st, "the inbox remembers 3 events and kept the malformed message")
+	require.Equal(t, consumer.InboxStats{Applied: 3, Quarantined: 1}, st, "the inbox remembers 3 events and kept the malformed message")
 }
 
 // TestPOSToConsumer runs both against one broker (started here): the
@@ -147,7 +148,7 @@ func TestConsumerDemo(t *testing.T) {
 // to its persistent session — also those published while it was away.
 func TestPOSToConsumer(t *testing.T) {
 	t.Parallel()
-	pos, consumer := build(t, "pos"), build(t, "consumer")
+	pos, consumerBin := build(t, "pos"), build(t, "consumer")
 
 	broker := harness.StartMochi(t, harness.MochiOptions{}).URL()
 	clientID := "consumer-" + t.Name()
@@ -155,7 +156,7 @@ func TestPOSToConsumer(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "consumer.db")
 
 	// 1. The consumer is up: it sees one sale (two events) live.
-	c := start(t, consumer, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "2")
+	c := start(t, consumerBin, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "2")
 	c.waitFor(t, "subscribed to stores/# ")
 	require.Equal(t, []int{1, 0, 2, 0}, numbers(t, posSummary, run(t, pos, "--broker", broker, "--orders", "1")))
 	out := c.wait(t)
@@ -167,7 +168,7 @@ func TestPOSToConsumer(t *testing.T) {
 
 	// 3. It comes back with the same client id: the broker delivers what
 	// was published in its absence.
-	out = run(t, consumer, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "36")
+	out = run(t, consumerBin, "--broker", broker, "--client-id", clientID, "--db", db, "--count", "36")
 	require.Equal(t, []int{36, 0, 0}, numbers(t, consumerSummary, out), "applied, duplicates, malformed")
 	// Every committed event once: sequence numbers 1..36 (the till's
 	// database was new), half orders, half payments. Not necessarily in

@@ -1,6 +1,6 @@
 // Command consumer is the backend side of the outbox: it receives the events
-// relayed from the tills with an outbox.Subscriber and applies each one ONCE
-// to its own SQLite database through an outbox.Inbox.
+// relayed from the tills with an consumer.Subscriber and applies each one ONCE
+// to its own SQLite database through an consumer.Inbox.
 //
 // Delivery from the outbox is at least once. The Inbox records each event's
 // (source, id) — the CloudEvents identity — in the same transaction as the
@@ -76,6 +76,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/consumer"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -171,7 +172,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	db := st.db
 	defer db.Close()
-	in, err := outbox.NewInbox(ctx, db, outbox.InboxOptions{Logger: logger})
+	in, err := consumer.NewInbox(ctx, db, consumer.InboxOptions{Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -181,7 +182,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	// fails (SQLite busy, a failed commit, an error) and a duplicate never
 	// reaches it. That is why it does not print: the lines are printed by
 	// report, from the committed rows.
-	var sub *outbox.Subscriber
+	var sub *consumer.Subscriber
 	apply := func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 		// Events are applied one at a time, so Applied counts exactly the
 		// events committed before this one. Once --count is reached, hold
@@ -193,7 +194,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		}
 		return st.record(ctx, tx, ev)
 	}
-	sub, err = outbox.NewSubscriber(in, apply, outbox.SubscriberOptions{
+	sub, err = consumer.NewSubscriber(in, apply, consumer.SubscriberOptions{
 		// Several addresses (a cluster's nodes), comma-separated: the
 		// Subscriber moves to the next one when a connection fails.
 		Brokers: strings.Split(cfg.broker, ","),

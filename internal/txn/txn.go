@@ -58,3 +58,29 @@ func once(ctx context.Context, db *sql.DB, classify func(error) error, fn func(t
 	}
 	return nil
 }
+
+// Execer runs a statement: a *sql.DB, a *sql.Conn, a *sql.Tx.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// BatchRows bounds each DELETE of InBatches' callers, so that no purge
+// holds the write lock for long: writers wait at most one batch.
+const BatchRows = 1000
+
+// InBatches runs a bounded statement (a DELETE … LIMIT) until it changes
+// nothing, and returns how many rows it changed in all.
+func InBatches(ctx context.Context, db Execer, query string, args ...any) (int64, error) {
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return total, fmt.Errorf("outbox: purge: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n == 0 || ctx.Err() != nil {
+			return total, ctx.Err()
+		}
+	}
+}

@@ -5,6 +5,8 @@ package wait
 import (
 	"context"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Sleep waits d, or less when wake receives (a nil wake never does), and
@@ -47,4 +49,59 @@ func Later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// Backoff is an exponential backoff with jitter that never gives up, the
+// fields of the library's public Backoff (which converts to it): each wait
+// is Initial × Multiplier^n spread by ±Jitter, never more than Max.
+type Backoff struct {
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     float64
+}
+
+// WithDefaults fills in what is not set: 500 ms initial, 30 s cap,
+// multiplier 2, jitter 0.5 (negative: none).
+func (b Backoff) WithDefaults() Backoff {
+	if b.Initial <= 0 {
+		b.Initial = 500 * time.Millisecond
+	}
+	if b.Max <= 0 {
+		b.Max = 30 * time.Second
+	}
+	if b.Max < b.Initial {
+		b.Max = b.Initial
+	}
+	if b.Multiplier < 1 {
+		b.Multiplier = 2
+	}
+	switch {
+	case b.Jitter < 0:
+		b.Jitter = 0
+	case b.Jitter == 0:
+		b.Jitter = 0.5
+	case b.Jitter > 1:
+		b.Jitter = 1
+	}
+	return b
+}
+
+// Sequence returns a fresh sequence of waits. The elapsed time limit is
+// off: an outage of any length is waited out.
+func (b Backoff) Sequence() *backoff.ExponentialBackOff {
+	b = b.WithDefaults()
+	eb := backoff.NewExponentialBackOff()
+	eb.InitialInterval = b.Initial
+	// backoff/v4 applies the jitter after the cap; shrink the cap so that
+	// no wait exceeds Max while waits at the cap still spread out.
+	eb.MaxInterval = time.Duration(float64(b.Max) / (1 + b.Jitter))
+	if eb.MaxInterval < b.Initial {
+		eb.MaxInterval = b.Initial
+	}
+	eb.Multiplier = b.Multiplier
+	eb.RandomizationFactor = b.Jitter
+	eb.MaxElapsedTime = 0
+	eb.Reset()
+	return eb
 }

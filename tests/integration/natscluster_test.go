@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/consumer"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -148,7 +149,7 @@ func testNATSClusterFailover(t *testing.T, fault string) {
 type clusterConsumer struct {
 	t  *testing.T
 	db *sql.DB
-	s  *outbox.Subscriber
+	s  *consumer.Subscriber
 }
 
 // startClusterConsumer runs a Subscriber given every node, whose client id
@@ -170,12 +171,12 @@ func startClusterConsumer(t *testing.T, urls []string, x int) *clusterConsumer {
 	_, err = db.Exec(`CREATE TABLE applied (id TEXT NOT NULL)`)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	in, err := outbox.NewInbox(ctx, db, outbox.InboxOptions{Logger: testLogger()})
+	in, err := consumer.NewInbox(ctx, db, consumer.InboxOptions{Logger: testLogger()})
 	require.NoError(t, err)
-	s, err := outbox.NewSubscriber(in, func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
+	s, err := consumer.NewSubscriber(in, func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO applied (id) VALUES (?)`, ev.ID)
 		return err
-	}, outbox.SubscriberOptions{Brokers: brokers, ClientID: id, Topics: []string{"orders/#"},
+	}, consumer.SubscriberOptions{Brokers: brokers, ClientID: id, Topics: []string{"orders/#"},
 		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
 		KeepAlive: 2 * time.Second, PingTimeout: time.Second, ConnectTimeout: 2 * time.Second, Logger: testLogger()})
 	require.NoError(t, err)

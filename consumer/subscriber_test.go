@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -28,7 +29,7 @@ func TestSubscriberCancelledDuringConnectLeavesNothing(t *testing.T) {
 	forProtocols(t, testSubscriberCancelledDuringConnectLeavesNothing)
 }
 
-func testSubscriberCancelledDuringConnectLeavesNothing(t *testing.T, proto MQTTProtocol) {
+func testSubscriberCancelledDuringConnectLeavesNothing(t *testing.T, proto outbox.MQTTProtocol) {
 	for _, tc := range []struct {
 		scheme string
 		first  byte // what the client sends first
@@ -89,7 +90,7 @@ func TestSubscriberStopLeavesNoPahoGoroutine(t *testing.T) {
 	forProtocols(t, testSubscriberStopLeavesNoPahoGoroutine)
 }
 
-func testSubscriberStopLeavesNoPahoGoroutine(t *testing.T, proto MQTTProtocol) {
+func testSubscriberStopLeavesNoPahoGoroutine(t *testing.T, proto outbox.MQTTProtocol) {
 	b := startBroker(t)
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
@@ -107,7 +108,7 @@ func testSubscriberStopLeavesNoPahoGoroutine(t *testing.T, proto MQTTProtocol) {
 		eventually(t, 5*time.Second, "subscriber connected", func() bool { return s.Stats().Connected })
 		cancel()
 		require.NoError(t, <-done)
-		if proto == Protocol5 {
+		if proto == outbox.Protocol5 {
 			// paho.golang hands a read error to goroutines of its own
 			// (Client.error, OnClientError) that nobody joins and that
 			// may start as Run returns: they close the client, already
@@ -154,7 +155,7 @@ func TestSubscriberOverTLS(t *testing.T) {
 	forProtocols(t, testSubscriberOverTLS)
 }
 
-func testSubscriberOverTLS(t *testing.T, proto MQTTProtocol) {
+func testSubscriberOverTLS(t *testing.T, proto outbox.MQTTProtocol) {
 	ca, rogue := harness.NewCA(t, "brokers-ca"), harness.NewCA(t, "rogue-ca")
 	b := harness.StartMochi(t, harness.MochiOptions{TLS: &tls.Config{
 		Certificates: []tls.Certificate{ca.ServerCertificate(t)}, MinVersion: tls.VersionTLS12,
@@ -167,7 +168,7 @@ func testSubscriberOverTLS(t *testing.T, proto MQTTProtocol) {
 		s, err := NewSubscriber(in, recordApplied, SubscriberOptions{
 			Broker: b.URL(), ClientID: clientID, Topics: []string{"pos/#"},
 			TLSConfig:      &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-			Reconnect:      Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+			Reconnect:      outbox.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 			ConnectTimeout: 5 * time.Second, Logger: testLogger(), Protocol: proto,
 		})
 		require.NoError(t, err)
@@ -206,7 +207,7 @@ func TestSubscriberResumesLargeBacklog(t *testing.T) {
 	forProtocols(t, testSubscriberResumesLargeBacklog)
 }
 
-func testSubscriberResumesLargeBacklog(t *testing.T, proto MQTTProtocol) {
+func testSubscriberResumesLargeBacklog(t *testing.T, proto outbox.MQTTProtocol) {
 	c := newConsumerSetup(t)
 	useProto := func(o *SubscriberOptions) { o.Protocol = proto }
 	_, stop := c.subscriber(t, recordApplied, useProto)

@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgeoutbox/outbox"
 
 	"github.com/edgeoutbox/outbox/internal/mqtt"
 	"github.com/edgeoutbox/outbox/internal/wait"
@@ -43,26 +45,27 @@ type SubscriberOptions struct {
 	Password string
 	// TLSConfig and TLSFiles as for MQTTOptions.
 	TLSConfig *tls.Config
-	TLSFiles  *TLSFiles
+	TLSFiles  *outbox.TLSFiles
 	// Envelope is what the producer puts on the wire; CloudEvents unless set
 	// (either content mode: binary mode arrives over MQTT 5 only, and
 	// EnvelopeCloudEventsBinary means the same here). With EnvelopeRaw there is no id, so events cannot be deduplicated:
 	// the handler gets Event{Source: RawSource, Data: payload} and runs in
 	// a transaction, unrecorded.
-	Envelope  Envelope
+	Envelope  outbox.Envelope
 	RawSource string
 	// Reconnect is the backoff between connection attempts (never gives up).
-	Reconnect Backoff
-	// Retry is the backoff between attempts of a failing handler. The
-	// event is retried until it succeeds or the subscriber stops; events
-	// behind it wait, so the order holds. Defaults: 1 s initial, 1 min cap.
-	Retry Backoff
+	Reconnect outbox.Backoff
+	// HandlerBackoff is the wait between attempts of a failing handler.
+	// The event is tried again until it succeeds or the subscriber stops;
+	// events behind it wait, so the order holds. Defaults: 1 s initial,
+	// 1 min cap.
+	HandlerBackoff outbox.Backoff
 	// Protocol is the MQTT version, as for MQTTOptions: ProtocolAuto (the
 	// default) speaks 5 and falls back to 3.1.1 for a broker without 5.
 	// Both keep a persistent session (3.1.1's clean session false; 5's
 	// Clean Start false with a session that never expires) and acknowledge
 	// a message only after its transaction committed.
-	Protocol MQTTProtocol
+	Protocol outbox.MQTTProtocol
 	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
 	// MQTTOptions.
 	ConnectTimeout time.Duration
@@ -72,14 +75,14 @@ type SubscriberOptions struct {
 	// OnEvent, if set, is called after each message is settled and
 	// acknowledged: applied (committed), a duplicate, or quarantined (err
 	// says why). It runs on the subscriber's one worker; keep it quick.
-	OnEvent func(ev Event, outcome Outcome, err error)
+	OnEvent func(ev outbox.Event, outcome Outcome, err error)
 
 	// beforeAck, set by tests, runs after the transaction committed and
 	// before the PUBACK; returning false drops the acknowledgement, as a
 	// crash at that moment would (over MQTT 5, whose PUBACKs go in order,
 	// the ones behind it are then held back too: the test stops the
 	// subscriber, as the crash would).
-	beforeAck func(Event) bool
+	beforeAck func(outbox.Event) bool
 }
 
 // Subscriber receives events from an MQTT broker and applies each through
@@ -167,12 +170,12 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 		}
 	}
 	switch opts.Protocol {
-	case ProtocolAuto, Protocol5, Protocol311:
+	case outbox.ProtocolAuto, outbox.Protocol5, outbox.Protocol311:
 	default:
 		return nil, fmt.Errorf("outbox: subscriber: unknown Protocol %d", int(opts.Protocol))
 	}
-	if opts.Retry == (Backoff{}) {
-		opts.Retry = Backoff{Initial: time.Second, Max: time.Minute}
+	if opts.HandlerBackoff == (outbox.Backoff{}) {
+		opts.HandlerBackoff = outbox.Backoff{Initial: time.Second, Max: time.Minute}
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 10 * time.Second
@@ -239,7 +242,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.purgeLoop(ctx)
 	}()
-	bo := s.opts.Reconnect.newBackOff()
+	bo := wait.Backoff(s.opts.Reconnect).Sequence()
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := s.session(ctx)
@@ -248,7 +251,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			break
 		}
 		s.setErr(err)
-		if time.Since(start) > s.opts.Reconnect.withDefaults().Max {
+		if time.Since(start) > wait.Backoff(s.opts.Reconnect).WithDefaults().Max {
 			bo.Reset()
 		}
 		delay := bo.NextBackOff()
@@ -271,7 +274,7 @@ func (s *Subscriber) purgeLoop(ctx context.Context) {
 // session runs one connection to the next address until it is lost or ctx
 // ends, in the version Protocol asks for (auto: see ProtocolAuto).
 func (s *Subscriber) session(ctx context.Context) error {
-	return s.brokers.Connect(ctx, mqttVersion(s.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
+	return s.brokers.Connect(ctx, mqtt.Version(s.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
 		return mqtt.Subscribe(ctx, a, &s.conf, s.process)
 	})
 }
@@ -280,27 +283,27 @@ func (s *Subscriber) session(ctx context.Context) error {
 // false means ctx ended first (the message stays unacknowledged and comes
 // again).
 func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
-	var ev Event
-	if s.opts.Envelope == EnvelopeRaw {
-		ev = Event{Source: s.opts.RawSource, Data: m.Payload}
+	var ev outbox.Event
+	if s.opts.Envelope == outbox.EnvelopeRaw {
+		ev = outbox.Event{Source: s.opts.RawSource, Data: m.Payload}
 	} else {
 		var err error
-		ev, err = DecodeEventMQTT(m.Payload, m.ContentType, fromMQTTUser(m.User))
+		ev, err = outbox.DecodeEventMQTT(m.Payload, m.ContentType, userProperties(m.User))
 		if err != nil {
-			return s.quarantine(ctx, m, Event{}, err)
+			return s.quarantine(ctx, m, outbox.Event{}, err)
 		}
 	}
-	retry := s.opts.Retry.newBackOff()
+	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
 	for {
 		err := s.in.Apply(ctx, ev, s.h)
 		outcome := Applied
 		switch {
 		case err == nil:
 			s.applied.Add(1)
-		case errors.Is(err, ErrDuplicate):
+		case errors.Is(err, outbox.ErrDuplicate):
 			s.duplicates.Add(1)
 			outcome = Duplicate
-		case errors.Is(err, ErrInvalidMessage):
+		case errors.Is(err, outbox.ErrInvalidMessage):
 			// The event is unusable (or the handler said so by wrapping
 			// ErrInvalidMessage): retrying cannot help.
 			return s.quarantine(ctx, m, ev, err)
@@ -328,8 +331,8 @@ func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
 	}
 }
 
-func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, cause error) bool {
-	retry := s.opts.Retry.newBackOff()
+func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev outbox.Event, cause error) bool {
+	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
 	for {
 		err := s.in.Quarantine(ctx, m.Topic, m.Payload, cause.Error())
 		if err == nil {
@@ -347,4 +350,16 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev Event, c
 		s.opts.OnEvent(ev, Quarantined, cause)
 	}
 	return true
+}
+
+// userProperties is what the broker sent, as DecodeEventMQTT reads it.
+func userProperties(u []mqtt.UserProperty) []outbox.UserProperty {
+	if len(u) == 0 {
+		return nil
+	}
+	out := make([]outbox.UserProperty, len(u))
+	for i, p := range u {
+		out[i] = outbox.UserProperty{Key: p.Key, Value: p.Value}
+	}
+	return out
 }

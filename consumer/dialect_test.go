@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the tests' PostgreSQL driver; the library imports none
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -49,7 +50,7 @@ func (d *dialectDB) q(query string) string {
 	return b.String()
 }
 
-func (d *dialectDB) record(ctx context.Context, tx *sql.Tx, ev Event) error {
+func (d *dialectDB) record(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 	_, err := tx.ExecContext(ctx, d.q(`INSERT INTO applied (source, id, seq, data) VALUES (?, ?, ?, ?)`), ev.Source, ev.ID, ev.Sequence, ev.Data)
 	return err
 }
@@ -127,7 +128,7 @@ func TestInboxConcurrentApplyOnce(t *testing.T) {
 		}
 		ids := make([]string, events)
 		for i := range ids {
-			ids[i] = NewID()
+			ids[i] = outbox.NewID()
 		}
 		var applied, duplicates atomic.Int64
 		var wg sync.WaitGroup
@@ -139,11 +140,11 @@ func TestInboxConcurrentApplyOnce(t *testing.T) {
 					defer wg.Done()
 					order := rand.Perm(events)
 					for _, i := range order {
-						err := in.Apply(ctx, Event{Source: "/stores/1", ID: ids[i], Type: "t", Sequence: int64(i + 1)}, d.record)
+						err := in.Apply(ctx, outbox.Event{Source: "/stores/1", ID: ids[i], Type: "t", Sequence: int64(i + 1)}, d.record)
 						switch {
 						case err == nil:
 							applied.Add(1)
-						case errors.Is(err, ErrDuplicate):
+						case errors.Is(err, outbox.ErrDuplicate):
 							duplicates.Add(1)
 						default:
 							errs <- fmt.Errorf("event %d: %w", i, err)
@@ -182,7 +183,7 @@ func TestInboxDialect(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DialectSQLite, in.dialect.name, "given")
 	_, err = NewInbox(ctx, lite, InboxOptions{Dialect: "mysql"})
-	require.ErrorIs(t, err, ErrUnsupportedDB)
+	require.ErrorIs(t, err, outbox.ErrUnsupportedDB)
 	require.ErrorContains(t, err, `"mysql"`)
 
 	t.Run("postgres", func(t *testing.T) {
@@ -195,7 +196,7 @@ func TestInboxDialect(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, DialectPostgres, in.dialect.name, "given")
 		_, err = NewInbox(ctx, db, InboxOptions{Dialect: "Postgres"})
-		require.ErrorIs(t, err, ErrUnsupportedDB, "names are exact")
+		require.ErrorIs(t, err, outbox.ErrUnsupportedDB, "names are exact")
 	})
 }
 
@@ -217,7 +218,7 @@ func TestInboxRetriesSerializationFailures(t *testing.T) {
 		require.NoError(t, err)
 		failing := func(codes ...string) (Handler, *atomic.Int64) {
 			var runs atomic.Int64
-			return func(ctx context.Context, tx *sql.Tx, ev Event) error {
+			return func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 				n := runs.Add(1)
 				if int(n) <= len(codes) {
 					// Wrapped, as a handler would.
@@ -227,7 +228,7 @@ func TestInboxRetriesSerializationFailures(t *testing.T) {
 			}, &runs
 		}
 		h, runs := failing("40001", "40P01")
-		err = in.Apply(ctx, Event{Source: "/s", ID: "e1"}, h)
+		err = in.Apply(ctx, outbox.Event{Source: "/s", ID: "e1"}, h)
 		if d.dialect == DialectPostgres {
 			require.NoError(t, err)
 			require.EqualValues(t, 3, runs.Load(), "ran again after 40001 and 40P01")
@@ -237,7 +238,7 @@ func TestInboxRetriesSerializationFailures(t *testing.T) {
 			require.EqualValues(t, 1, runs.Load())
 		}
 		h, runs = failing("23505")
-		err = in.Apply(ctx, Event{Source: "/s", ID: "e2"}, h)
+		err = in.Apply(ctx, outbox.Event{Source: "/s", ID: "e2"}, h)
 		var se *sqlStateError
 		require.ErrorAs(t, err, &se)
 		require.EqualValues(t, 1, runs.Load(), "a unique violation is not retried")
@@ -253,9 +254,9 @@ func TestInboxPostgresText(t *testing.T) {
 		db := d.open(t)
 		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
 		require.NoError(t, err)
-		err = in.Apply(ctx, Event{Source: "/s", ID: "e1", Type: "order\x00placed"}, d.record)
+		err = in.Apply(ctx, outbox.Event{Source: "/s", ID: "e1", Type: "order\x00placed"}, d.record)
 		if d.dialect == DialectPostgres {
-			require.ErrorIs(t, err, ErrInvalidMessage)
+			require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 			require.Zero(t, d.count(t, db))
 		} else {
 			require.NoError(t, err, "SQLite's text holds a NUL")

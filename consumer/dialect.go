@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/migrate"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 	"github.com/edgeoutbox/outbox/internal/txn"
@@ -54,7 +55,7 @@ type inboxDialect struct {
 
 // inboxPostgresMigrations[i] brings the inbox schema on PostgreSQL from
 // version i to i+1: the same versions, and tables, as inboxMigrations.
-var inboxPostgresMigrations = schemaDir("schema/inbox_postgres")
+var inboxPostgresMigrations = migrate.Steps(schemaFiles, "schema/postgres")
 
 var sqliteInbox = &inboxDialect{
 	name: DialectSQLite,
@@ -71,7 +72,7 @@ var sqliteInbox = &inboxDialect{
 	purgeApplied:    `DELETE FROM inbox WHERE (source, id) IN (SELECT source, id FROM inbox WHERE applied_tick < ? LIMIT ?)`,
 	purgeQuarantine: `DELETE FROM inbox_quarantine WHERE seq IN (SELECT seq FROM inbox_quarantine WHERE received_tick < ? LIMIT ?)`,
 	migrate: func(ctx context.Context, db *sql.DB) error {
-		return migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations, "", ErrSchemaTooNew)
+		return migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations, "", outbox.ErrSchemaTooNew)
 	},
 	retry:     sqlconn.IsBusy,
 	insertErr: func(err error) error { return err },
@@ -111,7 +112,7 @@ var postgresInbox = &inboxDialect{
 		// invalid UTF-8 in the type) or a number out of range. The event
 		// can never be recorded; retrying it would block the consumer.
 		if strings.HasPrefix(sqlState(err), "22") {
-			return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+			return fmt.Errorf("%w: %w", outbox.ErrInvalidMessage, err)
 		}
 		return err
 	},
@@ -159,7 +160,7 @@ func dialectFor(db *sql.DB, d Dialect) (*inboxDialect, error) {
 		}
 		return sqliteInbox, nil
 	}
-	return nil, fmt.Errorf("%w: inbox dialect %q (want %q, %q, or empty to detect it from the driver)", ErrUnsupportedDB, string(d), DialectSQLite, DialectPostgres)
+	return nil, fmt.Errorf("%w: inbox dialect %q (want %q, %q, or empty to detect it from the driver)", outbox.ErrUnsupportedDB, string(d), DialectSQLite, DialectPostgres)
 }
 
 // migratePostgres is migrateSet on PostgreSQL: the missing steps and
@@ -182,7 +183,7 @@ func migratePostgres(ctx context.Context, db *sql.DB, table string, steps []stri
 			return err
 		}
 		if version > len(steps) {
-			return fmt.Errorf("%w: %s says schema version %d, this code knows up to %d", ErrSchemaTooNew, table, version, len(steps))
+			return fmt.Errorf("%w: %s says schema version %d, this code knows up to %d", outbox.ErrSchemaTooNew, table, version, len(steps))
 		}
 		for v := version; v < len(steps); v++ {
 			// No arguments: pgx sends it by the simple protocol, which

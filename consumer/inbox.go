@@ -1,15 +1,19 @@
-package outbox
+package consumer
 
 import (
 	"context"
 	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 	"unicode/utf8"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/clock"
+	"github.com/edgeoutbox/outbox/internal/migrate"
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 	"github.com/edgeoutbox/outbox/internal/txn"
 )
 
@@ -20,9 +24,23 @@ const InboxSchemaVersion = 2
 // InboxOptions says otherwise.
 const DefaultDedupeWindow = 7 * 24 * time.Hour
 
-// inboxMigrations[i] brings the inbox schema from version i to i+1 (see
-// schema.go).
-var inboxMigrations = schemaDir("schema/inbox")
+// inboxMigrations[i] brings the inbox schema from version i to i+1.
+var inboxMigrations = migrate.Steps(schemaFiles, "schema/sqlite")
+
+// The inbox's schema, one file per migration, never edited once released:
+// schema/sqlite on SQLite, schema/postgres on PostgreSQL (dialect.go).
+//
+//go:embed schema/sqlite/*.sql schema/postgres/*.sql
+var schemaFiles embed.FS
+
+// writeErr says ErrDiskFull for a write that failed for lack of space,
+// keeping SQLite's error in the chain.
+func writeErr(err error) error {
+	if sqlconn.IsFull(err) {
+		return fmt.Errorf("%w: %w", outbox.ErrDiskFull, err)
+	}
+	return err
+}
 
 // inboxClockPersistEvery is how far an Inbox's clock may run ahead of the
 // stored one before an Apply stores it: a consumer that restarts (or
@@ -114,7 +132,7 @@ const tickSQL = `max(?, coalesce((SELECT elapsed_ms FROM inbox_clock WHERE id = 
 // Handler applies one event's effects inside tx. It must not have effects
 // outside tx: it may run more than once when it fails or the database is
 // busy, and it runs at most once successfully per (source, id).
-type Handler func(ctx context.Context, tx *sql.Tx, ev Event) error
+type Handler func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error
 
 // Apply runs h for ev and records ev as applied, in one transaction. If ev
 // was applied before (within the dedupe window), h does not run and Apply
@@ -123,15 +141,15 @@ type Handler func(ctx context.Context, tx *sql.Tx, ev Event) error
 // can never be applied returns an error wrapping ErrInvalidMessage, and the
 // Subscriber quarantines it instead. An event without an id (raw
 // envelope) cannot be deduplicated: h runs in a transaction, unrecorded.
-func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
+func (in *Inbox) Apply(ctx context.Context, ev outbox.Event, h Handler) error {
 	var persisted int64 // the tick the committed transaction stored, if any
 	if ev.Source == "" && ev.ID != "" {
-		return fmt.Errorf("%w: event has an id but no source", ErrInvalidMessage)
+		return fmt.Errorf("%w: event has an id but no source", outbox.ErrInvalidMessage)
 	}
-	if len(ev.ID) > maxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
-		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", ErrInvalidMessage)
+	if len(ev.ID) > outbox.MaxIDBytes || !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.Source) {
+		return fmt.Errorf("%w: id or source is not valid UTF-8 or too long", outbox.ErrInvalidMessage)
 	}
-	err := txn.Run(ctx, in.db, in.dialect.retry, classifyWriteErr, func(tx *sql.Tx) error {
+	err := txn.Run(ctx, in.db, in.dialect.retry, writeErr, func(tx *sql.Tx) error {
 		persisted = 0
 		if ev.ID != "" {
 			// The insert comes first: it takes the write lock at once and
@@ -142,7 +160,7 @@ func (in *Inbox) Apply(ctx context.Context, ev Event, h Handler) error {
 				return in.dialect.insertErr(err)
 			}
 			if n, _ := res.RowsAffected(); n == 0 {
-				return ErrDuplicate
+				return outbox.ErrDuplicate
 			}
 			if persist {
 				if _, err := tx.ExecContext(ctx, in.dialect.bumpClock, tick); err != nil {
@@ -169,7 +187,7 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 	_, err := in.db.ExecContext(ctx, in.dialect.quarantine,
 		in.dialect.text(topic), payload, in.dialect.text(reason), in.now().UnixMilli(), in.clock.Now())
 	if err != nil {
-		return fmt.Errorf("outbox: quarantine: %w", classifyWriteErr(err))
+		return fmt.Errorf("outbox: quarantine: %w", writeErr(err))
 	}
 	return nil
 }
@@ -182,15 +200,15 @@ func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
 	var stored int64
 	err := in.db.QueryRowContext(ctx, in.dialect.storeClock, in.clock.Now()).Scan(&stored)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: inbox clock: %w", classifyWriteErr(err))
+		return 0, fmt.Errorf("outbox: inbox clock: %w", writeErr(err))
 	}
 	in.clock.CatchUp(stored)
 	before := stored - in.window.Milliseconds()
-	n, err := purgeBatches(ctx, in.db, in.dialect.purgeApplied, before, purgeBatch)
+	n, err := txn.InBatches(ctx, in.db, in.dialect.purgeApplied, before, txn.BatchRows)
 	if err != nil {
 		return n, err
 	}
-	_, err = purgeBatches(ctx, in.db, in.dialect.purgeQuarantine, before, purgeBatch)
+	_, err = txn.InBatches(ctx, in.db, in.dialect.purgeQuarantine, before, txn.BatchRows)
 	return n, err
 }
 

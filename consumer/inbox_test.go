@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -14,13 +14,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 	"github.com/edgeoutbox/outbox/internal/migrate"
 )
 
 // consumerDB is a consumer's own database with a table its handler writes.
 func consumerDB(t *testing.T, path string) *sql.DB {
 	t.Helper()
-	db, err := OpenDB(path, DBOptions{})
+	db, err := outbox.OpenDB(path, outbox.DBOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
 	_, err = db.Exec(`CREATE TABLE IF NOT EXISTS applied (source TEXT, id TEXT, seq INTEGER, data BLOB)`)
@@ -28,7 +30,7 @@ func consumerDB(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-func recordApplied(ctx context.Context, tx *sql.Tx, ev Event) error {
+func recordApplied(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO applied (source, id, seq, data) VALUES (?, ?, ?, ?)`, ev.Source, ev.ID, ev.Sequence, ev.Data)
 	return err
 }
@@ -46,9 +48,9 @@ func TestInboxAppliesOnce(t *testing.T) {
 		db := d.open(t)
 		in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
 		require.NoError(t, err)
-		ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created", Sequence: 7, Data: []byte(`{}`)}
+		ev := outbox.Event{Source: "/stores/1", ID: outbox.NewID(), Type: "order.created", Sequence: 7, Data: []byte(`{}`)}
 		require.NoError(t, in.Apply(ctx, ev, d.record))
-		require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate)
+		require.ErrorIs(t, in.Apply(ctx, ev, d.record), outbox.ErrDuplicate)
 		// The same id from another source is another event.
 		other := ev
 		other.Source = "/stores/2"
@@ -60,7 +62,7 @@ func TestInboxAppliesOnce(t *testing.T) {
 		db = d.open(t)
 		in, err = NewInbox(ctx, db, InboxOptions{Logger: testLogger()})
 		require.NoError(t, err)
-		require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate)
+		require.ErrorIs(t, in.Apply(ctx, ev, d.record), outbox.ErrDuplicate)
 		require.Equal(t, 2, d.count(t, db))
 	})
 }
@@ -71,9 +73,9 @@ func TestInboxHandlerErrorRollsBack(t *testing.T) {
 		db := d.open(t)
 		in, err := NewInbox(ctx, db, InboxOptions{})
 		require.NoError(t, err)
-		ev := Event{Source: "/s", ID: "e1", Type: "t"}
+		ev := outbox.Event{Source: "/s", ID: "e1", Type: "t"}
 		boom := errors.New("stock service down")
-		err = in.Apply(ctx, ev, func(ctx context.Context, tx *sql.Tx, ev Event) error {
+		err = in.Apply(ctx, ev, func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 			if err := d.record(ctx, tx, ev); err != nil {
 				return err
 			}
@@ -92,11 +94,11 @@ func TestInboxValidationAndSchema(t *testing.T) {
 		db := d.open(t)
 		in, err := NewInbox(ctx, db, InboxOptions{})
 		require.NoError(t, err)
-		require.ErrorIs(t, in.Apply(ctx, Event{ID: "x"}, d.record), ErrInvalidMessage)
-		require.ErrorIs(t, in.Apply(ctx, Event{Source: "s", ID: "\xff"}, d.record), ErrInvalidMessage)
+		require.ErrorIs(t, in.Apply(ctx, outbox.Event{ID: "x"}, d.record), outbox.ErrInvalidMessage)
+		require.ErrorIs(t, in.Apply(ctx, outbox.Event{Source: "s", ID: "\xff"}, d.record), outbox.ErrInvalidMessage)
 		// Without an id (raw envelope) the handler runs every time.
-		require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, d.record))
-		require.NoError(t, in.Apply(ctx, Event{Source: "raw"}, d.record))
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "raw"}, d.record))
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "raw"}, d.record))
 		require.Equal(t, 2, d.count(t, db))
 
 		_, err = NewInbox(ctx, db, InboxOptions{})
@@ -104,33 +106,8 @@ func TestInboxValidationAndSchema(t *testing.T) {
 		_, err = db.Exec(`INSERT INTO inbox_schema (version) VALUES (99)`)
 		require.NoError(t, err)
 		_, err = NewInbox(ctx, db, InboxOptions{})
-		require.ErrorIs(t, err, ErrSchemaTooNew)
+		require.ErrorIs(t, err, outbox.ErrSchemaTooNew)
 	})
-}
-
-// fakeElapsed stands in for an Inbox's monotonic clock: inbox time moves
-// only when the test says so.
-type fakeElapsed struct{ d atomic.Int64 }
-
-func (f *fakeElapsed) elapsed() time.Duration  { return time.Duration(f.d.Load()) }
-func (f *fakeElapsed) advance(d time.Duration) { f.d.Add(int64(d)) }
-
-// fixedClock is a wall clock that shows what the test sets.
-type fixedClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fixedClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fixedClock) set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
 }
 
 func storedInboxClock(t *testing.T, db *sql.DB) time.Duration {
@@ -144,24 +121,24 @@ func TestInboxDedupeWindow(t *testing.T) {
 	forDialects(t, func(t *testing.T, d *dialectDB) {
 		ctx := context.Background()
 		db := d.open(t)
-		clock := &jumpyClock{}
-		el := &fakeElapsed{}
-		in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.now, elapsed: el.elapsed})
+		clock := &harness.JumpyClock{}
+		el := &harness.FakeElapsed{}
+		in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Now: clock.Now, elapsed: el.Elapsed})
 		require.NoError(t, err)
 		for i := 0; i < 2500; i++ { // more than one purge batch
-			require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: fmt.Sprint(i)}, d.record))
+			require.NoError(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: fmt.Sprint(i)}, d.record))
 		}
 		require.NoError(t, in.Quarantine(ctx, "t", []byte("junk"), "not an event"))
 		// The wall clock says two hours passed; the inbox clock did not move.
-		clock.jump(2 * time.Hour)
+		clock.Jump(2 * time.Hour)
 		n, err := in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "a wall-clock jump purges nothing")
-		el.advance(30 * time.Minute)
+		el.Advance(30 * time.Minute)
 		n, err = in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "still within the window")
-		el.advance(31 * time.Minute)
+		el.Advance(31 * time.Minute)
 		n, err = in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.EqualValues(t, 2500, n)
@@ -169,7 +146,7 @@ func TestInboxDedupeWindow(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, st.Quarantined, "quarantined messages are kept for the window too, not for ever")
 		// Past the window a duplicate is no longer caught (documented).
-		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "0"}, d.record))
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "0"}, d.record))
 	})
 }
 
@@ -181,23 +158,23 @@ func TestInboxClockJumpForward(t *testing.T) {
 		ctx := context.Background()
 		boot := time.Date(1970, 1, 1, 0, 5, 0, 0, time.UTC)
 		synced := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-		ev := Event{Source: "/stores/1", ID: NewID(), Type: "order.created"}
-		setup := func(t *testing.T) (*dialectDB, *sql.DB, *fixedClock, *Inbox) {
+		ev := outbox.Event{Source: "/stores/1", ID: outbox.NewID(), Type: "order.created"}
+		setup := func(t *testing.T) (*dialectDB, *sql.DB, *harness.FixedClock, *Inbox) {
 			d := d.fresh(t)
 			db := d.open(t)
-			clock := &fixedClock{t: boot}
-			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+			clock := harness.NewFixedClock(boot)
+			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.Now})
 			require.NoError(t, err)
 			require.NoError(t, in.Apply(ctx, ev, d.record))
 			require.NoError(t, in.Quarantine(ctx, "pos/orders", []byte("junk"), "not an event"))
-			clock.set(synced)
+			clock.Set(synced)
 			return d, db, clock, in
 		}
 		check := func(t *testing.T, d *dialectDB, db *sql.DB, in *Inbox) {
 			n, err := in.PurgeExpired(ctx)
 			require.NoError(t, err)
 			require.Zero(t, n, "the clock jump made the purge forget an applied event")
-			require.ErrorIs(t, in.Apply(ctx, ev, d.record), ErrDuplicate, "the redelivery must be recognised")
+			require.ErrorIs(t, in.Apply(ctx, ev, d.record), outbox.ErrDuplicate, "the redelivery must be recognised")
 			require.Equal(t, 1, d.count(t, db))
 			st, err := in.Stats(ctx)
 			require.NoError(t, err)
@@ -211,7 +188,7 @@ func TestInboxClockJumpForward(t *testing.T) {
 			d, db, clock, _ := setup(t)
 			require.NoError(t, db.Close())
 			db = d.open(t)
-			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.now})
+			in, err := NewInbox(ctx, db, InboxOptions{Logger: testLogger(), Now: clock.Now})
 			require.NoError(t, err)
 			check(t, d, db, in)
 		})
@@ -224,37 +201,37 @@ func TestInboxClockPersists(t *testing.T) {
 	forDialects(t, func(t *testing.T, d *dialectDB) {
 		ctx := context.Background()
 		db := d.open(t)
-		el := &fakeElapsed{}
-		opts := InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed}
+		el := &harness.FakeElapsed{}
+		opts := InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.Elapsed}
 		in, err := NewInbox(ctx, db, opts)
 		require.NoError(t, err)
-		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, d.record))
-		el.advance(40 * time.Minute)
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "old"}, d.record))
+		el.Advance(40 * time.Minute)
 		n, err := in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, 40*time.Minute, storedInboxClock(t, db))
-		el.advance(5 * time.Minute)
-		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, d.record))
+		el.Advance(5 * time.Minute)
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "new"}, d.record))
 		require.Equal(t, 45*time.Minute, storedInboxClock(t, db), "an Apply persists a clock that is minutes ahead")
 
 		// The process stops (no purge); downtime does not count.
 		require.NoError(t, db.Close())
 		db = d.open(t)
-		el = &fakeElapsed{}
-		opts.elapsed = el.elapsed
+		el = &harness.FakeElapsed{}
+		opts.elapsed = el.Elapsed
 		in, err = NewInbox(ctx, db, opts)
 		require.NoError(t, err)
-		el.advance(14 * time.Minute)
+		el.Advance(14 * time.Minute)
 		n, err = in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "59 minutes of inbox time")
-		el.advance(2 * time.Minute)
+		el.Advance(2 * time.Minute)
 		n, err = in.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "61 minutes of inbox time: the first event is forgotten, across the restart")
-		require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "new"}, d.record), ErrDuplicate)
-		require.NoError(t, in.Apply(ctx, Event{Source: "/s", ID: "old"}, d.record))
+		require.ErrorIs(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "new"}, d.record), outbox.ErrDuplicate)
+		require.NoError(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "old"}, d.record))
 		require.Equal(t, 61*time.Minute, storedInboxClock(t, db))
 	})
 }
@@ -267,29 +244,29 @@ func TestInboxClockShared(t *testing.T) {
 		ctx := context.Background()
 		db1 := d.open(t)
 		db2 := d.open(t)
-		el1, el2 := &fakeElapsed{}, &fakeElapsed{}
-		in1, err := NewInbox(ctx, db1, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el1.elapsed})
+		el1, el2 := &harness.FakeElapsed{}, &harness.FakeElapsed{}
+		in1, err := NewInbox(ctx, db1, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el1.Elapsed})
 		require.NoError(t, err)
-		in2, err := NewInbox(ctx, db2, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el2.elapsed})
+		in2, err := NewInbox(ctx, db2, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el2.Elapsed})
 		require.NoError(t, err)
-		require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e1"}, d.record))
+		require.NoError(t, in1.Apply(ctx, outbox.Event{Source: "/s", ID: "e1"}, d.record))
 
-		el1.advance(50 * time.Minute)
+		el1.Advance(50 * time.Minute)
 		n, err := in1.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		// in2 has not purged yet (its own clock says 0), but an event it
 		// applies is stamped with the later stored clock.
-		require.NoError(t, in2.Apply(ctx, Event{Source: "/s", ID: "e0"}, d.record))
+		require.NoError(t, in2.Apply(ctx, outbox.Event{Source: "/s", ID: "e0"}, d.record))
 		require.Equal(t, 50*time.Minute, d.appliedTick(t, db2, "e0"))
-		el2.advance(20 * time.Minute)
+		el2.Advance(20 * time.Minute)
 		n, err = in2.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, 50*time.Minute, storedInboxClock(t, db1), "the lagging inbox did not move the clock back")
 
 		// in2 now counts from 50 minutes: 11 more are past the window.
-		el2.advance(11 * time.Minute)
+		el2.Advance(11 * time.Minute)
 		n, err = in2.PurgeExpired(ctx)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
@@ -301,8 +278,8 @@ func TestInboxClockShared(t *testing.T) {
 		require.Zero(t, n)
 		require.Equal(t, 61*time.Minute, storedInboxClock(t, db1))
 		// And in1's clock has moved forward to 61 and runs on from there.
-		el1.advance(3 * time.Minute)
-		require.NoError(t, in1.Apply(ctx, Event{Source: "/s", ID: "e2"}, d.record))
+		el1.Advance(3 * time.Minute)
+		require.NoError(t, in1.Apply(ctx, outbox.Event{Source: "/s", ID: "e2"}, d.record))
 		require.Equal(t, 64*time.Minute, d.appliedTick(t, db1, "e2"))
 		require.Equal(t, 64*time.Minute, storedInboxClock(t, db1))
 	})
@@ -314,7 +291,7 @@ func TestInboxMigrationFromSchema1(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "consumer.db")
 	db := consumerDB(t, path)
-	require.NoError(t, migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations[:1], "", ErrSchemaTooNew))
+	require.NoError(t, migrate.SQLite(ctx, db, "inbox_schema", inboxMigrations[:1], "", outbox.ErrSchemaTooNew))
 	// Applied in 1970 (a device that never synced its clock) and a year ago.
 	yearAgo := time.Now().AddDate(-1, 0, 0).UnixMilli()
 	_, err := db.Exec(`INSERT INTO inbox (source, id, type, sequence, applied_at) VALUES
@@ -322,8 +299,8 @@ func TestInboxMigrationFromSchema1(t *testing.T) {
 		INSERT INTO inbox_quarantine (topic, payload, reason, received_at) VALUES ('t', x'00', 'junk', 1000)`, yearAgo)
 	require.NoError(t, err)
 
-	el := &fakeElapsed{}
-	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.elapsed})
+	el := &harness.FakeElapsed{}
+	in, err := NewInbox(ctx, db, InboxOptions{DedupeWindow: time.Hour, Logger: testLogger(), elapsed: el.Elapsed})
 	require.NoError(t, err)
 	var version int
 	require.NoError(t, db.QueryRow(`SELECT max(version) FROM inbox_schema`).Scan(&version))
@@ -331,17 +308,17 @@ func TestInboxMigrationFromSchema1(t *testing.T) {
 	n, err := in.PurgeExpired(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "the migration must not purge old rows at once")
-	require.ErrorIs(t, in.Apply(ctx, Event{Source: "/s", ID: "e1"}, recordApplied), ErrDuplicate)
+	require.ErrorIs(t, in.Apply(ctx, outbox.Event{Source: "/s", ID: "e1"}, recordApplied), outbox.ErrDuplicate)
 	var appliedAt int64
 	require.NoError(t, db.QueryRow(`SELECT applied_at FROM inbox WHERE id = 'e2'`).Scan(&appliedAt))
 	require.Equal(t, yearAgo, appliedAt, "the wall-clock time shown is kept")
 
 	// They are kept one full window of inbox time after the migration.
-	el.advance(59 * time.Minute)
+	el.Advance(59 * time.Minute)
 	n, err = in.PurgeExpired(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	el.advance(2 * time.Minute)
+	el.Advance(2 * time.Minute)
 	n, err = in.PurgeExpired(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
@@ -354,7 +331,7 @@ func TestInboxMigrationFromSchema1(t *testing.T) {
 // database with an inbox.
 type consumerSetup struct {
 	b    *broker
-	ob   *Outbox
+	ob   *outbox.Outbox
 	db   *sql.DB
 	in   *Inbox
 	stop func()
@@ -362,7 +339,7 @@ type consumerSetup struct {
 
 func newConsumerSetup(t *testing.T) *consumerSetup {
 	b := startBroker(t)
-	ob := openTest(t, Options{})
+	ob := openTest(t, outbox.Options{})
 	stop := startRelay(t, mqttRelay(t, ob, b.url(), fastRelay()))
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
@@ -387,11 +364,11 @@ func TestSubscriberAppliesEachEventOnce(t *testing.T) {
 	forProtocols(t, testSubscriberAppliesEachEventOnce)
 }
 
-func testSubscriberAppliesEachEventOnce(t *testing.T, proto MQTTProtocol) {
+func testSubscriberAppliesEachEventOnce(t *testing.T, proto outbox.MQTTProtocol) {
 	c := newConsumerSetup(t)
 	var failFor atomic.Int32
 	failFor.Store(2) // the handler fails twice on event 10, then succeeds
-	h := func(ctx context.Context, tx *sql.Tx, ev Event) error {
+	h := func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 		if ev.Sequence == 10 && failFor.Add(-1) >= 0 {
 			return errors.New("downstream not ready")
 		}
@@ -401,7 +378,7 @@ func testSubscriberAppliesEachEventOnce(t *testing.T, proto MQTTProtocol) {
 	outcomes := map[Outcome]int{}
 	s, _ := c.subscriber(t, h, func(o *SubscriberOptions) {
 		o.Protocol = proto
-		o.OnEvent = func(ev Event, outcome Outcome, err error) {
+		o.OnEvent = func(ev outbox.Event, outcome Outcome, err error) {
 			mu.Lock()
 			outcomes[outcome]++
 			mu.Unlock()
@@ -462,13 +439,13 @@ func TestSubscriberCrashBetweenCommitAndAck(t *testing.T) {
 	forProtocols(t, testSubscriberCrashBetweenCommitAndAck)
 }
 
-func testSubscriberCrashBetweenCommitAndAck(t *testing.T, proto MQTTProtocol) {
+func testSubscriberCrashBetweenCommitAndAck(t *testing.T, proto outbox.MQTTProtocol) {
 	c := newConsumerSetup(t)
 	crashed := make(chan struct{})
 	var once sync.Once
 	_, stop := c.subscriber(t, recordApplied, func(o *SubscriberOptions) {
 		o.Protocol = proto
-		o.beforeAck = func(ev Event) bool {
+		o.beforeAck = func(ev outbox.Event) bool {
 			if ev.Sequence != 3 {
 				return true
 			}
@@ -493,7 +470,7 @@ func testSubscriberCrashBetweenCommitAndAck(t *testing.T, proto MQTTProtocol) {
 	var dups []int64
 	s, _ := c.subscriber(t, recordApplied, func(o *SubscriberOptions) {
 		o.Protocol = proto
-		o.OnEvent = func(ev Event, outcome Outcome, _ error) {
+		o.OnEvent = func(ev outbox.Event, outcome Outcome, _ error) {
 			if outcome == Duplicate {
 				mu.Lock()
 				dups = append(dups, ev.Sequence)
@@ -507,7 +484,7 @@ func testSubscriberCrashBetweenCommitAndAck(t *testing.T, proto MQTTProtocol) {
 		defer mu.Unlock()
 		return slices.Contains(dups, 3)
 	})
-	if proto == Protocol311 {
+	if proto == outbox.Protocol311 {
 		require.EqualValues(t, 1, s.Stats().Duplicates, "3.1.1 acknowledges each at once")
 	}
 	var distinct int

@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -18,8 +19,8 @@ import (
 // and returns it and a stop that waits for Run to return.
 func runSubscriber(t *testing.T, in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, func()) {
 	t.Helper()
-	opts.Reconnect = Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}
-	opts.Retry = Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
+	opts.Reconnect = outbox.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+	opts.HandlerBackoff = outbox.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
 	opts.KeepAlive, opts.PingTimeout, opts.Logger = 2*time.Second, time.Second, testLogger()
 	s, err := NewSubscriber(in, h, opts)
 	require.NoError(t, err)
@@ -39,12 +40,12 @@ func runSubscriber(t *testing.T, in *Inbox, h Handler, opts SubscriberOptions) (
 // recognised.
 func TestSubscriberMQTT5BothModes(t *testing.T) {
 	b := startBroker(t)
-	producers := map[Envelope]*Outbox{}
-	for _, env := range []Envelope{EnvelopeCloudEvents, EnvelopeCloudEventsBinary} {
-		ob := openTest(t, Options{})
+	producers := map[outbox.Envelope]*outbox.Outbox{}
+	for _, env := range []outbox.Envelope{outbox.EnvelopeCloudEvents, outbox.EnvelopeCloudEventsBinary} {
+		ob := openTest(t, outbox.Options{})
 		opts := fastRelay()
 		opts.Envelope, opts.Source = env, "/till/"+env.String()
-		startRelay(t, mqttRelayOn(t, ob, b.url(), opts, Protocol5))
+		startRelay(t, mqttRelayOn(t, ob, b.url(), opts, outbox.Protocol5))
 		producers[env] = ob
 	}
 	blob := []byte{0, 1, 2, 0xff, '{'}
@@ -58,12 +59,12 @@ func TestSubscriberMQTT5BothModes(t *testing.T) {
 	db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 	require.NoError(t, err)
-	opts := SubscriberOptions{Broker: b.url(), ClientID: "consumer-5", Topics: []string{"pos/#"}, Protocol: Protocol5}
+	opts := SubscriberOptions{Broker: b.url(), ClientID: "consumer-5", Topics: []string{"pos/#"}, Protocol: outbox.Protocol5}
 
 	crashed := make(chan struct{})
 	var once sync.Once
 	first := opts
-	first.beforeAck = func(ev Event) bool {
+	first.beforeAck = func(ev outbox.Event) bool {
 		if ev.Source != "/till/binary" || ev.Sequence != 3 {
 			return true
 		}
@@ -74,8 +75,8 @@ func TestSubscriberMQTT5BothModes(t *testing.T) {
 	eventually(t, 10*time.Second, "connected", func() bool { return s.Stats().Connected })
 	require.Equal(t, "5", s.Stats().Protocol)
 	commit(1, 3)
-	require.NoError(t, producers[EnvelopeCloudEventsBinary].Transact(context.Background(), func(tx *sql.Tx) error {
-		return producers[EnvelopeCloudEventsBinary].Enqueue(context.Background(), tx, Message{Topic: "pos/blobs", Payload: blob})
+	require.NoError(t, producers[outbox.EnvelopeCloudEventsBinary].Transact(context.Background(), func(tx *sql.Tx) error {
+		return producers[outbox.EnvelopeCloudEventsBinary].Enqueue(context.Background(), tx, outbox.Message{Topic: "pos/blobs", Payload: blob})
 	}))
 	select {
 	case <-crashed:
@@ -96,7 +97,7 @@ func TestSubscriberMQTT5BothModes(t *testing.T) {
 	var mu sync.Mutex
 	var dups []string
 	again := opts
-	again.OnEvent = func(ev Event, outcome Outcome, _ error) {
+	again.OnEvent = func(ev outbox.Event, outcome Outcome, _ error) {
 		if outcome == Duplicate {
 			mu.Lock()
 			dups = append(dups, fmt.Sprint(ev.Source, " ", ev.Sequence))
@@ -136,8 +137,8 @@ func TestSubscriberAutoFallsBackTo311(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			b := startBroker(t)
 			g := harness.StartVersionGate(t, b.addr, mode)
-			ob := openTest(t, Options{})
-			startRelay(t, mqttRelayOn(t, ob, b.url(), fastRelay(), Protocol5))
+			ob := openTest(t, outbox.Options{})
+			startRelay(t, mqttRelayOn(t, ob, b.url(), fastRelay(), outbox.Protocol5))
 			db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 			in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 			require.NoError(t, err)
@@ -169,9 +170,9 @@ func TestSubscriberSharedSubscription(t *testing.T) {
 	}
 	for _, name := range []string{"mochi", "mosquitto"} {
 		t.Run(name, func(t *testing.T) {
-			forProtocols(t, func(t *testing.T, proto MQTTProtocol) {
+			forProtocols(t, func(t *testing.T, proto outbox.MQTTProtocol) {
 				url := brokers[name](t)
-				ob := openTest(t, Options{})
+				ob := openTest(t, outbox.Options{})
 				db := consumerDB(t, filepath.Join(t.TempDir(), "consumer.db"))
 				in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
 				require.NoError(t, err)

@@ -1,4 +1,4 @@
-package outbox
+package consumer
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -23,7 +24,7 @@ import (
 // every committed event applied exactly once, in order per source.
 func TestEndToEndKillBothSides(t *testing.T) { forProtocols(t, testEndToEndKillBothSides) }
 
-func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
+func testEndToEndKillBothSides(t *testing.T, proto outbox.MQTTProtocol) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
@@ -59,9 +60,9 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 			start := time.Now()
 			s, err := NewSubscriber(in, recordApplied, SubscriberOptions{
 				Broker: broker, ClientID: "e2e-consumer", Topics: []string{"e2e/#"},
-				Reconnect: Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+				Reconnect: outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 				KeepAlive: 2 * time.Second, PingTimeout: time.Second, Logger: testLogger(),
-				beforeAck: func(Event) bool {
+				beforeAck: func(outbox.Event) bool {
 					if time.Since(start) < dropAfter {
 						return true
 					}
@@ -95,7 +96,7 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 	}()
 
 	type producer struct {
-		ob        *Outbox
+		ob        *outbox.Outbox
 		source    string
 		committed int
 	}
@@ -103,12 +104,12 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 	stopRelays := make(chan struct{})
 	var relayWG sync.WaitGroup
 	for i, p := range producers {
-		p.ob = openTest(t, Options{})
+		p.ob = openTest(t, outbox.Options{})
 		relayWG.Add(1)
 		go func() { // this producer's relay, killed and restarted
 			defer relayWG.Done()
 			for {
-				pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: fmt.Sprintf("e2e-till-%d", i), KeepAlive: 2 * time.Second, PingTimeout: time.Second, WriteTimeout: time.Second, Protocol: proto})
+				pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: fmt.Sprintf("e2e-till-%d", i), KeepAlive: 2 * time.Second, PingTimeout: time.Second, WriteTimeout: time.Second, Protocol: proto})
 				if err != nil {
 					t.Error(err)
 					return
@@ -154,7 +155,7 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 			defer writers.Done()
 			for i := 0; i < 400 || (!killedEnough() && i < 4000); i++ {
 				err := p.ob.Transact(ctx, func(tx *sql.Tx) error {
-					return p.ob.Enqueue(ctx, tx, Message{Topic: "e2e/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+					return p.ob.Enqueue(ctx, tx, outbox.Message{Topic: "e2e/orders", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
 				})
 				if err != nil {
 					t.Error(err)
@@ -172,7 +173,7 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 	close(stopRelays)
 	relayWG.Wait()
 	for _, p := range producers {
-		pub, err := NewMQTTPublisher(MQTTOptions{Broker: broker, ClientID: "e2e-final-" + p.source[7:], Protocol: proto})
+		pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: broker, ClientID: "e2e-final-" + p.source[7:], Protocol: proto})
 		require.NoError(t, err)
 		t.Cleanup(func() { pub.Close() })
 		opts := fastRelay()
@@ -185,7 +186,7 @@ func testEndToEndKillBothSides(t *testing.T, proto MQTTProtocol) {
 	wg.Wait()
 	s, err := NewSubscriber(in, recordApplied, SubscriberOptions{
 		Broker: broker, ClientID: "e2e-consumer", Topics: []string{"e2e/#"}, Logger: testLogger(),
-		Reconnect: Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+		Reconnect: outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 	})
 	require.NoError(t, err)
 	sctx, stopFinal := context.WithCancel(ctx)

@@ -251,9 +251,9 @@ func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties
 // allows, as it will be sent, cannot be published.
 func (e *encoder) encodeRow(m *row, carries bool) {
 	if e.mode == EnvelopeCloudEventsBinary && carries {
-		m.wire, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
+		m.encoded, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
 	} else {
-		m.wire, m.encErr = e.encode(make([]byte, 0, len(m.payload)*4/3+256+len(m.id)), &m.outgoing)
+		m.encoded, m.encErr = e.encode(make([]byte, 0, len(m.payload)*4/3+256+len(m.id)), &m.outgoing)
 		if carries && e.mode == EnvelopeCloudEvents {
 			// The CloudEvents MQTT binding: in structured mode over MQTT 5
 			// the Content Type is the event format's media type.
@@ -265,7 +265,7 @@ func (e *encoder) encodeRow(m *row, carries bool) {
 		if !carries {
 			props = nil
 		}
-		if err := e.sizes.CheckSize(m.topic, len(m.wire), props); err != nil {
+		if err := e.sizes.CheckSize(m.topic, len(m.encoded), props); err != nil {
 			m.encErr = undeliverable(err)
 		}
 	}

@@ -18,9 +18,9 @@ const maxBatchBytes = 4 << 20
 // row is an outbox row read for publishing, already encoded.
 type row struct {
 	outgoing
-	wire   []byte
-	props  PublishProperties // MQTT 5 only: given when the session carries them
-	encErr error
+	encoded []byte // the message as it will be published
+	props   PublishProperties // given only when the session carries properties
+	encErr  error
 	// expires is when the message expires, on the outbox clock (NULL:
 	// never).
 	expires sql.NullInt64
@@ -68,7 +68,7 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 			r.enc.encodeRow(&m, carries)
 			m.payload = nil // RawBytes is only valid until Next
 			out = append(out, m)
-			bytes += len(m.wire)
+			bytes += len(m.encoded)
 			if bytes >= maxBatchBytes {
 				break
 			}

@@ -432,9 +432,9 @@ func (r *Relay) notIdle() {
 // the connection carries them.
 func (s *session) publish(m *row) Token {
 	if s.props != nil && !m.props.empty() {
-		return s.props.PublishWithProperties(m.topic, m.wire, m.props)
+		return s.props.PublishWithProperties(m.topic, m.encoded, m.props)
 	}
-	return s.r.pub.Publish(m.topic, m.wire)
+	return s.r.pub.Publish(m.topic, m.encoded)
 }
 
 // carrier returns the publisher as a PropertiesPublisher if its connection

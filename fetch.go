@@ -18,7 +18,7 @@ const maxBatchBytes = 4 << 20
 // row is an outbox row read for publishing, already encoded.
 type row struct {
 	outgoing
-	encoded []byte // the message as it will be published
+	encoded []byte            // the message as it will be published
 	props   PublishProperties // given only when the session carries properties
 	encErr  error
 	// expires is when the message expires, on the outbox clock (NULL:

@@ -13,7 +13,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
-// The hot paths, one by one (outboxctl bench measures them together, end to
+// The hot paths, one by one (outboxlab bench measures them together, end to
 // end, against the machine's limits):
 //
 //	go test -run '^$' -bench . -benchmem

@@ -60,7 +60,7 @@ func benchTx(b *testing.B, ob *Outbox, withOutbox, rawSQL bool, batch int) {
 
 // The enqueue benchmarks compare the business transaction alone, with a raw
 // SQL outbox insert, and with Enqueue, at synchronous=NORMAL (FULL is
-// dominated by fsync; see outboxctl bench for both).
+// dominated by fsync; see outboxlab bench for both).
 func BenchmarkTxBusinessOnly(b *testing.B) {
 	benchTx(b, openTest(b, Options{Synchronous: SyncNormal}), false, false, 1)
 }

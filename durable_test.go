@@ -200,7 +200,7 @@ func testPublishedAheadOfDurableMark(t *testing.T, window int) {
 
 // TestRelayStatsWALSyncs: the fsyncs durable before publish costs are
 // counted where they are made and shown in the relay's Stats, so that an
-// operator and outboxctl bench can see what the guarantee costs: one per
+// operator and outboxlab bench can see what the guarantee costs: one per
 // batch read for a backlog, one per event for a trickle.
 func TestRelayStatsWALSyncs(t *testing.T) {
 	ctx := context.Background()

@@ -21,7 +21,7 @@ func TestValidJSON(t *testing.T) {
 	}
 }
 
-// BenchmarkValidJSON: the payload of outboxctl bench's drain.
+// BenchmarkValidJSON: the payload of outboxlab bench's drain.
 func BenchmarkValidJSON(b *testing.B) {
 	payload := []byte(`{"order":123456,"store":"42","lines":[{"sku":"A-1001","qty":2,"price":4.5},{"sku":"B-2002","qty":1,"price":12.25}],"total":21.25,"paid":true,"note":"no onions, extra sauce, thanks"}`)
 	b.Run("validJSON", func(b *testing.B) {

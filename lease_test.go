@@ -365,8 +365,7 @@ func TestIdleRelayThatHearsAllRenewsWhileDisconnected(t *testing.T) {
 // renewal still gets in within a few of those gaps, because it polls for
 // the lock as a mark does. In SQLite's busy handler, whose sleeps grow to
 // 100 ms, it mostly missed them: a renewal waiting there held the relay's
-// connection, and its marks, for seconds (outboxctl bench --full, section
-// 3, a sidecar writer at FULL: commit → PUBACK p99 620 ms).
+// connection, and its marks, for seconds.
 func TestRenewalTakesTheWriteLockInAGap(t *testing.T) {
 	ob := openTest(t, Options{})
 	pub := &fakePublisher{}

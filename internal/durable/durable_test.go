@@ -16,13 +16,12 @@ type rows []int64
 func (r rows) Len() int                         { return len(r) }
 func (r rows) Row(i int) (seq int64, id string) { return r[i], fmt.Sprint("id-", r[i]) }
 
-// TestGateSyncsLate: the gate asks for a sync as late as it can
-// without making dispatch wait, so that each sync covers most of what the
-// bound allows; asking at half the bound, as it did, covered 41 messages per
-// sync at window 16 in outboxctl bench's drain (bound 144 then), where
-// about 80 were possible. The publishing is simulated in steps of one hand-off: a window
-// of 16 in flight, each acknowledgement marked at once, and a sync that
-// takes as long as 4 hand-offs.
+// TestGateSyncsLate: the gate asks for a sync as late as it can without
+// making dispatch wait, so that each sync covers most of what the bound
+// allows (asking at half the bound covered half as much). The publishing
+// is simulated in steps of one hand-off: a window of 16 in flight, each
+// acknowledgement marked at once, and a sync that takes as long as 4
+// hand-offs.
 func TestGateSyncsLate(t *testing.T) {
 	const window, messages, syncTakes = 16, 20000, 4
 	var count atomic.Int64

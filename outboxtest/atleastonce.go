@@ -17,7 +17,7 @@ import (
 // count against a message); and the duplicates are only what was in flight
 // when a connection was lost, a window at most per fault.
 func atLeastOnce(t *testing.T, tr Transport) {
-	x := newFixture(t, tr.Broker(t))
+	x := newFixture(t, tr.Broker(t), tr.Features)
 	b := x.broker
 	topic := b.Topic
 	backlog, outage := 200*scale(t), 100*scale(t)

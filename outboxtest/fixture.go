@@ -54,13 +54,14 @@ func relayOptions() outbox.RelayOptions {
 // fixture is one case's world: a new outbox, the broker, a subscriber to
 // it and the relays the case runs.
 type fixture struct {
-	t      *testing.T
-	broker Broker
-	ob     *outbox.Outbox
-	got    *stream
+	t        *testing.T
+	broker   Broker
+	features Features
+	ob       *outbox.Outbox
+	got      *stream
 }
 
-func newFixture(t *testing.T, b Broker) *fixture {
+func newFixture(t *testing.T, b Broker, f Features) *fixture {
 	t.Helper()
 	require.NotNil(t, b.Publisher, "Broker.Publisher is required")
 	require.NotNil(t, b.Subscribe, "Broker.Subscribe is required")
@@ -69,7 +70,7 @@ func newFixture(t *testing.T, b Broker) *fixture {
 	ob, err := outbox.Open(context.Background(), filepath.Join(t.TempDir(), "outbox.db"), outbox.Options{Logger: logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { ob.Close() })
-	x := &fixture{t: t, broker: b, ob: ob, got: newStream()}
+	x := &fixture{t: t, broker: b, features: f, ob: ob, got: newStream()}
 	b.Subscribe(x.got.add)
 	return x
 }
@@ -241,8 +242,8 @@ func holds(d time.Duration, cond func() bool) bool {
 }
 
 // connected waits until rr has a connection and has published through it:
-// the first event committed to an empty outbox is delivered and marked
-// sent, and nothing is in flight.
+// an event committed now is delivered and marked sent, and nothing is in
+// flight. The connection speaks Features.Protocol.
 func (x *fixture) connected(rr *running) {
 	x.t.Helper()
 	base := x.got.unique()
@@ -251,6 +252,15 @@ func (x *fixture) connected(rr *running) {
 	waitFor(x.t, patience, "the relay to connect and deliver an event", func() bool {
 		return x.got.unique() > base && x.count(outbox.StateSent) > sent && rr.Metrics().InFlight == 0
 	})
+	x.speaks(rr)
+}
+
+// speaks checks that rr's connection speaks Features.Protocol, if set.
+func (x *fixture) speaks(rr *running) {
+	x.t.Helper()
+	if p := x.features.Protocol; p != "" {
+		require.Equal(x.t, p, rr.Protocol(), "the protocol the relay's connection speaks")
+	}
 }
 
 // effectiveWindow is the window the relay keeps on pub's connection: the

@@ -15,7 +15,7 @@ import (
 // commit order; nothing of a rolled-back transaction is published; no
 // fault, so no duplicate, and every row is sent with no attempt charged.
 func order(t *testing.T, tr Transport) {
-	x := newFixture(t, tr.Broker(t))
+	x := newFixture(t, tr.Broker(t), tr.Features)
 	topic := x.broker.Topic
 	backlog, live := 300*scale(t), 100*scale(t)
 
@@ -25,9 +25,7 @@ func order(t *testing.T, tr Transport) {
 
 	rr := x.start(relayOptions())
 	x.delivered(backlog, "the backlog")
-	if tr.Features.Protocol != "" {
-		require.Equal(t, tr.Features.Protocol, rr.Protocol(), "the protocol the relay's connection speaks")
-	}
+	x.speaks(rr)
 
 	// Two writers commit at once: commit order is the order their commits
 	// got their sequence numbers, whatever the writers' interleaving.

@@ -17,7 +17,7 @@ import (
 // in commit order, nothing lost; and no goroutine outlives the relays.
 func shutdown(t *testing.T, tr Transport) {
 	b := tr.Broker(t)
-	x := newFixture(t, b)
+	x := newFixture(t, b, tr.Features)
 	topic := b.Topic
 	opts := relayOptions()
 	limit := opts.ShutdownTimeout + shutdownMargin

@@ -21,22 +21,22 @@ const windowHold = 200 * time.Millisecond
 // more while it watches; where the broker counts what awaits its
 // acknowledgement (PeakInFlight), its count is within the window.
 func theWindow(t *testing.T, tr Transport) {
-	t.Run("RelayOptions.Window", func(t *testing.T) { windowKept(t, tr.Broker(t), 0) })
+	t.Run("RelayOptions.Window", func(t *testing.T) { windowKept(t, tr.Broker(t), tr.Features, 0) })
 	t.Run("a broker's smaller limit", func(t *testing.T) {
 		if tr.Limited == nil {
 			t.Skip("the transport has no broker limit (Transport.Limited)")
 		}
 		const limit = 5
-		windowKept(t, tr.Limited(t, limit), limit)
+		windowKept(t, tr.Limited(t, limit), tr.Features, limit)
 	})
 }
 
 // windowKept checks the window on b; limit is the broker's, 0 for none.
-func windowKept(t *testing.T, b Broker, limit int) {
+func windowKept(t *testing.T, b Broker, f Features, limit int) {
 	if b.Withhold == nil && b.PeakInFlight == nil {
 		t.Skip("the window cannot be seen: the Broker has neither Withhold nor PeakInFlight")
 	}
-	x := newFixture(t, b)
+	x := newFixture(t, b, f)
 	rr := x.start(relayOptions())
 	x.connected(rr)
 	w := effectiveWindow(rr.pub, window)

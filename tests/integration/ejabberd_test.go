@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/outboxtest"
 )
 
 // ejabberd 23.01 (the Debian package), its MQTT broker mod_mqtt
@@ -41,16 +42,20 @@ import (
 // crypto/x509 writes it, is refused too, although it is from the right CA,
 // and the log says no more than "Not authorized".
 var ejabberdKind = brokerKind{
-	name:     "ejabberd",
-	features: features{MQTT5: true, AcksDeniedPublish: true, DeniedReason5: "topic name invalid (0x90): Publishing to this topic is forbidden by service policy", TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
-	start:    startEjabberdSet,
+	name:  "ejabberd",
+	mqtt5: true,
+	denied5: outboxtest.Features{Refusal: outboxtest.RefusedForGood,
+		RefusalReason: "topic name invalid (0x90): Publishing to this topic is forbidden by service policy"},
+	denied311: outboxtest.Features{Refusal: outboxtest.AckedAndDropped},
+	traits:    traits{TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
+	start:     startEjabberdSet,
 }
 
 func TestEjabberd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs real brokers")
 	}
-	runBrokerSuite(t, ejabberdKind)
+	runBrokerTests(t, ejabberdKind)
 }
 
 func startEjabberdSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -77,11 +76,10 @@ func newFixture(t *testing.T, b Broker, f Features) *fixture {
 
 // logger is quiet unless OUTBOX_TEST_LOG is set.
 func logger() *slog.Logger {
-	var h slog.Handler = slog.NewTextHandler(io.Discard, nil)
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		h = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})
+	if os.Getenv("OUTBOX_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(h)
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // commit commits n events to topic, one transaction each.
@@ -119,7 +117,7 @@ func (x *fixture) tryRollBack(topic string) (string, error) {
 		return errRollBack
 	})
 	if !errors.Is(err, errRollBack) {
-		return "", fmt.Errorf("a transaction meant to roll back: %v", err)
+		return "", fmt.Errorf("a transaction meant to roll back: %w", err)
 	}
 	return id, nil
 }

@@ -20,7 +20,7 @@ func atLeastOnce(t *testing.T, tr Transport) {
 	x := newFixture(t, tr.Broker(t), tr.Features)
 	b := x.broker
 	topic := b.Topic
-	backlog, outage := 200*scale(t), 100*scale(t)
+	backlog, outage := 150*scale(t), 50*scale(t)
 	rr := x.start(relayOptions())
 	x.connected(rr)
 	w := effectiveWindow(rr.pub, window)

@@ -17,7 +17,7 @@ import (
 func order(t *testing.T, tr Transport) {
 	x := newFixture(t, tr.Broker(t), tr.Features)
 	topic := x.broker.Topic
-	backlog, live := 300*scale(t), 100*scale(t)
+	backlog, live := 200*scale(t), 50*scale(t)
 
 	x.commit(topic, backlog/2)
 	rolledBack := []string{x.rollBack(topic)}

@@ -18,8 +18,8 @@ import (
 // more clears the whole queue and ends the session (mod_mqtt_session.erl).
 // It sends a subscriber one QoS 1 message at a time, the next after the
 // PUBACK, and acknowledges a publisher's QoS 1 message once it has handed
-// it to the subscribers' sessions: in the conformance suite's order case the
-// relay has all 300 PUBACKs of the backlog when the subscriber has about 30.
+// it to the subscribers' sessions: the relay has every PUBACK of a backlog
+// when the subscriber has about a tenth of it.
 //
 // A publish its access rules refuse (access_publish) is acknowledged and
 // dropped, and the connection stays up. mod_mqtt answers with a PUBACK

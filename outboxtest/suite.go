@@ -132,6 +132,7 @@ const (
 	AckedAndDropped
 )
 
+// String is the mode in words, as the logs and TestFake's subtests name it.
 func (m RefusalMode) String() string {
 	switch m {
 	case RefusedForGood:

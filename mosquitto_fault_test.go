@@ -24,7 +24,7 @@ import (
 
 // The fault test against a real Mosquitto: go test -race -run TestMosquittoBrokerFaults -v .
 // Its premise, that Mosquitto keeps a persistent session across a restart,
-// is a case of the broker suite (TestMosquitto in tests/integration).
+// is a case of tests/integration (TestMosquitto/mqtt_*/session_survives_a_restart).
 //
 // OUTBOX_FAULTS=1000 raises the number of network faults of
 // TestMosquittoBrokerFaults (default 100, about a minute);

@@ -499,12 +499,30 @@ func (p *FaultProxy) Blackhole(dir Dir, d time.Duration) {
 // StallFor stops every byte in both directions for d without closing
 // anything, then lets the connections that predate the stall go on.
 func (p *FaultProxy) StallFor(d time.Duration) {
-	st := make(chan struct{})
-	p.mu.Lock()
-	p.stall = st
-	p.mu.Unlock()
+	p.Stall()
 	time.Sleep(d) // the fault schedule
+	p.EndStall()
+}
+
+// Stall stops every byte in both directions, without closing anything,
+// until EndStall.
+func (p *FaultProxy) Stall() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stall == nil {
+		p.stall = make(chan struct{})
+	}
+}
+
+// EndStall lets the connections that predate the stall go on, with the
+// bytes held back, and closes those accepted during it.
+func (p *FaultProxy) EndStall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.stall
+	if st == nil {
+		return
+	}
 	for c := range p.conns {
 		if c.bornIn == st {
 			c.close(false)
@@ -513,7 +531,6 @@ func (p *FaultProxy) StallFor(d time.Duration) {
 	}
 	p.stall = nil
 	close(st)
-	p.mu.Unlock()
 }
 
 // Down closes the listener and every connection: connections are

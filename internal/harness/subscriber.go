@@ -16,6 +16,9 @@ type SubscriberOptions struct {
 	Username, Password string
 	// TLS, if set, connects with ssl:// and this configuration.
 	TLS *tls.Config
+	// OnMessage, if set, is called with every message's payload too, one
+	// at a time, in arrival order, after the log has it.
+	OnMessage func(payload []byte)
 }
 
 // Subscriber is a paho client with a fixed client id and CleanSession
@@ -64,7 +67,12 @@ func NewSubscriber(tb TB, addr string, o SubscriberOptions, log *EventLog) *Subs
 	co.SetOrderMatters(true) // handled one at a time, in arrival order
 	// Messages queued by the session arrive right after CONNACK, before any
 	// Subscribe call of ours: the default handler takes them.
-	co.SetDefaultPublishHandler(func(_ mqtt.Client, msg mqtt.Message) { s.Log.Add(msg.Payload()) })
+	co.SetDefaultPublishHandler(func(_ mqtt.Client, msg mqtt.Message) {
+		s.Log.Add(msg.Payload())
+		if o.OnMessage != nil {
+			o.OnMessage(msg.Payload())
+		}
+	})
 	co.SetConnectionLostHandler(func(mqtt.Client, error) {
 		select {
 		case s.lost <- struct{}{}:

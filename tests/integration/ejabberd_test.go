@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/outboxtest"
 )
 
 // ejabberd 23.01 (the Debian package), its MQTT broker mod_mqtt
@@ -17,8 +18,8 @@ import (
 // more clears the whole queue and ends the session (mod_mqtt_session.erl).
 // It sends a subscriber one QoS 1 message at a time, the next after the
 // PUBACK, and acknowledges a publisher's QoS 1 message once it has handed
-// it to the subscribers' sessions: in the compatibility case the relay has
-// all 300 PUBACKs when the subscriber has about 30.
+// it to the subscribers' sessions: the relay has every PUBACK of a backlog
+// when the subscriber has about a tenth of it.
 //
 // A publish its access rules refuse (access_publish) is acknowledged and
 // dropped, and the connection stays up. mod_mqtt answers with a PUBACK
@@ -41,16 +42,20 @@ import (
 // crypto/x509 writes it, is refused too, although it is from the right CA,
 // and the log says no more than "Not authorized".
 var ejabberdKind = brokerKind{
-	name:     "ejabberd",
-	features: features{MQTT5: true, AcksDeniedPublish: true, DeniedReason5: "topic name invalid (0x90): Publishing to this topic is forbidden by service policy", TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
-	start:    startEjabberdSet,
+	name:  "ejabberd",
+	mqtt5: true,
+	denied5: outboxtest.Features{Refusal: outboxtest.RefusedForGood,
+		RefusalReason: "topic name invalid (0x90): Publishing to this topic is forbidden by service policy"},
+	denied311: outboxtest.Features{Refusal: outboxtest.AckedAndDropped},
+	traits:    traits{TLSOnly: true, CertCheckedAtLogin: true, UTF8CommonName: true},
+	start:     startEjabberdSet,
 }
 
 func TestEjabberd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs real brokers")
 	}
-	runBrokerSuite(t, ejabberdKind)
+	runBrokerTests(t, ejabberdKind)
 }
 
 func startEjabberdSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {

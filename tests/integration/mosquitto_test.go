@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/outboxtest"
 )
 
 // Mosquitto 2.0 (the Debian package). Its default max_queued_messages
@@ -19,23 +21,26 @@ import (
 // PUBACK says 0x87 (not authorized), and the relay parks it dead at once. It
 // tells MQTT 5 clients a Receive Maximum of max_inflight_messages (20 by
 // default; the harness's persistent broker sets 100), which caps the relay's
-// window. Its TLS listener here requires a client
+// window (the window case's broker sets less). Its TLS listener here requires a client
 // certificate and a password, and is its only listener; a second broker
 // has an expired certificate.
 //
 // TestMosquittoBrokerFaults and TestEndToEndKillBothSides, at the root,
 // run against it as well.
 var mosquittoKind = brokerKind{
-	name:     "Mosquitto",
-	features: features{MQTT5: true, AcksDeniedPublish: true, DeniedReason5: "not authorized (0x87)", SessionsSurviveRestart: true, TLSOnly: true},
-	start:    startMosquittoSet,
+	name:      "Mosquitto",
+	mqtt5:     true,
+	denied5:   outboxtest.Features{Refusal: outboxtest.RefusedForGood, RefusalReason: "not authorized (0x87)"},
+	denied311: outboxtest.Features{Refusal: outboxtest.AckedAndDropped},
+	traits:    traits{SessionsSurviveRestart: true, TLSOnly: true},
+	start:     startMosquittoSet,
 }
 
 func TestMosquitto(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs real brokers")
 	}
-	runBrokerSuite(t, mosquittoKind)
+	runBrokerTests(t, mosquittoKind)
 }
 
 func startMosquittoSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {
@@ -60,6 +65,14 @@ func startMosquittoSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {
 			expiredAddr: startMosquittoTLS(t, pki.Expired, user, password), login: login{user, password}},
 		denial: &denial{target: denying, allowed: "fleet/till-1/orders", denied: "fleet/till-2/orders", filter: "fleet/#",
 			logSays: "Denied PUBLISH from till-1"},
+		limited: func(t *testing.T, limit int) *target {
+			dir := t.TempDir()
+			l := harness.StartMosquitto(t, harness.MosquittoOptions{Dir: dir, Config: []string{
+				"allow_anonymous true", "persistence false", "max_queued_messages 0", "set_tcp_nodelay true",
+				fmt.Sprint("max_inflight_messages ", limit),
+			}})
+			return &target{name: name, addr: l.Addr()}
+		},
 	}
 }
 

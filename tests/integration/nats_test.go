@@ -14,16 +14,16 @@ import (
 // that listener is TLS-only; it sends "bad certificate" for both a missing
 // and an untrusted client certificate, and only its log tells them apart.
 var natsKind = brokerKind{
-	name:     "NATS",
-	features: features{RefusesDotInTopics: true, TLSOnly: true},
-	start:    startNATSSet,
+	name:   "NATS",
+	traits: traits{RefusesDotInTopics: true, TLSOnly: true},
+	start:  startNATSSet,
 }
 
 func TestNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs real brokers")
 	}
-	runBrokerSuite(t, natsKind)
+	runBrokerTests(t, natsKind)
 }
 
 func startNATSSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {

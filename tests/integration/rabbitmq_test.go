@@ -42,7 +42,7 @@ func TestRabbitMQ(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs real brokers")
 	}
-	runBrokerSuite(t, rabbitMQKind)
+	runBrokerTests(t, rabbitMQKind)
 }
 
 func startRabbitMQSet(t *testing.T, pki *harness.BrokerTLS) *brokerSet {

@@ -35,7 +35,7 @@ const (
 // fleet CA's name but another key; and where the broker has them, a
 // certificate whose CN the broker cannot read, an expired broker
 // certificate and a wrong password.
-func tlsCasesFor(f features, b *harness.BrokerTLS, tg *target) []tlsCase {
+func tlsCasesFor(f traits, b *harness.BrokerTLS, tg *target) []tlsCase {
 	client, rogue, forged := b.Client, b.Rogue, b.Forged
 	if f.UTF8CommonName {
 		client, rogue, forged = b.ClientUTF8, b.RogueUTF8, b.ForgedUTF8
@@ -77,9 +77,9 @@ func tlsCases(t *testing.T, k brokerKind, set *brokerSet) {
 		t.Skipf("%s: TLS is not tested", k.name)
 	}
 	var sub *harness.EventLog
-	if k.features.TLSOnly && tg.inline == nil {
+	if k.traits.TLSOnly && tg.inline == nil {
 		client := set.pki.Client
-		if k.features.UTF8CommonName {
+		if k.traits.UTF8CommonName {
 			client = set.pki.ClientUTF8
 		}
 		cfg, err := outbox.TLSFiles{CAFile: set.pki.CAFile, CertFile: client.CertFile, KeyFile: client.KeyFile}.Config()
@@ -88,7 +88,7 @@ func tlsCases(t *testing.T, k brokerKind, set *brokerSet) {
 	} else {
 		sub = tg.subscribe(t, "tls-consumer", "pos/#")
 	}
-	for _, tc := range tlsCasesFor(k.features, set.pki, tg) {
+	for _, tc := range tlsCasesFor(k.traits, set.pki, tg) {
 		if tc.want == notAuthorised && tg.proto == outbox.Protocol5 {
 			tc.want = notAuthorized5
 		}

@@ -387,7 +387,7 @@ func (r *reporter) print(ctx context.Context) error {
 }
 
 // cloudEvent is the structured-mode CloudEvents JSON document that the
-// outbox relay publishes (see docs/wire.md).
+// outbox relay publishes (see docs/envelope.md).
 type cloudEvent struct {
 	SpecVersion     string          `json:"specversion"`
 	ID              string          `json:"id"`

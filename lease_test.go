@@ -164,6 +164,17 @@ func leaseToken(t testing.TB, ob *Outbox) int64 {
 	return token
 }
 
+// startContender starts a second relay on ob, with r's options but its own
+// name, which waits for r's lease until the test ends.
+func startContender(t *testing.T, ob *Outbox, r *Relay) {
+	t.Helper()
+	opts := r.opts
+	opts.Owner = "contender"
+	r2, err := ob.NewRelay(&fakePublisher{}, opts)
+	require.NoError(t, err)
+	startRelay(t, r2)
+}
+
 // leaseRow is the relay lease's holder and token.
 func leaseRow(t testing.TB, ob *Outbox) (owner string, token int64) {
 	t.Helper()
@@ -184,12 +195,7 @@ func TestIdleRelayRenewsEveryHalfTTL(t *testing.T) {
 	skips := counted(&r.hooks.onSkip)
 	startRelay(t, r)
 	eventually(t, 5*time.Second, "connected", func() bool { return pub.connectCount() == 1 })
-	contender := r.opts
-	contender.Owner = "contender"
-	r2, err := ob.NewRelay(&fakePublisher{}, contender)
-	require.NoError(t, err)
-	startRelay(t, r2)
-
+	startContender(t, ob, r)
 	start, token := time.Now(), leaseToken(t, ob)
 	eventually(t, 10*time.Second, "three seconds", func() bool { return time.Since(start) >= 3*time.Second })
 	renewals := leaseToken(t, ob) - token
@@ -287,12 +293,7 @@ func TestIdleRelayThatHearsAllKeepsItsLease(t *testing.T) {
 	ob := openTest(t, Options{})
 	pub := &fakePublisher{}
 	r, _ := startParkedRelay(t, ob, pub, pub)
-	contender := r.opts
-	contender.Owner = "contender"
-	r2, err := ob.NewRelay(&fakePublisher{}, contender)
-	require.NoError(t, err)
-	startRelay(t, r2)
-
+	startContender(t, ob, r)
 	start, token := time.Now(), leaseToken(t, ob)
 	eventually(t, 10*time.Second, "four seconds", func() bool { return time.Since(start) >= 4*time.Second })
 	renewals := leaseToken(t, ob) - token

@@ -775,16 +775,7 @@ func TestPurgeTakesTheWriteLockInAGap(t *testing.T) {
 // failure — an attempt charged, parked dead, parked expired — are on the
 // relay's connection too, and poll for the write lock as the marks do.
 func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
-	ctx := context.Background()
-	ob := openTest(t, Options{})
-	for i := 0; i < 3; i++ {
-		commitOrder(t, ob, "t", i)
-	}
-	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
-	require.NoError(t, err)
-	rc, err := sqlconn.Open(ctx, ob.DB())
-	require.NoError(t, err)
-	defer rc.Close()
+	ob, r, rc := failureSetup(t)
 	locked := holdWriteLockInBursts(t, dbPath(t, ob), 90*time.Millisecond)
 	for _, w := range failureWrites(r, rc, "refused") {
 		locked()
@@ -802,6 +793,23 @@ func TestFailureWritesTakeTheWriteLockInAGap(t *testing.T) {
 	require.Equal(t, "dead", state)
 	state, _ = rowState(t, ob, 3)
 	require.Equal(t, "expired", state)
+}
+
+// failureSetup is an outbox with three pending rows, a relay of it that
+// does not run, and a relay connection of its own, closed when the test
+// ends.
+func failureSetup(t *testing.T) (*Outbox, *Relay, *sqlconn.Conn) {
+	t.Helper()
+	ob := openTest(t, Options{})
+	for i := 0; i < 3; i++ {
+		commitOrder(t, ob, "t", i)
+	}
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	rc, err := sqlconn.Open(context.Background(), ob.DB())
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+	return ob, r, rc
 }
 
 // failureWrites are the writes for a message's own failure, on rows 1 to 3:
@@ -825,15 +833,7 @@ func failureWrites(r *Relay, rc *sqlconn.Conn, why string) []struct {
 // (the relay then spends its reserve and frees space, as for a mark).
 func TestParkSeesAFullDisk(t *testing.T) {
 	ctx := context.Background()
-	ob := openTest(t, Options{})
-	for i := 0; i < 3; i++ {
-		commitOrder(t, ob, "t", i)
-	}
-	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
-	require.NoError(t, err)
-	rc, err := sqlconn.Open(ctx, ob.DB())
-	require.NoError(t, err)
-	defer rc.Close()
+	ob, r, rc := failureSetup(t)
 	// No page more for this connection: a reason too long for its row's
 	// page needs overflow pages, which SQLite reports as a full disk.
 	require.NoError(t, rc.Do(func(c *sql.Conn) error {

@@ -63,22 +63,18 @@ type Conn struct {
 // Options configure a publish connection (Open).
 type Options struct {
 	// ClientID, Username and Password go in the CONNECT.
-	ClientID string
-	Username string
-	Password string
+	ClientID, Username, Password string
 	// TLSConfig is used for a TLS URL; TLSFiles, if set, replaces it and
 	// is read again for every connection.
 	TLSConfig *tls.Config
 	TLSFiles  *TLSFiles
 	// ConnectTimeout bounds the dial and the TLS handshake, and again the
-	// CONNECT and its CONNACK.
-	ConnectTimeout time.Duration
-	// WriteTimeout is the longest a write may go without moving a byte.
-	WriteTimeout time.Duration
+	// CONNECT and its CONNACK; WriteTimeout is the longest a write may go
+	// without moving a byte.
+	ConnectTimeout, WriteTimeout time.Duration
 	// KeepAlive is the MQTT keepalive (an MQTT 5 broker may set another),
 	// and PingTimeout how long a PINGRESP may take once its PINGREQ left.
-	KeepAlive   time.Duration
-	PingTimeout time.Duration
+	KeepAlive, PingTimeout time.Duration
 	// Logger gets the connection's debug notes.
 	Logger *slog.Logger
 	// Control, if set, is given every socket before it connects.

@@ -12,15 +12,15 @@ import (
 // Handler returns the monitor's endpoints, to mount at the root of a
 // listener:
 //
-//   - GET /metrics: metrics, the caller's exposition of Families
+//   - GET /metrics: exposition, the caller's exposition of Families
 //     (outboxprom's registry, or TextMetrics);
 //   - GET /healthz: 200 while the process serves it;
 //   - GET /readyz: 200 while the relay runs, holds the lease and its last
 //     database write succeeded, else 503 with the reason (no probe writes);
 //   - GET /: the status page; POST /requeue: its requeue button.
-func (m *Monitor) Handler(metrics http.Handler) http.Handler {
+func (m *Monitor) Handler(exposition http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /metrics", exposition)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -20,8 +20,8 @@ import (
 	"github.com/edgeoutbox/outbox/internal/metrics"
 )
 
-// Options configures a Monitor, as outboxprom.Options does an Exporter
-// (which converts one into the other: keep their fields alike). The zero
+// Options configures a Monitor. outboxprom.Options, which configures an
+// Exporter, is converted to it: the two have the same fields. The zero
 // value is ready to use.
 type Options struct {
 	// Relay, if set, adds the relay's figures (connection, published,

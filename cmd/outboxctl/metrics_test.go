@@ -70,17 +70,7 @@ func TestRelayMetricsListen(t *testing.T) {
 	require.Contains(t, page, "Connected to the broker")
 	require.NotContains(t, page, "0123456789abcdef", "the token is never shown")
 
-	t.Run("promtool", func(t *testing.T) {
-		promtool := harness.PromtoolBinary()
-		if promtool == "" {
-			t.Skip("promtool is not installed (Debian's prometheus package): the exposition was not linted")
-		}
-		lint := exec.Command(promtool, "check", "metrics")
-		lint.Stdin = strings.NewReader(text)
-		out, err := lint.CombinedOutput()
-		require.NoError(t, err, "promtool check metrics:\n%s", out)
-		require.Empty(t, strings.TrimSpace(string(out)), "promtool check metrics has something to say")
-	})
+	t.Run("promtool", func(t *testing.T) { harness.LintMetrics(t, text) })
 	t.Run("prometheus", func(t *testing.T) {
 		prom := harness.StartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}})
 		for query, want := range map[string]float64{

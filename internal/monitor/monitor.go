@@ -21,27 +21,15 @@ import (
 )
 
 // Options configures a Monitor. outboxprom.Options, which configures an
-// Exporter, is converted to it: the two have the same fields. The zero
-// value is ready to use.
+// Exporter, is converted to it: the two have the same fields, documented
+// for users there. The zero value is ready to use.
 type Options struct {
-	// Relay, if set, adds the relay's figures (connection, published,
-	// timings) and makes /readyz follow it; without it /readyz fails.
-	Relay *outbox.Relay
-	// Version is outbox_info's version label. Default: the outbox module's
-	// version in the build information, or "dev".
-	Version string
-	// RefreshInterval is how often the figures that need a scan of the
-	// table are counted, in the background. Default 30 s.
-	RefreshInterval time.Duration
-	// SampleInterval is how often the backlog is sampled for the status
-	// page's sparkline, which shows the last hour. Default 30 s.
-	SampleInterval time.Duration
-	// AdminToken, if set, enables the status page's requeue button: a POST
-	// that must carry this token (typed into the form) and come from the
-	// page's own origin. Empty: the page is read-only.
-	AdminToken string
-	// Logger receives the monitor's logs. Nil means slog.Default().
-	Logger *slog.Logger
+	Relay           *outbox.Relay // nil: no relay's figures, and never ready
+	Version         string        // outbox_info's version; default the module's, or "dev"
+	RefreshInterval time.Duration // how often the pending bytes are counted when they need a scan; default 30 s
+	SampleInterval  time.Duration // how often the backlog is sampled for the sparkline; default 30 s
+	AdminToken      string        // enables the requeue button; empty: a read-only page
+	Logger          *slog.Logger  // nil: slog.Default()
 }
 
 // Monitor watches one outbox and, optionally, its relay. It runs one

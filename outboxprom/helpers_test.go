@@ -24,13 +24,16 @@ func TestMain(m *testing.M) {
 }
 
 // rig is an outbox whose relay publishes to a mochi broker through a fault
-// proxy, exported by an Exporter served on a loopback listener.
+// proxy, exported by an Exporter served on a loopback listener (srv), and
+// by the same exporter's monitor as the till's outboxctl serves it, its
+// /metrics written without Prometheus's client, on another (till).
 type rig struct {
 	ob    *outbox.Outbox
 	relay *outbox.Relay
 	proxy *harness.FaultProxy
 	exp   *Exporter
 	srv   *httptest.Server
+	till  *httptest.Server
 	stop  func()
 }
 
@@ -66,7 +69,9 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	t.Cleanup(exp.Close)
 	srv := httptest.NewServer(exp.Handler())
 	t.Cleanup(srv.Close)
-	r := &rig{ob: ob, relay: relay, proxy: proxy, exp: exp, srv: srv}
+	till := httptest.NewServer(exp.mon.Handler(exp.mon.TextMetrics()))
+	t.Cleanup(till.Close)
+	r := &rig{ob: ob, relay: relay, proxy: proxy, exp: exp, srv: srv, till: till}
 	r.stop = harness.RunInBackground(t, "relay", relay)
 	return r
 }
@@ -86,10 +91,16 @@ func (r *rig) commit(t *testing.T, n int) {
 	}
 }
 
-// get fetches path from the rig's listener.
+// get fetches path from the rig's outboxprom listener.
 func (r *rig) get(t *testing.T, path string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(r.srv.URL + path)
+	return fetch(t, r.srv, path)
+}
+
+// fetch fetches path from srv.
+func fetch(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(srv.URL + path)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

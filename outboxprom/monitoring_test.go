@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -39,8 +38,7 @@ func TestAlertRules(t *testing.T) {
 func registered() map[string]bool {
 	names := map[string]bool{}
 	ch := make(chan *prometheus.Desc, 64)
-	e := &Exporter{opts: Options{Relay: new(outbox.Relay)}} // Describe only asks whether there is one
-	go func() { e.Describe(ch); close(ch) }()
+	go func() { newDescs(true).Describe(ch); close(ch) }()
 	re := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for d := range ch {
 		name := re.FindStringSubmatch(d.String())[1]

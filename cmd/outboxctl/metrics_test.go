@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/buildinfo"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,14 +14,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // TestRelayMetricsListen runs outboxctl relay --metrics-listen with an admin
-// token and reads /healthz, /readyz, /metrics and the status page from it.
+// token and reads /healthz, /readyz, /metrics and the status page from it;
+// promtool lints /metrics and a real Prometheus scrapes it.
 func TestRelayMetricsListen(t *testing.T) {
 	b := startBroker(t)
-	path := filepath.Join(t.TempDir(), "shop.db")
+	path, ob := newOutbox(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte("0123456789abcdef\n"), 0o600))
 	port, err := harness.FreePort()
@@ -51,32 +54,61 @@ func TestRelayMetricsListen(t *testing.T) {
 		_, text := get("/metrics")
 		return strings.Contains(text, "\noutbox_connected 1\n")
 	})
+	enqueue(t, ob, outbox.Message{Topic: "shop/9/sales", Payload: []byte(`{"n":1}`)}, outbox.Message{Topic: "shop/9/sales", Payload: []byte(`{"n":2}`)})
+	harness.Eventually(t, 10*time.Second, "two published, as /metrics says", func() bool {
+		_, text := get("/metrics")
+		return strings.Contains(text, "\noutbox_published_total 2\n") && strings.Contains(text, "\noutbox_commit_ack_seconds_count 2\n")
+	})
 	_, text := get("/metrics")
 	require.Contains(t, text, `outbox_info{mqtt_version="5",source="/shops/9",version="dev"} 1`)
-	require.Contains(t, text, "go_goroutines")
+	for _, family := range []string{"outbox_pending_messages gauge", "outbox_publish_ack_seconds histogram", "outbox_connection_attempts_total counter",
+		"go_goroutines gauge", "process_resident_memory_bytes gauge", "process_start_time_seconds gauge"} {
+		require.Contains(t, text, "\n# TYPE "+family+"\n")
+	}
 	code, page := get("/")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, page, "Connected to the broker")
 	require.NotContains(t, page, "0123456789abcdef", "the token is never shown")
 
+	t.Run("promtool", func(t *testing.T) { harness.LintMetrics(t, text) })
+	t.Run("prometheus", func(t *testing.T) {
+		prom := harness.StartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}})
+		for query, want := range map[string]float64{
+			`up{job="outbox"}`: 1, "outbox_connected": 1, "outbox_published_total": 2, "outbox_commit_ack_seconds_count": 2,
+			`outbox_info{source="/shops/9"}`: 1, "outbox_pending_messages": 0,
+		} {
+			var got float64
+			var err error
+			ok := harness.WaitFor(20*time.Second, func() bool {
+				var ok bool
+				got, ok, err = prom.Value(query)
+				return ok && err == nil && got == want
+			})
+			require.True(t, ok, "Prometheus never saw %s = %v: last %v, %v", query, want, got, err)
+		}
+		start, ok, err := prom.Value("process_start_time_seconds")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.WithinDuration(t, time.Now(), time.Unix(int64(start), 0), 5*time.Minute)
+	})
+
 	stopRelay(t, cmd, &stderr)
 	require.NotContains(t, stderr.String(), "0123456789abcdef", "the token is never logged")
 }
 
-// TestRelayMetricsFlags: the token file needs the listener, and a token.
-func TestRelayMetricsFlags(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "never.db")
-	short := filepath.Join(t.TempDir(), "short")
-	require.NoError(t, os.WriteFile(short, []byte("abc\n"), 0o600))
-	for _, args := range [][]string{
-		{"--admin-token-file", short},
-		{"--metrics-listen", "127.0.0.1:0", "--admin-token-file", short},
-		{"--metrics-listen", "127.0.0.1:0", "--admin-token-file", "/nonexistent"},
-	} {
-		r := ctl(t, append([]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1"}, args...)...)
-		require.Equal(t, 2, r.Code, "%v: %s", args, r.Stderr)
-		require.Contains(t, r.Stderr, "--admin-token-file")
+// TestTillLinksNoPrometheusClient: the till serves its metrics without
+// Prometheus's client, whose data model and registry would cost it about
+// 2 MB (BENCHMARKS.md, section 6). The build information lists every module
+// the binary links.
+func TestTillLinksNoPrometheusClient(t *testing.T) {
+	bi, err := buildinfo.ReadFile(binary)
+	require.NoError(t, err)
+	var linked []string
+	for _, d := range bi.Deps {
+		linked = append(linked, d.Path)
+		for _, heavy := range []string{"github.com/prometheus/", "google.golang.org/protobuf"} {
+			require.False(t, strings.HasPrefix(d.Path, heavy), "outboxctl links %s", d.Path)
+		}
 	}
-	_, err := os.Stat(path)
-	require.True(t, os.IsNotExist(err), "nothing written")
+	require.Contains(t, linked, "modernc.org/sqlite", "the build information lists the modules linked")
 }

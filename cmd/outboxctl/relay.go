@@ -14,7 +14,7 @@ import (
 
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/cli"
-	"github.com/edgeoutbox/outbox/outboxprom"
+	"github.com/edgeoutbox/outbox/internal/monitor"
 )
 
 type relayFlags struct {
@@ -252,14 +252,16 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 	}
 }
 
-// serveMetrics serves the exporter's endpoints on addr until stop.
+// serveMetrics serves the monitor's endpoints on addr until stop: the same
+// as outboxprom's Handler, with /metrics written without Prometheus's
+// client, which would be the heaviest thing a till links after the library.
 func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
-	exp := outboxprom.New(ob, outboxprom.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
-	srv := &http.Server{Handler: exp.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	mon := monitor.New(ob, monitor.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
+	srv := &http.Server{Handler: mon.Handler(mon.TextMetrics()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -273,6 +275,6 @@ func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Rela
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
-		exp.Close()
+		mon.Close()
 	}, nil
 }

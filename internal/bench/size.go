@@ -93,7 +93,7 @@ func (r *runner) size(ctx context.Context) error {
 		}
 	}
 	r.rep.note(6, "`CGO_ENABLED=0 go build -ldflags='-s -w'` for linux/amd64, linux/arm64 and linux/arm GOARM=7. "+
-		"outboxctl is what ships to a till: the relay with its metrics and status page (outboxprom, Prometheus's client), init, status, list, requeue, purge, on cobra. "+
+		"outboxctl is what ships to a till: the relay with its metrics and status page (internal/monitor, its /metrics written without Prometheus's client), init, status, list, requeue, purge, on cobra. "+
 		"outboxlab is what a developer runs: the demo with its embedded broker (mochi), bench and fleet. "+
 		"Library: [internal/sizeprobe/library](internal/sizeprobe/library/main.go), an app that opens an outbox, enqueues in its transaction and runs the MQTT relay. "+
 		"Floor: [internal/sizeprobe/floor](internal/sizeprobe/floor/main.go), which uses only the library's three runtime dependencies (modernc.org/sqlite, paho, cenkalti/backoff).")

@@ -33,6 +33,23 @@ func findBinary(name string) string {
 	return ""
 }
 
+// LintMetrics has promtool check metrics read an exposition in the text
+// format and fails tb if promtool has anything to say about it; it skips
+// tb if promtool is not installed.
+func LintMetrics(tb TB, text string) {
+	tb.Helper()
+	promtool := PromtoolBinary()
+	if promtool == "" {
+		tb.Skipf("promtool is not installed (Debian's prometheus package): the exposition was not linted")
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		tb.Fatalf("promtool check metrics: %v\n%s\nof:\n%s", err, out, text)
+	}
+}
+
 // Prometheus is a Prometheus server owned by a test: its own configuration
 // and data directory in the test's directory, a loopback port of its own,
 // stopped by PID when the test ends.

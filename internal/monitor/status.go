@@ -1,4 +1,4 @@
-package outboxprom
+package monitor
 
 import (
 	"context"
@@ -176,34 +176,34 @@ func writeStatus(w io.Writer, d statusData) error {
 	return err
 }
 
-func (e *Exporter) statusPage(w http.ResponseWriter, req *http.Request) {
+func (m *Monitor) statusPage(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
 	defer cancel()
 	now := time.Now()
-	d := statusData{Version: e.opts.Version, Refresh: statusRefresh, Now: now.UTC().Format("15:04:05 UTC"), CanRequeue: e.opts.AdminToken != ""}
-	if r := e.opts.Relay; r != nil {
-		m := r.Metrics()
-		d.HasRelay, d.Connected, d.Protocol, d.Source = true, m.Connected, m.Protocol, m.Source
-		d.Attempts, d.Published, d.LastError = m.ConnectionAttempts, m.Published, m.LastError
-		if !m.Since.IsZero() {
-			d.Since = m.Since.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(m.Since)) + " ago"
+	d := statusData{Version: m.opts.Version, Refresh: statusRefresh, Now: now.UTC().Format("15:04:05 UTC"), CanRequeue: m.opts.AdminToken != ""}
+	if r := m.opts.Relay; r != nil {
+		rm := r.Metrics()
+		d.HasRelay, d.Connected, d.Protocol, d.Source = true, rm.Connected, rm.Protocol, rm.Source
+		d.Attempts, d.Published, d.LastError = rm.ConnectionAttempts, rm.Published, rm.LastError
+		if !rm.Since.IsZero() {
+			d.Since = rm.Since.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.Since)) + " ago"
 		}
-		if !m.LastErrorAt.IsZero() {
-			d.LastErrorAt = m.LastErrorAt.UTC().Format("2006-01-02 15:04:05 UTC")
+		if !rm.LastErrorAt.IsZero() {
+			d.LastErrorAt = rm.LastErrorAt.UTC().Format("2006-01-02 15:04:05 UTC")
 		}
-		d.Ready = e.notReady()
+		d.Ready = m.notReady()
 	}
 	if d.Source == "" {
 		d.Source = "this device"
 	}
-	g, err := e.ob.Gauges(ctx)
+	g, err := m.ob.Gauges(ctx)
 	if err == nil {
 		d.Pending, d.DeadCount = g.Pending, g.Dead
 		if !g.OldestPending.IsZero() {
 			d.Oldest = ago(now.Sub(g.OldestPending))
 		}
 		if g.Dead > 0 {
-			d.Dead, err = e.ob.List(ctx, outbox.ListOptions{State: outbox.StateDead, Limit: maxDeadShown})
+			d.Dead, err = m.ob.List(ctx, outbox.ListOptions{State: outbox.StateDead, Limit: maxDeadShown})
 		}
 	}
 	if err != nil {
@@ -219,9 +219,9 @@ func (e *Exporter) statusPage(w http.ResponseWriter, req *http.Request) {
 	case q.Get("requeue") == "failed":
 		d.Notice = "Not requeued: the database refused (see the relay's log)."
 	}
-	e.mu.Lock()
-	pts := append([]sample(nil), e.samples...)
-	e.mu.Unlock()
+	m.mu.Lock()
+	pts := append([]sample(nil), m.samples...)
+	m.mu.Unlock()
 	if err == nil {
 		pts = append(pts, sample{at: now, pending: g.Pending})
 	}
@@ -232,7 +232,7 @@ func (e *Exporter) statusPage(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
 	if err := writeStatus(w, d); err != nil {
-		e.log.Debug("outboxprom: writing the status page", "err", err)
+		m.log.Debug("monitor: writing the status page", "err", err)
 	}
 }
 
@@ -279,11 +279,4 @@ func ago(d time.Duration) string {
 		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
 	}
 	return fmt.Sprintf("%d days", int(d.Hours()/24))
-}
-
-// sampleCount is how many backlog samples the sparkline has (for tests).
-func (e *Exporter) sampleCount() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.samples)
 }

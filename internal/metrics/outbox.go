@@ -1,0 +1,171 @@
+package metrics
+
+import (
+	"strings"
+	"time"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+// Snapshot is what one reading of the outbox's metrics is made of. The
+// reader fills it (internal/monitor does, at each scrape) and Outbox turns
+// it into families; nothing here reads the database.
+type Snapshot struct {
+	Now       time.Time // the exporter's wall clock, for the oldest message's age
+	Gauges    outbox.Gauges
+	GaugesErr error // Outbox.Gauges failed: its families are invalid
+	// ScannedPendingBytes is the last background count of the pending
+	// bytes (Outbox.Stats), used while Gauges does not know them.
+	ScannedPendingBytes int64
+	Relay               *outbox.RelayMetrics // nil: no relay in this process
+	Version             string
+}
+
+// def defines one of the outbox's metric families and how its samples are
+// read from a snapshot.
+type def struct {
+	name, help string
+	typ        Type
+	labels     []string
+	relay      bool // only with a relay
+	gauges     bool // read from Snapshot.Gauges: invalid when they failed
+	read       func(s *Snapshot) []Sample
+}
+
+// defs are the outbox's metrics. Names follow Prometheus' conventions:
+// base units, _total for counters.
+var defs = [...]def{
+	{name: "outbox_pending_messages", typ: Gauge, gauges: true,
+		help: "Messages waiting to be published. Exact with a message limit set (maintained counters); without one, numbers left above the relay's mark by a requeue or a hand-deleted row count until the relay passes them.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Gauges.Pending)) }},
+	{name: "outbox_pending_bytes", typ: Gauge, gauges: true,
+		help: "Payload bytes of the pending messages. Read at each scrape while a byte limit is set; otherwise counted in the background every refresh interval (default 30 s), so it lags by up to that.",
+		read: func(s *Snapshot) []Sample {
+			if !s.Gauges.PendingBytesKnown {
+				return one(float64(s.ScannedPendingBytes))
+			}
+			return one(float64(s.Gauges.PendingBytes))
+		}},
+	{name: "outbox_oldest_pending_age_seconds", typ: Gauge, gauges: true,
+		help: "Age of the oldest pending message, from its created_at (the writer's wall clock) to the exporter's wall clock; 0 when nothing is pending.",
+		read: func(s *Snapshot) []Sample {
+			if s.Gauges.OldestPending.IsZero() {
+				return one(0)
+			}
+			return one(max(s.Now.Sub(s.Gauges.OldestPending).Seconds(), 0))
+		}},
+	{name: "outbox_dead_messages", typ: Gauge, gauges: true,
+		help: "Messages parked as dead, until requeued or purged.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Gauges.Dead)) }},
+	{name: "outbox_database_bytes", typ: Gauge, gauges: true,
+		help: "Size of the SQLite database file.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Gauges.DatabaseBytes)) }},
+	{name: "outbox_wal_bytes", typ: Gauge, gauges: true,
+		help: "Size of the SQLite write-ahead log (the -wal file).",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Gauges.WALBytes)) }},
+	{name: "outbox_filesystem_free_bytes", typ: Gauge, gauges: true,
+		help: "Space left to this user on the file system holding the database.",
+		read: func(s *Snapshot) []Sample {
+			if !s.Gauges.FreeBytesKnown {
+				return nil
+			}
+			return one(float64(s.Gauges.FreeBytes))
+		}},
+	{name: "outbox_info", typ: Gauge, labels: []string{"mqtt_version", "source", "version"},
+		help: "Always 1: the outbox's version, the relay's CloudEvents source and the MQTT version its connection speaks (empty until it connected).",
+		read: func(s *Snapshot) []Sample {
+			var protocol, source string
+			if s.Relay != nil {
+				protocol, source = s.Relay.Protocol, s.Relay.Source
+			}
+			return []Sample{{LabelValues: labelValues(protocol, source, s.Version), Value: 1}}
+		}},
+
+	{name: "outbox_published_total", typ: Counter, relay: true,
+		help: "Messages the broker acknowledged, since the relay was created.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Relay.Published)) }},
+	{name: "outbox_dead_lettered_total", typ: Counter, relay: true,
+		help: "Messages the relay parked as dead, since it was created.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Relay.DeadLettered)) }},
+	{name: "outbox_attempts_charged_total", typ: Counter, relay: true,
+		help: "Failed attempts charged against messages (each adds one to a row's attempts; outages never count).",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Relay.AttemptsCharged)) }},
+	{name: "outbox_connected", typ: Gauge, relay: true,
+		help: "1 while the relay has a connection to the broker, else 0.",
+		read: func(s *Snapshot) []Sample { return one(b2f(s.Relay.Connected)) }},
+	{name: "outbox_connection_attempts_total", typ: Counter, relay: true,
+		help: "Connection attempts to the broker, successful ones included.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Relay.ConnectionAttempts)) }},
+	{name: "outbox_disconnected_seconds_total", typ: Counter, relay: true,
+		help: "Time the running relay spent without a connection to the broker (the current outage included; the wait for the lease not).",
+		read: func(s *Snapshot) []Sample { return one(s.Relay.Disconnected.Seconds()) }},
+	{name: "outbox_in_flight_messages", typ: Gauge, relay: true,
+		help: "Messages published and awaiting their acknowledgement or their mark.",
+		read: func(s *Snapshot) []Sample { return one(float64(s.Relay.InFlight)) }},
+	{name: "outbox_lease_held", typ: Gauge, relay: true,
+		help: "1 while this relay holds the relay lease (it is the one draining this database), else 0.",
+		read: func(s *Snapshot) []Sample { return one(b2f(s.Relay.HoldsLease)) }},
+	{name: "outbox_last_write_ok", typ: Gauge, relay: true,
+		help: "1 if the relay's last database write (a mark, a lease renewal) succeeded, else 0.",
+		read: func(s *Snapshot) []Sample { return one(b2f(s.Relay.LastWriteOK)) }},
+	{name: "outbox_publish_ack_seconds", typ: Histogram, relay: true,
+		help: "Time from handing a message to the MQTT client to its PUBACK, by the monotonic clock.",
+		read: func(s *Snapshot) []Sample { return histogram(s.Relay.PublishAck) }},
+	{name: "outbox_commit_ack_seconds", typ: Histogram, relay: true,
+		help: "Time from a message's commit to its PUBACK, outages included: the row's created_at (the writer's wall clock) to the relay's wall clock at the PUBACK. A clock jump between the two shifts it by the jump; what would be negative counts as 0.",
+		read: func(s *Snapshot) []Sample { return histogram(s.Relay.CommitAck) }},
+}
+
+// Definitions returns the outbox's metric families without samples: those
+// of an outbox, and with relay those of its relay too.
+func Definitions(relay bool) []Family {
+	var out []Family
+	for i := range defs {
+		if d := &defs[i]; relay || !d.relay {
+			out = append(out, Family{Name: d.name, Help: d.help, Type: d.typ, Labels: d.labels})
+		}
+	}
+	return out
+}
+
+// Outbox reads the outbox's metric families from s: the same families as
+// Definitions(s.Relay != nil), in the same order.
+func Outbox(s Snapshot) []Family {
+	out := Definitions(s.Relay != nil)
+	i := 0
+	for j := range defs {
+		d := &defs[j]
+		if d.relay && s.Relay == nil {
+			continue
+		}
+		if d.gauges && s.GaugesErr != nil {
+			out[i].Err = s.GaugesErr
+		} else {
+			out[i].Samples = d.read(&s)
+		}
+		i++
+	}
+	return out
+}
+
+func one(v float64) []Sample { return []Sample{{Value: v}} }
+
+func histogram(h outbox.Histogram) []Sample {
+	return []Sample{{Hist: &HistogramValue{Bounds: outbox.HistogramBounds(), Counts: h.Counts[:], Count: h.Count, Sum: h.Sum}}}
+}
+
+// labelValues makes label values valid UTF-8, as the exposition requires
+// (a source or a version comes from configuration).
+func labelValues(vs ...string) []string {
+	for i, v := range vs {
+		vs[i] = strings.ToValidUTF8(v, "\uFFFD")
+	}
+	return vs
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

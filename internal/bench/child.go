@@ -155,15 +155,13 @@ func childRelay(ctx context.Context, path, brokerURL string, window int, stdout 
 	}
 	res.Seconds = time.Since(start).Seconds()
 	sample()
-	st, err := relay.Stats(ctx)
-	if err != nil {
-		return err
-	}
-	res.Sent = st.SentSince
 	cancel()
 	if err := <-done; err != nil {
 		return err
 	}
+	// Counted once Run has returned: a mark's rows leave Pending when it
+	// commits, a moment before the relay counts them sent.
+	res.Sent = relay.Metrics().Published
 	res.PeakRSSBytes = vmHWM()
 	return json.NewEncoder(stdout).Encode(res)
 }

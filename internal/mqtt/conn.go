@@ -356,9 +356,9 @@ func (c *Conn) read() {
 			default:
 			}
 		case *packets.Disconnect:
-			e := &disconnectError{code: p.ReasonCode}
+			e := &DisconnectError{Code: p.ReasonCode}
 			if p.Properties != nil {
-				e.reason = p.Properties.ReasonString
+				e.Reason = p.Properties.ReasonString
 			}
 			c.fail(e)
 			return
@@ -456,7 +456,7 @@ func (c *Conn) fail(err error) {
 func (c *Conn) LostReason() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var de *disconnectError
+	var de *DisconnectError
 	if errors.As(c.lostErr, &de) {
 		return de
 	}

@@ -124,16 +124,18 @@ func (e *PubackError) Error() string {
 	return msg
 }
 
-// disconnectError is a DISCONNECT the broker sent before closing.
-type disconnectError struct {
-	code   byte
-	reason string
+// DisconnectError is a DISCONNECT the broker sent before closing (MQTT 5).
+// A connection it ended fails its tokens with it, wrapped.
+type DisconnectError struct {
+	Code   byte   // the reason code
+	Reason string // the broker's Reason String; may be empty
 }
 
-func (e *disconnectError) Error() string {
-	s := fmt.Sprintf("the broker disconnected: %s (0x%02X)", reasonWords(e.code), e.code)
-	if e.reason != "" {
-		s += ": " + e.reason
+// Error is "the broker disconnected: " and the code in words.
+func (e *DisconnectError) Error() string {
+	s := fmt.Sprintf("the broker disconnected: %s (0x%02X)", reasonWords(e.Code), e.Code)
+	if e.Reason != "" {
+		s += ": " + e.Reason
 	}
 	return s
 }

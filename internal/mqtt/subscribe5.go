@@ -107,9 +107,9 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 		}},
 		OnClientError: setLost,
 		OnServerDisconnect: func(d *paho.Disconnect) {
-			e := &disconnectError{code: d.ReasonCode}
+			e := &DisconnectError{Code: d.ReasonCode}
 			if d.Properties != nil {
-				e.reason = d.Properties.ReasonString
+				e.Reason = d.Properties.ReasonString
 			}
 			setLost(e)
 		},

@@ -152,8 +152,9 @@ func (s *session) ackLoop() {
 func (s *session) settled(f flight) {
 	<-s.slots
 	s.progress.Store(true)
+	s.r.brokerTakes()
 	if f.probe {
-		s.r.suspect = 0
+		s.r.suspect, s.r.aloneFirst = 0, false
 		close(s.probeOK)
 	}
 }

@@ -78,6 +78,13 @@ var (
 	// ErrNotConnected is wrapped by Publisher errors for a message that was
 	// never sent because there was no connection.
 	ErrNotConnected = errors.New("outbox: not connected")
+	// ErrBrokerUnavailable is wrapped by Publisher errors that say the
+	// broker cannot take messages for now for a reason of its own — its
+	// state or capacity (busy, over quota, shutting down, the client id
+	// taken over) — whatever the message. It is an outage: nothing is
+	// charged, no message becomes the suspect, and the relay waits with
+	// RelayOptions.Reconnect before it publishes again.
+	ErrBrokerUnavailable = errors.New("outbox: the broker is unavailable")
 	// ErrStalled is wrapped by Publisher errors for a message whose
 	// connection was given up on because it moved no bytes before the
 	// message had left: the broker never had it, and nothing is charged.

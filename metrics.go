@@ -137,6 +137,12 @@ type RelayMetrics struct {
 	Source      string // RelayOptions.Source
 	LastError   string
 	LastErrorAt time.Time
+	// BrokerUnavailable is what the broker says of itself while it says
+	// it cannot take messages (ErrBrokerUnavailable: busy, over quota,
+	// shutting down…), in words, and BrokerUnavailableSince since when;
+	// "" once a message is acknowledged or the relay fails otherwise.
+	BrokerUnavailable      string
+	BrokerUnavailableSince time.Time
 }
 
 // Metrics returns the relay's counters without reading the database.
@@ -163,6 +169,7 @@ func (r *Relay) Metrics() RelayMetrics {
 	m.mu.Unlock()
 	r.mu.Lock()
 	out.Running, out.Protocol = r.running, r.protocol
+	out.BrokerUnavailable, out.BrokerUnavailableSince = r.said.says, r.said.since
 	if r.lastErr != nil {
 		out.LastError, out.LastErrorAt = r.lastErr.Error(), r.errAt
 	}
@@ -260,6 +267,9 @@ type RelayStats struct {
 	Broker string
 	// ExpiredSince counts the messages parked as expired since Run started.
 	ExpiredSince int64
+	// BrokerUnavailable and BrokerUnavailableSince are RelayMetrics'.
+	BrokerUnavailable      string
+	BrokerUnavailableSince time.Time
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -280,6 +290,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	rs.MarkSyncs = r.markSyncs.Load()
 	rs.Broker = r.broker()
 	rs.ExpiredSince = r.expired.Load()
+	rs.BrokerUnavailable, rs.BrokerUnavailableSince = r.said.says, r.said.since
 	if r.lastErr != nil {
 		rs.LastError = r.lastErr.Error()
 	}

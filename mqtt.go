@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -330,7 +331,9 @@ func (p *MQTTPublisher) LostReason() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn != nil {
-		return p.conn.LostReason()
+		if why := p.conn.LostReason(); why != nil {
+			return mqttFault(why)
+		}
 	}
 	return nil
 }
@@ -351,19 +354,31 @@ func (p *MQTTPublisher) CheckSize(topic string, payloadBytes int, props *Publish
 
 // mqttFault is the one place that decides whose fault a failed MQTT publish
 // was, in the seam's terms (Token): internal/mqtt reports what happened,
-// and every token's error passes through here once, as it completes.
-//   - a PUBACK reason code of 0x80 or more: the broker refused this message,
-//     and the connection stays up. Those that say retrying cannot help are
-//     permanent (permanentPuback); the others go again.
+// and every token's error passes through here once, as it completes
+// (docs/reason-codes.md has the table, with why).
+//   - a reason code that speaks of the broker's own state or capacity
+//     (brokerStateCode), on a PUBACK or a DISCONNECT: ErrBrokerUnavailable,
+//     an outage that charges no message.
+//   - any other PUBACK reason code of 0x80 or more but 0x91: the broker
+//     refused this message, and the connection stays up. Those that say
+//     retrying cannot help are permanent (permanentPuback); the others go
+//     again.
 //   - a packet over the broker's Maximum Packet Size: never sent, and it
 //     never fits on this connection, so permanent.
 //   - the connection moved no bytes before the message had left: a stall.
 //   - no connection: never sent.
 //   - anything else (a lost connection, with or without the broker's
-//     DISCONNECT reason) is the connection's fault.
+//     DISCONNECT reason; PUBACK 0x91, which speaks of the session's packet
+//     ids, not of the message) is the connection's fault.
 func mqttFault(err error) error {
 	switch e := err.(type) {
 	case *mqtt.PubackError:
+		switch {
+		case brokerStateCode(e.Code):
+			return &brokerUnavailable{err: e}
+		case e.Code == 0x91:
+			return fmt.Errorf("outbox: mqtt: the broker says: %w", e)
+		}
 		return &Refusal{Reason: e.Error(), Permanent: permanentPuback(e.Code)}
 	case *mqtt.PacketTooLargeError:
 		return &Refusal{Reason: e.Error(), Permanent: true}
@@ -373,8 +388,51 @@ func mqttFault(err error) error {
 	if err == mqtt.ErrNotConnected {
 		return ErrNotConnected
 	}
+	var de *mqtt.DisconnectError
+	if errors.As(err, &de) && brokerStateCode(de.Code) {
+		return &brokerUnavailable{err: err}
+	}
 	return err
 }
+
+// brokerState reports whether an MQTT 5 reason code, on a PUBACK or a
+// DISCONNECT, speaks of the broker's state or capacity rather than of the
+// message: server busy (0x89), shutting down (0x8B), keep alive timeout
+// (0x8D), session taken over (0x8E), receive maximum exceeded (0x93),
+// message rate too high (0x96), quota exceeded (0x97), administrative
+// action (0x98), use another server (0x9C), server moved (0x9D),
+// connection rate exceeded (0x9F), maximum connect time (0xA0).
+func brokerStateCode(code byte) bool {
+	switch code {
+	case 0x89, 0x8B, 0x8D, 0x8E, 0x93, 0x96, 0x97, 0x98, 0x9C, 0x9D, 0x9F, 0xA0:
+		return true
+	}
+	return false
+}
+
+// brokerUnavailable is an MQTT outcome that says the broker cannot take
+// messages for now: it matches ErrBrokerUnavailable and reads as what the
+// broker said.
+type brokerUnavailable struct{ err error }
+
+func (e *brokerUnavailable) Error() string {
+	var pe *mqtt.PubackError
+	var de *mqtt.DisconnectError
+	switch {
+	case errors.As(e.err, &pe):
+		return "the broker says " + pe.Error()
+	case !errors.As(e.err, &de):
+		return e.err.Error()
+	case de.Code == 0x8E:
+		// Two relays (or a relay and another client) with one client id
+		// take the session from each other in turn, forever.
+		return de.Error() + "; another client connected with this client id: do two relays share it?"
+	}
+	return de.Error()
+}
+
+func (e *brokerUnavailable) Unwrap() error        { return e.err }
+func (e *brokerUnavailable) Is(target error) bool { return target == ErrBrokerUnavailable }
 
 // permanentPuback reports whether a PUBACK reason code refuses the message
 // for good: not authorized (0x87), topic name invalid (0x90), packet too

@@ -36,11 +36,15 @@ type Publisher interface {
 //     message and the connection stays up. The RetryPolicy decides whether
 //     it goes again or is parked dead; with ErrUndeliverable too, retrying
 //     cannot deliver it, and the default policy parks it at once.
+//   - wrapping ErrBrokerUnavailable: the broker said it cannot take
+//     messages for now, for a reason of its own (busy, over quota, shutting
+//     down), on a connection that may stay up or not. An outage: nothing is
+//     charged, nothing becomes the suspect, and the relay backs off.
 //   - wrapping ErrNotConnected: it was never sent; nothing is charged.
 //   - wrapping ErrStalled: the connection moved no bytes before the
 //     message had left; nothing is charged, even to a suspect.
 //   - anything else: the connection's fault (lost, refused, a malformed
-//     packet, a busy broker). It never counts against the message by
+//     packet). It never counts against the message by
 //     itself; see the isolation rule in docs/delivery.md.
 type Token interface {
 	// Done is closed when the publish completed or failed.
@@ -89,10 +93,13 @@ const (
 	faultStalled                    // nothing left this host: nothing charged
 	faultMessage                    // refused for itself: charged
 	faultUndeliverable              // refused for itself, for good
+	faultBroker                     // the broker's own state: nothing charged, the relay backs off
 )
 
 func faultOf(err error) fault {
 	switch {
+	case errors.Is(err, ErrBrokerUnavailable):
+		return faultBroker
 	case errors.Is(err, ErrRejected) && errors.Is(err, ErrUndeliverable):
 		return faultUndeliverable
 	case errors.Is(err, ErrRejected):

@@ -171,6 +171,9 @@ type Relay struct {
 	errAt    time.Time
 	lastAck  time.Time
 	protocol string // what the publisher said it speaks (ProtocolNamer)
+	said     brokerSaid
+
+	unavailable atomic.Bool // said.says != "": checked at every acknowledgement
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -184,6 +187,9 @@ type Relay struct {
 	// flight when the last connection failed; zero if none. The next
 	// connection sends it alone first (see session).
 	suspect int64
+	// aloneFirst: the last session ended as the broker said it is
+	// unavailable; the next sends its first message alone, uncharged.
+	aloneFirst bool
 
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
@@ -436,16 +442,26 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) e
 		failures, lastMsg = 0, ""
 		start := time.Now()
 		res := r.session(ctx, conn, l)
+		progress := res.progress
 		for res.keep {
-			// The broker refused a message and kept the connection: no
-			// outage, no reconnection; the next session starts on it once
-			// the message's retry delay has passed.
+			// The broker refused a message, or said it is unavailable, and
+			// kept the connection: no reconnection; the next session
+			// starts on it once the message's retry delay, or the wait of
+			// an outage, has passed.
 			r.setErr(res.err)
-			r.log.Warn("outbox relay: the broker refused a message; connection kept", "err", res.err, "retry_in", res.retryAfter.Round(time.Millisecond))
-			if !wait.Sleep(ctx, res.retryAfter, nil) {
+			delay, what := res.retryAfter, "the broker refused a message; connection kept"
+			if r.noteOutcome(res.err) {
+				if res.progress {
+					bo.Reset()
+				}
+				delay, what = bo.NextBackOff(), "the broker is unavailable; connection kept"
+			}
+			r.log.Warn("outbox relay: "+what, "err", res.err, "retry_in", delay.Round(time.Millisecond))
+			if !wait.Sleep(ctx, delay, nil) {
 				break
 			}
 			res = r.session(ctx, conn, l)
+			progress = progress || res.progress
 		}
 		r.pub.Disconnect()
 		r.connected.Store(false)
@@ -456,9 +472,11 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) e
 		if ctx.Err() != nil {
 			break
 		}
-		// A connection that carried messages or lasted resets the backoff;
-		// one that dies at once keeps growing it.
-		if res.progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
+		// A connection the broker accepted resets the backoff: the outage
+		// waited out is over. Unless it carried nothing and the broker
+		// ended it saying it is unavailable: then the wait keeps growing,
+		// as for any outage, so that a fleet does not rush a busy broker.
+		if !r.noteOutcome(res.err) || progress || time.Since(start) > r.opts.Reconnect.withDefaults().Max {
 			bo.Reset()
 		}
 		if res.err != nil {

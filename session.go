@@ -60,6 +60,11 @@ type failure struct {
 // stays up, and the message is charged.
 func (f *failure) refused() bool { return f.fault == faultMessage || f.fault == faultUndeliverable }
 
+// halts reports whether the failure stops publishing but not the
+// connection: a refusal, or the broker saying it is unavailable (if it
+// closed the connection too, the connection's watcher ends the session).
+func (f *failure) halts() bool { return f.refused() || f.fault == faultBroker }
+
 type session struct {
 	r    *Relay
 	conn *sqlconn.Conn
@@ -186,7 +191,9 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 	}
 	wg.Wait()
 	res := s.result(fatal)
-	res.keep = res.fatal == nil && ctx.Err() == nil && sctx.Err() == nil && dctx.Err() != nil
+	// The watcher may not yet have seen a connection the broker closed as
+	// it said it was unavailable: ask the publisher too.
+	res.keep = res.fatal == nil && ctx.Err() == nil && sctx.Err() == nil && dctx.Err() != nil && !r.connectionLost()
 	cancel(nil) // ends the watcher
 	return res
 }
@@ -214,6 +221,13 @@ func (s *session) result(fatal error) sessionResult {
 		res.retryAfter = retryAfter
 	case f.fault == faultNotSent:
 		// Nothing reached the broker; the suspect stays as it was.
+	case f.fault == faultBroker:
+		// The broker spoke of itself, not of the message: nothing is
+		// charged and the suspect stays as it was. The next session
+		// still sends its first message alone: a broker that takes
+		// messages again part way through a window would take the later
+		// ones before those it refused, out of order.
+		r.aloneFirst = true
 	case f.probe && f.seq == r.suspect && f.fault != faultStalled:
 		_, dead, err := r.failed(s.conn, f.seq, f.err)
 		if err != nil {
@@ -227,6 +241,25 @@ func (s *session) result(fatal error) sessionResult {
 	return res
 }
 
+// connectionLost reports whether a ConnectionWatcher's connection is known
+// to be lost.
+func (r *Relay) connectionLost() bool {
+	cl, ok := r.pub.(ConnectionWatcher)
+	if !ok {
+		return false
+	}
+	lost := cl.ConnectionLost()
+	if lost == nil {
+		return false
+	}
+	select {
+	case <-lost:
+		return true
+	default:
+		return false
+	}
+}
+
 func (s *session) setFail(f failure) {
 	s.mu.Lock()
 	if s.fail == nil {
@@ -236,7 +269,7 @@ func (s *session) setFail(f failure) {
 		s.barrier = f.seq
 	}
 	s.mu.Unlock()
-	if f.refused() {
+	if f.halts() {
 		s.halt(f.err)
 		return
 	}
@@ -257,7 +290,7 @@ func (s *session) markable(seq int64) bool {
 func (s *session) dispatch() error {
 	r := s.r
 	var cursor int64
-	probe := r.suspect != 0
+	probe := r.suspect != 0 || r.aloneFirst
 	// ahead is the next batch, read while this one is published: reading
 	// and encoding a batch takes about as long as a window of 64 takes to
 	// be acknowledged on loopback, so reading in turn let the window run dry

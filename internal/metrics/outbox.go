@@ -108,6 +108,14 @@ var defs = [...]def{
 	{name: "outbox_last_write_ok", typ: Gauge, relay: true,
 		help: "1 if the relay's last database write (a mark, a lease renewal) succeeded, else 0.",
 		read: func(s *Snapshot) []Sample { return one(b2f(s.Relay.LastWriteOK)) }},
+	{name: "outbox_broker_unavailable_seconds", typ: Gauge, relay: true,
+		help: "How long the broker has said it cannot take messages for a reason of its own (busy, quota exceeded, shutting down…; nothing is charged meanwhile), until a message is acknowledged; 0 while it does not say so. The status page says what it says.",
+		read: func(s *Snapshot) []Sample {
+			if s.Relay.BrokerUnavailable == "" {
+				return one(0)
+			}
+			return one(max(s.Now.Sub(s.Relay.BrokerUnavailableSince).Seconds(), 0))
+		}},
 	{name: "outbox_publish_ack_seconds", typ: Histogram, relay: true,
 		help: "Time from handing a message to the MQTT client to its PUBACK, by the monotonic clock.",
 		read: func(s *Snapshot) []Sample { return histogram(s.Relay.PublishAck) }},

@@ -32,15 +32,19 @@ type statusData struct {
 	Oldest      string // its age in words; empty when nothing is pending
 	LastError   string
 	LastErrorAt string
-	Published   int64
-	Dead        []outbox.Record
-	DeadCount   int64
-	CanRequeue  bool
-	Notice      string
-	Spark       string // an inline SVG, made by sparkline
-	Refresh     int
-	Now         string
-	Err         string
+	// BrokerSays is what the broker says of itself while it says it
+	// cannot take messages, with since when: "the broker says quota
+	// exceeded (0x97), since 10:02:00 UTC, 3m ago".
+	BrokerSays string
+	Published  int64
+	Dead       []outbox.Record
+	DeadCount  int64
+	CanRequeue bool
+	Notice     string
+	Spark      string // an inline SVG, made by sparkline
+	Refresh    int
+	Now        string
+	Err        string
 }
 
 // statusStyle is the page's style sheet (inline: the page loads nothing).
@@ -117,6 +121,9 @@ func writeStatus(w io.Writer, d statusData) error {
 			put("not known yet")
 		}
 		put("</b>.\n")
+		if d.BrokerSays != "" {
+			put(`<span class="err" id="broker-says">`, escapeHTML(d.BrokerSays), `; nothing is charged while it does.</span> `)
+		}
 		if d.Ready != "" {
 			put(`<span class="err" id="ready">Not ready: `, escapeHTML(d.Ready), `</span>`)
 		} else {
@@ -190,6 +197,9 @@ func (m *Monitor) statusPage(w http.ResponseWriter, req *http.Request) {
 		}
 		if !rm.LastErrorAt.IsZero() {
 			d.LastErrorAt = rm.LastErrorAt.UTC().Format("2006-01-02 15:04:05 UTC")
+		}
+		if rm.BrokerUnavailable != "" {
+			d.BrokerSays = rm.BrokerUnavailable + ", since " + rm.BrokerUnavailableSince.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.BrokerUnavailableSince)) + " ago"
 		}
 		d.Ready = m.notReady()
 	}

@@ -134,7 +134,7 @@ type DisconnectError struct {
 // Error is "the broker disconnected: " and the code in words.
 func (e *DisconnectError) Error() string {
 	s := fmt.Sprintf("the broker disconnected: %s (0x%02X)", reasonWords(e.Code), e.Code)
-	if e.Reason != "" {
+	if e.Reason != "" && !strings.EqualFold(e.Reason, reasonWords(e.Code)) {
 		s += ": " + e.Reason
 	}
 	return s

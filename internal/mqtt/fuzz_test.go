@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/eclipse/paho.golang/packets"
 )
@@ -39,16 +40,21 @@ func FuzzPublish5(f *testing.F) {
 		}
 
 		// A PUBACK the reader decodes itself, as packets decodes it.
-		id2, code, ok := plainPuback(packets.PUBACK<<4, ack)
-		if !ok {
+		in, err := decodeInbound(false, packets.PUBACK<<4, ack)
+		if err != nil {
 			return
 		}
 		back, err := decodeFrame(packets.PUBACK<<4, ack)
 		if err != nil {
-			t.Fatalf("packets refused PUBACK body %x: %v", ack, err)
+			t.Fatalf("the reader took PUBACK body %x, packets refused it: %v", ack, err)
 		}
-		if pa := back.Content.(*packets.Puback); pa.PacketID != id2 || pa.ReasonCode != code {
-			t.Fatalf("PUBACK %x: id %d code %d, packets says id %d code %d", ack, id2, code, pa.PacketID, pa.ReasonCode)
+		pa := back.Content.(*packets.Puback)
+		reason := ""
+		if pa.Properties != nil {
+			reason = pa.Properties.ReasonString
+		}
+		if pa.PacketID != in.id || pa.ReasonCode != in.code || (utf8.ValidString(reason) && len(reason) <= 256 && reason != in.reason) {
+			t.Fatalf("PUBACK %x: id %d code %d reason %q, packets says id %d code %d reason %q", ack, in.id, in.code, in.reason, pa.PacketID, pa.ReasonCode, reason)
 		}
 	})
 }

@@ -358,7 +358,7 @@ func (p *MQTTPublisher) CheckSize(topic string, payloadBytes int, props *Publish
 //   - a packet over the broker's Maximum Packet Size: never sent, and it
 //     never fits on this connection, so permanent.
 //   - the connection moved no bytes before the message had left: a stall.
-//   - no connection: never sent.
+//   - no connection: never sent (with why the connection ended, if known).
 //   - anything else (a lost connection, with or without the broker's
 //     DISCONNECT reason) is the connection's fault.
 func mqttFault(err error) error {
@@ -372,6 +372,9 @@ func mqttFault(err error) error {
 	}
 	if err == mqtt.ErrNotConnected {
 		return ErrNotConnected
+	}
+	if nc, ok := err.(*mqtt.NotConnectedError); ok {
+		return fmt.Errorf("%w: %w", ErrNotConnected, nc.Cause)
 	}
 	return err
 }

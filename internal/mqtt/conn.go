@@ -110,6 +110,30 @@ var (
 	ErrPingTimeout = errors.New("no PINGRESP within the ping timeout")
 )
 
+// NotConnectedError is ErrNotConnected (errors.Is says so) for a publish
+// not written because its connection had ended, with why it ended.
+type NotConnectedError struct {
+	Cause error // why the connection ended
+}
+
+// Error says that the publish was not sent, and why.
+func (e *NotConnectedError) Error() string { return ErrNotConnected.Error() + ": " + e.Cause.Error() }
+
+// Is makes it ErrNotConnected.
+func (e *NotConnectedError) Is(target error) bool { return target == ErrNotConnected }
+
+// Unwrap is why the connection ended.
+func (e *NotConnectedError) Unwrap() error { return e.Cause }
+
+// notConnected is the error of a publish not written on the connection,
+// closed: with why it ended, if it broke. Under mu.
+func (c *Conn) notConnected() error {
+	if c.lostErr != nil {
+		return &NotConnectedError{Cause: c.lostErr}
+	}
+	return ErrNotConnected
+}
+
 // PacketTooLargeError is a publish not sent because its packet would be over
 // the broker's Maximum Packet Size (MQTT 5's CONNACK): the broker would
 // close the connection for it.
@@ -204,8 +228,9 @@ func (c *Conn) Publish(topic string, payload []byte, props *Properties) Token {
 	}
 	c.mu.Lock()
 	if c.closed {
+		err := c.notConnected()
 		c.mu.Unlock()
-		return c.failed(ErrNotConnected)
+		return c.failed(err)
 	}
 	c.queued[t] = struct{}{}
 	c.mu.Unlock()
@@ -214,8 +239,9 @@ func (c *Conn) Publish(topic string, payload []byte, props *Properties) Token {
 	case <-c.stop:
 		c.mu.Lock()
 		delete(c.queued, t)
+		err := c.notConnected()
 		c.mu.Unlock()
-		t.complete(ErrNotConnected)
+		t.complete(err)
 	}
 	return t
 }
@@ -525,12 +551,13 @@ func (c *Conn) shut(asked bool) {
 	}
 	pending, queued := c.pending, c.queued
 	c.pending, c.queued = nil, nil
+	notSent := c.notConnected()
 	c.mu.Unlock()
 	for _, t := range pending {
 		t.complete(t.stall(cause))
 	}
 	for t := range queued {
-		t.complete(ErrNotConnected)
+		t.complete(notSent)
 	}
 	if !asked {
 		c.conn.Close()

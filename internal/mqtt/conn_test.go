@@ -144,7 +144,10 @@ func TestConnClassifiesOnce(t *testing.T) {
 	var se *StallError
 	require.False(t, errors.As(ce.err, &se), "bytes moved: not a stall")
 	after := c.Publish("a/b", []byte("4"), nil)
-	require.Equal(t, &classified{ErrNotConnected}, after.Error())
+	require.ErrorAs(t, after.Error(), &ce)
+	var nc *NotConnectedError
+	require.ErrorAs(t, ce.err, &nc, "not connected, with why the connection ended")
+	require.ErrorIs(t, ce.err, ErrNotConnected)
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()

@@ -366,7 +366,7 @@ func TestPacketIDWrapAround(t *testing.T) {
 			b := harness.StartFakeBroker(t, harness.FakeBrokerOptions{})
 			conn, err := openFake(t, b, v5, nil)
 			require.NoError(t, err)
-			const n, window = 70_000, 512
+			const n, window = 65_600, 1024
 			toks := make(chan Token, window)
 			go func() {
 				defer close(toks)

@@ -366,7 +366,7 @@ func (p *MQTTPublisher) CheckSize(topic string, payloadBytes int, props *Publish
 //   - a packet over the broker's Maximum Packet Size: never sent, and it
 //     never fits on this connection, so permanent.
 //   - the connection moved no bytes before the message had left: a stall.
-//   - no connection: never sent.
+//   - no connection: never sent (with why the connection ended, if known).
 //   - anything else (a lost connection, with or without the broker's
 //     DISCONNECT reason; PUBACK 0x91, which speaks of the session's packet
 //     ids, not of the message) is the connection's fault.
@@ -388,6 +388,9 @@ func mqttFault(err error) error {
 	if err == mqtt.ErrNotConnected {
 		return ErrNotConnected
 	}
+	if nc, ok := err.(*mqtt.NotConnectedError); ok {
+		return fmt.Errorf("%w: %w", ErrNotConnected, nc.Cause)
+	}
 	var de *mqtt.DisconnectError
 	if errors.As(err, &de) && brokerStateCode(de.Code) {
 		return &brokerUnavailable{err: err}
@@ -395,7 +398,7 @@ func mqttFault(err error) error {
 	return err
 }
 
-// brokerState reports whether an MQTT 5 reason code, on a PUBACK or a
+// brokerStateCode reports whether an MQTT 5 reason code, on a PUBACK or a
 // DISCONNECT, speaks of the broker's state or capacity rather than of the
 // message: server busy (0x89), shutting down (0x8B), keep alive timeout
 // (0x8D), session taken over (0x8E), receive maximum exceeded (0x93),

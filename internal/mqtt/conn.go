@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/eclipse/paho.golang/packets"
 )
 
 // Conn is one publish connection to the broker, MQTT 5 or 3.1.1, at QoS 1:
@@ -22,9 +20,10 @@ import (
 // need a goroutine each, with nothing to keep them in order on the connection;
 // paho.mqtt.golang's client passes every publish and its PUBACK through
 // goroutines of its own, and its Publish blocks for the write timeout once
-// the connection is lost. paho.golang's packets decodes MQTT 5 and encodes
-// the packets other than the PUBLISH (frames.go); paho.mqtt.golang's
-// packets does the 3.1.1 handshake (connect.go).
+// the connection is lost. The reader decodes what a broker sends it by
+// each version's rules itself (inbound.go), and the writer encodes the
+// PUBLISH (frames.go); paho.golang's packets does the MQTT 5 handshake and
+// paho.mqtt.golang's the 3.1.1 CONNECT (connect.go).
 //
 // A Conn never reconnects: the caller opens a new one.
 type Conn struct {
@@ -44,6 +43,7 @@ type Conn struct {
 	maxPacket  int
 
 	queue    chan *PublishToken
+	answers  chan uint16 // PUBLISHes the broker sent, to acknowledge
 	pingresp chan struct{}
 	lost     chan struct{}
 	stop     chan struct{}
@@ -105,7 +105,34 @@ var (
 	// ErrDisconnected is wrapped by the error of every publish in flight
 	// when its connection ended, with why it ended.
 	ErrDisconnected = errors.New("disconnected before the acknowledgement")
+	// ErrPingTimeout is why a connection ended whose PINGRESP did not come
+	// within PingTimeout of the PINGREQ leaving this host.
+	ErrPingTimeout = errors.New("no PINGRESP within the ping timeout")
 )
+
+// NotConnectedError is ErrNotConnected (errors.Is says so) for a publish
+// not written because its connection had ended, with why it ended.
+type NotConnectedError struct {
+	Cause error // why the connection ended
+}
+
+// Error says that the publish was not sent, and why.
+func (e *NotConnectedError) Error() string { return ErrNotConnected.Error() + ": " + e.Cause.Error() }
+
+// Is makes it ErrNotConnected.
+func (e *NotConnectedError) Is(target error) bool { return target == ErrNotConnected }
+
+// Unwrap is why the connection ended.
+func (e *NotConnectedError) Unwrap() error { return e.Cause }
+
+// notConnected is the error of a publish not written on the connection,
+// closed: with why it ended, if it broke. Under mu.
+func (c *Conn) notConnected() error {
+	if c.lostErr != nil {
+		return &NotConnectedError{Cause: c.lostErr}
+	}
+	return ErrNotConnected
+}
 
 // PacketTooLargeError is a publish not sent because its packet would be over
 // the broker's Maximum Packet Size (MQTT 5's CONNACK): the broker would
@@ -154,6 +181,7 @@ func newConn(conn net.Conn, l *link, v311 bool, o *Options) *Conn {
 		keepAlive: o.KeepAlive,
 		pingWait:  o.PingTimeout,
 		queue:     make(chan *PublishToken, 64),
+		answers:   make(chan uint16, 16),
 		pingresp:  make(chan struct{}, 1),
 		lost:      make(chan struct{}),
 		stop:      make(chan struct{}),
@@ -200,8 +228,9 @@ func (c *Conn) Publish(topic string, payload []byte, props *Properties) Token {
 	}
 	c.mu.Lock()
 	if c.closed {
+		err := c.notConnected()
 		c.mu.Unlock()
-		return c.failed(ErrNotConnected)
+		return c.failed(err)
 	}
 	c.queued[t] = struct{}{}
 	c.mu.Unlock()
@@ -210,8 +239,9 @@ func (c *Conn) Publish(topic string, payload []byte, props *Properties) Token {
 	case <-c.stop:
 		c.mu.Lock()
 		delete(c.queued, t)
+		err := c.notConnected()
 		c.mu.Unlock()
-		t.complete(ErrNotConnected)
+		t.complete(err)
 	}
 	return t
 }
@@ -239,6 +269,11 @@ func (c *Conn) write() {
 		case <-c.stop:
 			return
 		case t = <-c.queue:
+		case id := <-c.answers:
+			if !c.answer(id) {
+				return
+			}
+			continue
 		}
 		batch = append(batch[:0], t)
 		size := len(t.payload)
@@ -303,6 +338,22 @@ func (c *Conn) write() {
 	}
 }
 
+// answer acknowledges a QoS 1 PUBLISH the broker sent (MQTT wants it
+// acknowledged; the publisher drops it). false: the connection failed.
+func (c *Conn) answer(id uint16) bool {
+	c.wmu.Lock()
+	c.link.armed.Store(true)
+	_, err := c.conn.Write([]byte{typePuback << 4, 2, byte(id >> 8), byte(id)})
+	c.link.armed.Store(false)
+	c.lastWrite = time.Now()
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("outbox: mqtt: write: %w", err))
+		return false
+	}
+	return true
+}
+
 // At most this many publishes, and about this many payload bytes, go in one
 // write.
 const (
@@ -324,63 +375,70 @@ func (c *Conn) allocate() uint16 {
 }
 
 // read completes tokens as their PUBACKs come (through the link's read
-// buffer). A PUBACK without properties, every success, is decoded here,
-// without packets and its allocations.
+// buffer), each packet read by the rules of the connection's version
+// (inbound.go), without allocating for a PUBACK. A packet that breaks them
+// ends the connection with a ProtocolError.
 func (c *Conn) read() {
-	var buf [16]byte
+	buf := make([]byte, 0, 64)
 	for {
-		first, body, err := readFrame(c.conn, buf[:])
+		first, body, err := readFrame(c.conn, buf, c.v311)
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		if id, code, ok := plainPuback(first, body); ok {
-			c.puback(id, code, "")
-			continue
+		if cap(body) > cap(buf) {
+			buf = body[:0] // kept for the next one: at most MaxInboundPacket
 		}
-		cp, err := decodeFrame(first, body)
+		in, err := decodeInbound(c.v311, first, body)
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		switch p := cp.Content.(type) {
-		case *packets.Puback:
-			reason := ""
-			if p.Properties != nil {
-				reason = p.Properties.ReasonString
+		switch in.kind {
+		case typePuback:
+			if err := c.puback(in.id, in.code, in.reason); err != nil {
+				c.fail(err)
+				return
 			}
-			c.puback(p.PacketID, p.ReasonCode, reason)
-		case *packets.Pingresp:
+		case typePingresp:
 			select {
 			case c.pingresp <- struct{}{}:
 			default:
 			}
-		case *packets.Disconnect:
-			e := &DisconnectError{Code: p.ReasonCode}
-			if p.Properties != nil {
-				e.Reason = p.Properties.ReasonString
-			}
-			c.fail(e)
+		case typeDisconnect:
+			c.fail(&DisconnectError{Code: in.code, Reason: in.reason})
 			return
+		case typePublish:
+			if in.id == 0 {
+				continue // QoS 0: nothing to answer
+			}
+			select {
+			case c.answers <- in.id:
+			case <-c.stop:
+				return
+			}
 		}
 	}
 }
 
 // puback completes the token a PUBACK is for: with a PubackError for a
-// reason code of 0x80 or more.
-func (c *Conn) puback(id uint16, code byte, reason string) {
+// reason code of 0x80 or more. A PUBACK for no publish in flight (unknown,
+// or a second one) is a ProtocolError: a broker that confuses packet ids
+// could acknowledge a message it never got once its id is used again.
+func (c *Conn) puback(id uint16, code byte, reason string) error {
 	c.mu.Lock()
 	t := c.pending[id]
 	delete(c.pending, id)
 	c.mu.Unlock()
 	if t == nil {
-		return // a PUBACK for nothing in flight: not ours to judge
+		return protocolError(c.v311, "a PUBACK for packet id %d, which no publish in flight has", id)
 	}
 	var err error
 	if code >= 0x80 {
 		err = &PubackError{Code: code, Reason: reason}
 	}
 	t.complete(err)
+	return nil
 }
 
 // ping keeps the connection alive and notices a dead one: a PINGREQ after
@@ -428,7 +486,7 @@ func (c *Conn) ping() {
 			wait.Stop()
 			return
 		case <-wait.C:
-			c.fail(errors.New("outbox: mqtt: no PINGRESP within the ping timeout"))
+			c.fail(fmt.Errorf("%w (%s)", ErrPingTimeout, c.pingWait))
 			return
 		}
 		t.Reset(c.keepAlive)
@@ -451,14 +509,19 @@ func (c *Conn) fail(err error) {
 	c.shut(false)
 }
 
-// LostReason is why the broker ended the connection, when it said (an MQTT
-// 5 DISCONNECT with a reason code); nil otherwise.
+// LostReason is why the connection ended, when more is known than that it
+// broke: the broker's DISCONNECT (MQTT 5, a *DisconnectError), a
+// *ProtocolError, or a ping timeout (ErrPingTimeout); nil otherwise.
 func (c *Conn) LostReason() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var de *DisconnectError
-	if errors.As(c.lostErr, &de) {
+	var pe *ProtocolError
+	switch {
+	case errors.As(c.lostErr, &de):
 		return de
+	case errors.As(c.lostErr, &pe), errors.Is(c.lostErr, ErrPingTimeout):
+		return c.lostErr
 	}
 	return nil
 }
@@ -488,12 +551,13 @@ func (c *Conn) shut(asked bool) {
 	}
 	pending, queued := c.pending, c.queued
 	c.pending, c.queued = nil, nil
+	notSent := c.notConnected()
 	c.mu.Unlock()
 	for _, t := range pending {
 		t.complete(t.stall(cause))
 	}
 	for t := range queued {
-		t.complete(ErrNotConnected)
+		t.complete(notSent)
 	}
 	if !asked {
 		c.conn.Close()

@@ -46,7 +46,7 @@ func TestConnCoalescesAndReadsAcks(t *testing.T) {
 	}
 	c.start()
 	for i := 0; i < n; i++ {
-		first, body, err := readFrame(broker, nil)
+		first, body, err := readFrame(broker, nil, false)
 		require.NoError(t, err)
 		cp, err := decodeFrame(first, body)
 		require.NoError(t, err)
@@ -128,7 +128,7 @@ func TestConnClassifiesOnce(t *testing.T) {
 	lost := c.Publish("a/b", []byte("3"), nil)
 	c.start()
 	for range 3 {
-		_, _, err := readFrame(broker, nil)
+		_, _, err := readFrame(broker, nil, false)
 		require.NoError(t, err)
 	}
 	_, err := broker.Write([]byte{0x40, 2, 0, 1, 0x40, 3, 0, 2, 0x97})
@@ -144,7 +144,10 @@ func TestConnClassifiesOnce(t *testing.T) {
 	var se *StallError
 	require.False(t, errors.As(ce.err, &se), "bytes moved: not a stall")
 	after := c.Publish("a/b", []byte("4"), nil)
-	require.Equal(t, &classified{ErrNotConnected}, after.Error())
+	require.ErrorAs(t, after.Error(), &ce)
+	var nc *NotConnectedError
+	require.ErrorAs(t, ce.err, &nc, "not connected, with why the connection ended")
+	require.ErrorIs(t, ce.err, ErrNotConnected)
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()

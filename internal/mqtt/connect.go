@@ -101,27 +101,41 @@ func open311(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 		conn.Close()
 		return nil, ctxOr(ctx, err)
 	}
-	ack, err := packets311.ReadPacket(conn)
+	code, err := readConnack311(conn)
 	if err != nil {
 		conn.Close()
 		return nil, ctxOr(ctx, err)
 	}
-	ca, ok := ack.(*packets311.ConnackPacket)
-	if !ok {
+	if code != packets311.Accepted {
 		conn.Close()
-		return nil, fmt.Errorf("outbox: mqtt: the broker answered the CONNECT with %s", ack)
-	}
-	if ca.ReturnCode != packets311.Accepted {
-		conn.Close()
-		if known := packets311.ConnErrors[ca.ReturnCode]; known != nil {
+		if known := packets311.ConnErrors[code]; known != nil {
 			return nil, known
 		}
-		return nil, &connackError{code: ca.ReturnCode}
+		return nil, &connackError{code: code}
 	}
 	conn.SetDeadline(time.Time{})
 	c := newConn(conn, l, true, o)
 	c.start()
 	return c, nil
+}
+
+// readConnack311 reads the answer to a 3.1.1 CONNECT, which must be a
+// CONNACK, and returns its return code. A session present after a clean
+// session was asked for is a ProtocolError ([MQTT-3.2.2-1]).
+func readConnack311(r io.Reader) (code byte, err error) {
+	first, body, err := readFrame(r, nil, true)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case first>>4 != typeConnack:
+		return 0, protocolError(true, "the broker answered the CONNECT with a %s", packetName(first))
+	case first != typeConnack<<4 || len(body) != 2 || body[0]&0xFE != 0:
+		return 0, protocolError(true, "malformed CONNACK (% X)", body[:min(len(body), 8)])
+	case body[0] == 1 && body[1] == packets311.Accepted:
+		return 0, protocolError(true, "CONNACK with Session Present after a clean session was asked for")
+	}
+	return body[1], nil
 }
 
 // open5 opens an MQTT 5 connection with a clean start and no session kept
@@ -137,6 +151,8 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	cc.ProtocolName, cc.ProtocolVersion, cc.CleanStart = "MQTT", 5, true
 	cc.ClientID = o.ClientID
 	cc.KeepAlive = uint16(min(o.KeepAlive/time.Second, 65535))
+	maxPacket := uint32(MaxInboundPacket)
+	cc.Properties = &packets.Properties{MaximumPacketSize: &maxPacket}
 	if o.Username != "" {
 		cc.UsernameFlag, cc.Username = true, o.Username
 		cc.PasswordFlag, cc.Password = true, []byte(o.Password)
@@ -163,7 +179,7 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	ca, ok := ack.Content.(*packets.Connack)
 	if !ok {
 		conn.Close()
-		return nil, fmt.Errorf("outbox: mqtt: the broker answered the CONNECT with packet type %d", ack.FixedHeader.Type)
+		return nil, protocolError(false, "the broker answered the CONNECT with a %s", packetName(ack.FixedHeader.Type<<4))
 	}
 	props := ca.Properties
 	if props == nil {
@@ -180,6 +196,10 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	if props.MaximumQOS != nil && *props.MaximumQOS < 1 {
 		conn.Close()
 		return nil, fmt.Errorf("outbox: mqtt: the broker allows QoS 0 only, and the outbox publishes at QoS 1")
+	}
+	if err := checkConnack5(ca, props); err != nil {
+		conn.Close()
+		return nil, err
 	}
 	conn.SetDeadline(time.Time{})
 	c := newConn(conn, l, false, o)
@@ -198,11 +218,26 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	return c, nil
 }
 
+// checkConnack5 holds an accepting MQTT 5 CONNACK to the rules a client
+// must enforce: no session after a Clean Start ([MQTT-3.2.2-2]), and no
+// Receive Maximum or Maximum Packet Size of 0 (a protocol error, 3.2.2.3).
+func checkConnack5(ca *packets.Connack, props *packets.Properties) error {
+	switch {
+	case ca.SessionPresent:
+		return protocolError(false, "CONNACK with Session Present after a Clean Start")
+	case props.ReceiveMaximum != nil && *props.ReceiveMaximum == 0:
+		return protocolError(false, "CONNACK with a Receive Maximum of 0")
+	case props.MaximumPacketSize != nil && *props.MaximumPacketSize == 0:
+		return protocolError(false, "CONNACK with a Maximum Packet Size of 0")
+	}
+	return nil
+}
+
 // readConnack5 reads the answer to an MQTT 5 CONNECT. A CONNACK of two
 // bytes is a 3.1.1 broker's (which packets would fail to decode): it
 // becomes a connackError, return code 1 meaning no MQTT 5.
 func readConnack5(r io.Reader) (*packets.ControlPacket, error) {
-	first, body, err := readFrame(r, nil)
+	first, body, err := readFrame(r, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +251,11 @@ func readConnack5(r io.Reader) (*packets.ControlPacket, error) {
 		}
 		return nil, e
 	}
-	return decodeFrame(first, body)
+	cp, err := decodeFrame(first, body)
+	if err != nil {
+		return nil, protocolError(false, "malformed %s: %v", packetName(first), err)
+	}
+	return cp, nil
 }
 
 // closedEarly reports whether err is the broker closing the connection

@@ -143,26 +143,32 @@ func varintSize(n int) int {
 	return s
 }
 
-// readFrame reads one packet's first byte and its body (what follows the
-// Remaining Length), into buf if it is large enough.
-func readFrame(r io.Reader, buf []byte) (first byte, body []byte, err error) {
+// readFrame reads one packet from a broker speaking 3.1.1 (v311) or 5: its
+// first byte and its body (what follows the Remaining Length), into buf if
+// it is large enough. A packet over MaxInboundPacket is a ProtocolError,
+// found before anything is allocated for it.
+func readFrame(r io.Reader, buf []byte, v311 bool) (first byte, body []byte, err error) {
 	var b [1]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
 		return 0, nil, err
 	}
 	first = b[0]
-	length, shift := 0, 0
+	length, shift, size := 0, 0, 1
 	for {
 		if _, err := io.ReadFull(r, b[:]); err != nil {
 			return 0, nil, noEOF(err)
 		}
+		size++
 		length |= int(b[0]&0x7f) << shift
 		if b[0]&0x80 == 0 {
 			break
 		}
 		if shift += 7; shift > 21 {
-			return 0, nil, errors.New("outbox: mqtt: malformed remaining length")
+			return 0, nil, protocolError(v311, "malformed Remaining Length (more than 4 bytes)")
 		}
+	}
+	if size+length > MaxInboundPacket {
+		return 0, nil, protocolError(v311, "a %s of %d bytes, over the %d bytes this client accepts", packetName(first), size+length, MaxInboundPacket)
 	}
 	if cap(buf) >= length {
 		body = buf[:length]
@@ -180,19 +186,6 @@ func readFrame(r io.Reader, buf []byte) (first byte, body []byte, err error) {
 func decodeFrame(first byte, body []byte) (*packets.ControlPacket, error) {
 	whole := appendVarint([]byte{first}, len(body))
 	return packets.ReadPacket(bytes.NewReader(append(whole, body...)))
-}
-
-// plainPuback decodes a PUBACK without properties: its packet id and reason
-// code (0 when it has none: 3.1.1, or MQTT 5's success); ok is false for any
-// other packet.
-func plainPuback(first byte, body []byte) (id uint16, code byte, ok bool) {
-	if first != packets.PUBACK<<4 || len(body) < 2 || len(body) > 3 {
-		return 0, 0, false
-	}
-	if len(body) == 3 {
-		code = body[2]
-	}
-	return uint16(body[0])<<8 | uint16(body[1]), code, true
 }
 
 // writePacket encodes cp and writes it in one call, so that the link's

@@ -2,8 +2,11 @@ package mqtt
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/eclipse/paho.golang/packets"
 )
@@ -39,16 +42,111 @@ func FuzzPublish5(f *testing.F) {
 		}
 
 		// A PUBACK the reader decodes itself, as packets decodes it.
-		id2, code, ok := plainPuback(packets.PUBACK<<4, ack)
-		if !ok {
+		in, err := decodeInbound(false, packets.PUBACK<<4, ack)
+		if err != nil {
 			return
 		}
 		back, err := decodeFrame(packets.PUBACK<<4, ack)
 		if err != nil {
-			t.Fatalf("packets refused PUBACK body %x: %v", ack, err)
+			t.Fatalf("the reader took PUBACK body %x, packets refused it: %v", ack, err)
 		}
-		if pa := back.Content.(*packets.Puback); pa.PacketID != id2 || pa.ReasonCode != code {
-			t.Fatalf("PUBACK %x: id %d code %d, packets says id %d code %d", ack, id2, code, pa.PacketID, pa.ReasonCode)
+		pa := back.Content.(*packets.Puback)
+		reason := ""
+		if pa.Properties != nil {
+			reason = pa.Properties.ReasonString
+		}
+		if pa.PacketID != in.id || pa.ReasonCode != in.code || (utf8.ValidString(reason) && len(reason) <= 256 && reason != in.reason) {
+			t.Fatalf("PUBACK %x: id %d code %d reason %q, packets says id %d code %d reason %q", ack, in.id, in.code, in.reason, pa.PacketID, pa.ReasonCode, reason)
+		}
+	})
+}
+
+// FuzzInbound feeds a stream of bytes from a broker, after the CONNACK, to
+// the frame reader and the packet dispatch of either version (v5): it never
+// panics, never allocates for a packet more than MaxInboundPacket, and
+// whatever it refuses is a ProtocolError or a short read, never a message's
+// fault.
+func FuzzInbound(f *testing.F) {
+	f.Add(false, []byte{0x40, 2, 0, 1, 0xD0, 0})
+	f.Add(false, []byte{0x40, 3, 0, 1, 0x87})
+	f.Add(true, []byte{0x40, 3, 0, 1, 0x87, 0x40, 9, 0, 1, 0x80, 5, 0x1F, 0, 2, 'n', 'o'})
+	f.Add(true, []byte{0xE0, 1, 0x89})
+	f.Add(true, []byte{0x32, 6, 0, 1, 'x', 0, 7, 0})
+	f.Add(false, []byte{0x32, 5, 0, 1, 'x', 0, 7})
+	f.Add(false, []byte{0x90, 3, 0, 1, 0})
+	f.Add(true, []byte{0x30, 0xFF, 0xFF, 0xFF, 0x7F})
+	f.Fuzz(func(t *testing.T, v5 bool, stream []byte) {
+		r := bytes.NewReader(stream)
+		var buf []byte
+		for {
+			first, body, err := readFrame(r, buf, !v5)
+			if err != nil {
+				var pe *ProtocolError
+				if !errors.As(err, &pe) && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+					t.Fatalf("readFrame: %v", err)
+				}
+				return
+			}
+			if cap(body) > MaxInboundPacket {
+				t.Fatalf("a buffer of %d bytes", cap(body))
+			}
+			if cap(body) > cap(buf) {
+				buf = body[:0]
+			}
+			in, err := decodeInbound(!v5, first, body)
+			if err != nil {
+				var pe *ProtocolError
+				if !errors.As(err, &pe) {
+					t.Fatalf("decodeInbound: %v is no ProtocolError", err)
+				}
+				return
+			}
+			switch in.kind {
+			case typePuback:
+				if in.id == 0 || (!v5 && in.code != 0) {
+					t.Fatalf("PUBACK % X read as id %d code %d", body, in.id, in.code)
+				}
+			case typePingresp, typePublish:
+			case typeDisconnect:
+				if !v5 {
+					t.Fatalf("a 3.1.1 DISCONNECT taken")
+				}
+			default:
+				t.Fatalf("packet type %d taken", in.kind)
+			}
+		}
+	})
+}
+
+// FuzzConnack reads an answer to the CONNECT of either version (v5): it
+// never panics, and an accepted connection has no session present.
+func FuzzConnack(f *testing.F) {
+	f.Add(false, []byte{0x20, 2, 0, 0})
+	f.Add(false, []byte{0x20, 2, 1, 0})
+	f.Add(true, []byte{0x20, 3, 0, 0, 0})
+	f.Add(true, []byte{0x20, 6, 0, 0, 3, 0x21, 0, 0})
+	f.Add(true, []byte{0x20, 0xFF, 0xFF, 0xFF, 0x7F})
+	f.Fuzz(func(t *testing.T, v5 bool, stream []byte) {
+		if !v5 {
+			code, err := readConnack311(bytes.NewReader(stream))
+			if err == nil && code == 0 && stream[2] != 0 {
+				t.Fatalf("CONNACK % X accepted with a session present", stream)
+			}
+			return
+		}
+		cp, err := readConnack5(bytes.NewReader(stream))
+		if err != nil {
+			return
+		}
+		if ca, ok := cp.Content.(*packets.Connack); ok && ca.ReasonCode < 0x80 {
+			props := ca.Properties
+			if props == nil {
+				props = &packets.Properties{}
+			}
+			if checkConnack5(ca, props) == nil && (ca.SessionPresent ||
+				props.ReceiveMaximum != nil && *props.ReceiveMaximum == 0) {
+				t.Fatalf("CONNACK % X accepted", stream)
+			}
 		}
 	})
 }

@@ -225,3 +225,54 @@ func TestReconnectBackoffAfterAcceptedConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokerUnavailableConnack: a broker that refuses connections saying it
+// is unavailable (CONNACK 0x89 server busy under MQTT 5, return code 3
+// server unavailable under 3.1.1) holds the queue, and Stats says what it
+// says; once it accepts, every event is delivered once, in commit order,
+// and the words are gone.
+func TestBrokerUnavailableConnack(t *testing.T) {
+	for _, c := range []struct {
+		proto MQTTProtocol
+		words string
+	}{
+		{Protocol5, "server busy (CONNACK 0x89)"},
+		{Protocol311, "unavailable (CONNACK 3)"},
+	} {
+		t.Run(c.proto.String(), func(t *testing.T) {
+			var busy atomic.Bool
+			busy.Store(true)
+			fb := harness.StartFakeBroker(t, harness.FakeBrokerOptions{Connack: func(_ int, level byte) []byte {
+				switch {
+				case !busy.Load():
+					return nil
+				case level == 5:
+					return []byte{0x20, 3, 0, 0x89, 0}
+				}
+				return []byte{0x20, 2, 0, 3}
+			}})
+			ob := openTest(t, Options{})
+			const n = 5
+			for i := range n {
+				commitOrder(t, ob, "pos/orders", i)
+			}
+			r := mqttRelayOn(t, ob, fb.URL(), fastRelay(), c.proto)
+			startRelay(t, r)
+			eventually(t, 10*time.Second, "the broker's words in Stats", func() bool {
+				st, _ := r.Stats(context.Background())
+				return strings.Contains(st.BrokerUnavailable, c.words) && len(fb.Connects()) >= 3
+			})
+			busy.Store(false)
+			eventually(t, 10*time.Second, "every event sent", func() bool { return countState(t, ob, "sent") == n })
+			var seqs []int64
+			for _, p := range fb.Received() {
+				ev, err := DecodeEvent(p.Payload)
+				require.NoError(t, err)
+				seqs = append(seqs, ev.Sequence)
+			}
+			require.Equal(t, []int64{1, 2, 3, 4, 5}, seqs, "every event once, in commit order")
+			requireNothingCharged(t, ob, n)
+			require.Empty(t, r.Metrics().BrokerUnavailable)
+		})
+	}
+}

@@ -229,7 +229,7 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 	p.Disconnect()
 	o := p.conf
 	o.Control = p.control
-	return p.brokers.Connect(ctx, mqtt.Version(p.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
+	err := p.brokers.Connect(ctx, mqtt.Version(p.opts.Protocol), func(ctx context.Context, a *mqtt.Attempt) error {
 		cn, err := mqtt.Open(ctx, a, &o)
 		if err != nil {
 			return err
@@ -239,6 +239,13 @@ func (p *MQTTPublisher) Connect(ctx context.Context) error {
 		p.mu.Unlock()
 		return nil
 	})
+	var ce *mqtt.ConnackError
+	if errors.As(err, &ce) && (ce.V5 && brokerStateCode(ce.Code) || ce.V5 && ce.Code == 0x88 || !ce.V5 && ce.Code == 3) {
+		// Server unavailable (0x88, or 3.1.1's 3), busy, over quota,
+		// rate exceeded, moved: the broker's state, said as such.
+		return &brokerUnavailable{err: err}
+	}
+	return err
 }
 
 // Publish sends one message at QoS 1.

@@ -421,6 +421,7 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) e
 				break
 			}
 			r.setErr(err)
+			r.noteOutcome(err)
 			failures++
 			delay := bo.NextBackOff()
 			// A long outage must not flood the log: warn when it starts,

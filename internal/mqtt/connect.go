@@ -108,10 +108,7 @@ func open311(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	}
 	if code != packets311.Accepted {
 		conn.Close()
-		if known := packets311.ConnErrors[code]; known != nil {
-			return nil, known
-		}
-		return nil, &connackError{code: code}
+		return nil, &ConnackError{Code: code}
 	}
 	conn.SetDeadline(time.Time{})
 	c := newConn(conn, l, true, o)
@@ -167,7 +164,7 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		var ce *connackError
+		var ce *ConnackError
 		switch {
 		case errors.As(err, &ce):
 			return nil, err
@@ -187,7 +184,7 @@ func open5(ctx context.Context, u *url.URL, o *Options) (*Conn, error) {
 	}
 	if ca.ReasonCode >= 0x80 {
 		conn.Close()
-		e := &connackError{code: ca.ReasonCode, v5: true, reason: props.ReasonString}
+		e := &ConnackError{Code: ca.ReasonCode, V5: true, Reason: props.ReasonString}
 		if ca.ReasonCode == packets.ConnackUnsupportedProtocolVersion {
 			return nil, fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
@@ -235,18 +232,18 @@ func checkConnack5(ca *packets.Connack, props *packets.Properties) error {
 
 // readConnack5 reads the answer to an MQTT 5 CONNECT. A CONNACK of two
 // bytes is a 3.1.1 broker's (which packets would fail to decode): it
-// becomes a connackError, return code 1 meaning no MQTT 5.
+// becomes a ConnackError, return code 1 meaning no MQTT 5.
 func readConnack5(r io.Reader) (*packets.ControlPacket, error) {
 	first, body, err := readFrame(r, nil, false)
 	if err != nil {
 		return nil, err
 	}
 	if first>>4 == packets.CONNACK && len(body) == 2 {
-		e := &connackError{code: body[1]}
-		if e.code == 0 {
+		e := &ConnackError{Code: body[1]}
+		if e.Code == 0 {
 			return nil, errors.New("outbox: mqtt: the broker accepted the MQTT 5 CONNECT with a 3.1.1 CONNACK")
 		}
-		if e.code == 1 {
+		if e.Code == 1 {
 			return nil, fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
 		return nil, e

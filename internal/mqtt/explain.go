@@ -15,7 +15,7 @@ import (
 // problems (often a device clock that is wrong before NTP syncs) and
 // refused credentials are configuration, not outages.
 func explain(err error, now time.Time) string {
-	var ce *connackError
+	var ce *ConnackError
 	if errors.As(err, &ce) {
 		return explainConnack(ce)
 	}
@@ -66,9 +66,9 @@ func explainConnectError(err error, now time.Time) string {
 }
 
 // explainConnack says what a user can do about a refused connection.
-func explainConnack(e *connackError) string {
-	if !e.v5 {
-		switch e.code {
+func explainConnack(e *ConnackError) string {
+	if !e.V5 {
+		switch e.Code {
 		case 4:
 			return "the broker refused the user name or password (CONNACK 4)"
 		case 5:
@@ -77,21 +77,23 @@ func explainConnack(e *connackError) string {
 			return "the broker rejected the client id (CONNACK 2)"
 		case 3:
 			return "the broker is unavailable (CONNACK 3)"
+		case 1:
+			return "the broker does not speak MQTT 3.1.1 (CONNACK 1)"
 		}
 		return e.Error()
 	}
-	code := fmt.Sprintf("(CONNACK 0x%02X)", e.code)
-	switch e.code {
+	code := fmt.Sprintf("(CONNACK 0x%02X)", e.Code)
+	switch e.Code {
 	case 0x86:
 		return "the broker refused the user name or password " + code
 	case 0x87, 0x8A:
-		return "the broker refused this client: " + reasonWords(e.code) + " " + code
+		return "the broker refused this client: " + reasonWords(e.Code) + " " + code
 	case 0x85:
 		return "the broker rejected the client id " + code
 	case 0x88, 0x89:
-		return "the broker is unavailable: " + reasonWords(e.code) + " " + code
+		return "the broker is unavailable: " + reasonWords(e.Code) + " " + code
 	case 0x84:
 		return "the broker does not speak MQTT 5 " + code
 	}
-	return "the broker refused the connection: " + reasonWords(e.code) + " " + code
+	return "the broker refused the connection: " + reasonWords(e.Code) + " " + code
 }

@@ -9,17 +9,18 @@ import (
 // connection, a PUBACK that refuses one message, a DISCONNECT, each in
 // words a user can act on. Whose fault each is, the caller decides.
 
-// connackError is a CONNACK that refused the connection.
-type connackError struct {
-	code   byte
-	v5     bool // an MQTT 5 reason code; else a 3.1.1 return code
-	reason string
+// ConnackError is a CONNACK that refused the connection.
+type ConnackError struct {
+	Code   byte
+	V5     bool   // an MQTT 5 reason code; else a 3.1.1 return code
+	Reason string // the broker's Reason String (MQTT 5); may be empty
 }
 
-func (e *connackError) Error() string {
-	s := "CONNACK " + connackWords(e.code, e.v5)
-	if e.reason != "" {
-		s += ": " + e.reason
+// Error is "CONNACK " and the code in words.
+func (e *ConnackError) Error() string {
+	s := "CONNACK " + connackWords(e.Code, e.V5)
+	if e.Reason != "" {
+		s += ": " + e.Reason
 	}
 	return s
 }

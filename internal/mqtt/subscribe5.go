@@ -273,7 +273,7 @@ func (c *firstBytes) Read(p []byte) (int, error) {
 
 // classify turns a failed MQTT 5 connect into what the version choice
 // needs: ErrUnsupportedVersion for a CONNACK that says so (5's 0x84 or a
-// 3.1.1 return code 1), a connackError for another refusal, and
+// 3.1.1 return code 1), a ConnackError for another refusal, and
 // ErrClosedAfterConnect for a close before any answer.
 func (c *firstBytes) classify(ca *paho.Connack, err error) error {
 	c.mu.Lock()
@@ -281,17 +281,17 @@ func (c *firstBytes) classify(ca *paho.Connack, err error) error {
 	c.mu.Unlock()
 	switch {
 	case ca != nil && ca.ReasonCode >= 0x80:
-		e := &connackError{code: ca.ReasonCode, v5: true}
+		e := &ConnackError{Code: ca.ReasonCode, V5: true}
 		if ca.Properties != nil {
-			e.reason = ca.Properties.ReasonString
+			e.Reason = ca.Properties.ReasonString
 		}
 		if ca.ReasonCode == packets.ConnackUnsupportedProtocolVersion {
 			return fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
 		return e
 	case len(head) == 4 && head[0] == packets.CONNACK<<4 && head[1] == 2:
-		e := &connackError{code: head[3]}
-		if e.code == 1 {
+		e := &ConnackError{Code: head[3]}
+		if e.Code == 1 {
 			return fmt.Errorf("%w: %w", ErrUnsupportedVersion, e)
 		}
 		return e

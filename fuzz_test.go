@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -16,7 +17,10 @@ func FuzzValidateTopic(f *testing.F) {
 	f.Fuzz(func(t *testing.T, topic string) {
 		err := ValidateTopic(topic)
 		valid := topic != "" && len(topic) <= 65535 && utf8.ValidString(topic) &&
-			!strings.ContainsAny(topic, "+#\x00")
+			!strings.ContainsAny(topic, "+#\x00") && topic[0] != '$' &&
+			!strings.ContainsFunc(topic, func(r rune) bool {
+				return unicode.IsControl(r) || r >= 0xfdd0 && r <= 0xfdef || r&0xfffe == 0xfffe
+			})
 		if valid != (err == nil) {
 			t.Fatalf("ValidateTopic(%q) = %v, want valid=%v", topic, err, valid)
 		}

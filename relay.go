@@ -258,6 +258,16 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
+	r.enc.topics, _ = pub.(TopicChecker)
+	if r.enc.sizes != nil {
+		// The stored limit is the core's; a transport may carry less. Said
+		// once, at start, rather than learnt from dead messages.
+		worst := maxEncodedBytes(o.maxPayload)
+		if err := r.enc.sizes.CheckSize(strings.Repeat("t", maxTopicBytes), worst, &PublishProperties{ContentType: structuredContentType, MessageExpiry: time.Hour}); err != nil {
+			r.log.Warn("outbox relay: the payload limit stored in the database lets in messages this transport cannot carry; they will be parked dead: lower it (Options.MaxPayloadBytes, outboxctl init --max-payload-bytes)",
+				"max_payload_bytes", o.maxPayload, "worst_encoded_bytes", worst, "err", err)
+		}
+	}
 	r.epoch = time.Now()
 	return r, nil
 }

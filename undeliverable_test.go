@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox/internal/harness"
 	"github.com/edgeoutbox/outbox/internal/migrate"
 )
 
@@ -170,6 +172,13 @@ func TestPayloadLimitHoldsForEveryWriter(t *testing.T) {
 		return other.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 1001)})
 	})
 	require.ErrorIs(t, err, ErrPayloadTooLarge, "another Outbox on the file, without the option")
+	// The database is the one owner: lowered by another process, the limit
+	// holds for an Outbox that read a higher one at Open.
+	openTestPath(t, path, Options{MaxPayloadBytes: 500})
+	err = ob.Transact(ctx, func(tx *sql.Tx) error {
+		return ob.Enqueue(ctx, tx, Message{Topic: "t", Payload: make([]byte, 800)})
+	})
+	require.ErrorIs(t, err, ErrPayloadTooLarge, "the INSERT checks the stored limit")
 }
 
 // TestOversizedRowParkedWithoutLoading: a stored row over the payload
@@ -294,4 +303,28 @@ func TestTransportTopicCheck(t *testing.T) {
 		require.Contains(t, why, "NATS subject")
 		require.Equal(t, 1, attempts, "parked at once")
 	}
+}
+
+// smallTransport is a Publisher whose protocol carries at most 1 MiB.
+type smallTransport struct{ fakePublisher }
+
+func (p *smallTransport) CheckSize(topic string, payloadBytes int, props *PublishProperties) error {
+	if len(topic)+payloadBytes > 1<<20 {
+		return errors.New("over 1 MiB")
+	}
+	return nil
+}
+
+// TestRelayWarnsOfAPayloadLimitTheTransportCannotCarry: the stored limit is
+// the core's; a transport that carries less (its SizeLimiter) makes
+// NewRelay say so at start, rather than leave it to dead messages.
+func TestRelayWarnsOfAPayloadLimitTheTransportCannotCarry(t *testing.T) {
+	var logs harness.LogBuffer
+	for _, limit := range []int{256 << 10, 4 << 20} {
+		ob := openTest(t, Options{MaxPayloadBytes: limit, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		_, err := ob.NewRelay(&smallTransport{}, fastRelay())
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "lets in messages this transport cannot carry"), logs.String())
+	require.Contains(t, logs.String(), "max_payload_bytes=4194304")
 }

@@ -132,8 +132,14 @@ func TestMigratedBadTopicsParkedDead(t *testing.T) {
 			good = append(good, id)
 		}
 	}
+	// A payload over the default limit, waiting when the schema changes:
+	// the migration never parks what was accepted before.
+	_, err = db.Exec(`INSERT INTO outbox (id, topic, payload) VALUES ('id-big', 'till/5', zeroblob(300000))`)
+	require.NoError(t, err)
+	good = append(good, "id-big")
 	require.NoError(t, db.Close())
 	ob := openTestPath(t, path, Options{})
+	require.Equal(t, 300000, ob.MaxPayloadBytes(), "the limit starts at the largest payload waiting")
 	pub := &fakePublisher{}
 	r, err := ob.NewRelay(pub, fastRelay())
 	require.NoError(t, err)

@@ -262,3 +262,33 @@ func FuzzValidJSON(f *testing.F) {
 		}
 	})
 }
+
+// FuzzTopicSchemaAgrees: the schema refuses at INSERT exactly the topics
+// ValidateTopic refuses, among those SQLite can store as text (valid
+// UTF-8, no NUL) and that the schema's CHECK does not refuse by itself.
+func FuzzTopicSchemaAgrees(f *testing.F) {
+	for _, s := range append(append([]string{"a", "$", "a$", "\u0080", "\u00a0", "\ufdcf\ufdd0", "\U0001fffe", "\U0001fffd"}, badTopics...), goodTopics...) {
+		f.Add(s)
+	}
+	ob := openTest(f, Options{})
+	st, err := ob.DB().Prepare(`INSERT INTO outbox (topic, payload) VALUES (?, x'') RETURNING seq`)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer st.Close()
+	f.Fuzz(func(t *testing.T, topic string) {
+		if topic == "" || !utf8.ValidString(topic) || strings.ContainsAny(topic, "+#\x00") || len(topic) > 65535 {
+			return
+		}
+		var seq int64
+		sqlErr := st.QueryRow(topic).Scan(&seq)
+		if sqlErr == nil {
+			if _, err := ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if goErr := ValidateTopic(topic); (goErr == nil) != (sqlErr == nil) {
+			t.Fatalf("topic %q: ValidateTopic says %v, the schema %v", topic, goErr, sqlErr)
+		}
+	})
+}

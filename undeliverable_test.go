@@ -334,3 +334,39 @@ func TestRelayWarnsOfAPayloadLimitTheTransportCannotCarry(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "lets in messages this transport cannot carry"), logs.String())
 	require.Contains(t, logs.String(), "max_payload_bytes=4194304")
 }
+
+// TestMosquittoControlTopicsParked: rows with control characters in their
+// topics, among good ones, let in by schema 6. Mosquitto closes the
+// connection on such a PUBLISH (DISCONNECT 0x81), which took the relay
+// through 28 reconnects and held the good event behind them for 90 s; now
+// the relay parks them before they reach the connection: one connection,
+// the good events delivered in commit order within seconds.
+func TestMosquittoControlTopicsParked(t *testing.T) {
+	path := openV6(t)
+	db, err := OpenDB(path, DBOptions{})
+	require.NoError(t, err)
+	var goodSeqs []int64
+	for i, topic := range []string{"till/1", "till/\x01bad", "till/2", "till/\u0085bad", "till/3"} {
+		var seq int64
+		require.NoError(t, db.QueryRow(`INSERT INTO outbox (topic, payload) VALUES (?, ?) RETURNING seq`, topic, fmt.Sprintf(`{"n":%d}`, i)).Scan(&seq))
+		if !strings.HasSuffix(topic, "bad") {
+			goodSeqs = append(goodSeqs, seq)
+		}
+	}
+	require.NoError(t, db.Close())
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	sub := startPersistentSubscriber(t, m.Addr(), "control-topics-subscriber", "till/#")
+	ob := openTestPath(t, path, Options{})
+	pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://" + m.Addr(), ClientID: "control-topics-relay", Logger: testLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	r, err := ob.NewRelay(pub, fastRelay())
+	require.NoError(t, err)
+	start := time.Now()
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the good events received", func() bool { return sub.Log.Unique() == len(goodSeqs) })
+	t.Logf("good events received after %v, %d connection attempts", time.Since(start).Round(time.Millisecond), r.Metrics().ConnectionAttempts)
+	require.Equal(t, goodSeqs, sub.Log.Snapshot().FirstSeqs, "in commit order")
+	require.EqualValues(t, 1, r.Metrics().ConnectionAttempts, "the broker never closed the connection")
+	require.Equal(t, 2, countState(t, ob, "dead"))
+}

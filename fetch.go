@@ -49,7 +49,8 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 		// A payload over the stored limit (a plain-SQL row from before the
 		// limit, or one the limit was lowered under) is not read: its
 		// length is in the record's header (octet_length reads only that),
-		// and the row is parked dead as it is.
+		// and the row is parked dead as it is. (The park's UPDATE still has
+		// SQLite copy the row once, as any UPDATE rewrites a whole row.)
 		st, err := conn.Stmt(ctx, c, `SELECT seq, id, topic,
 				CASE WHEN octet_length(payload) > lim THEN NULL ELSE payload END, octet_length(payload), lim,
 				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at

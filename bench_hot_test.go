@@ -364,7 +364,14 @@ func BenchmarkInsertPath(b *testing.B) {
 		{"schema5", func(ctx context.Context, db *sql.DB) error {
 			return migrate.SQLite(ctx, db, "outbox_schema", outboxMigrations[:5], "", ErrSchemaTooNew)
 		}, schema5Insert, []any{id, "pos/1/orders", pl, "com.example.order.created", "", now, now, int64(0)}},
+		{"schema6", func(ctx context.Context, db *sql.DB) error {
+			return migrate.SQLite(ctx, db, "outbox_schema", outboxMigrations[:6], "", ErrSchemaTooNew)
+		}, insertSQLs[insertNoContentType], rowArgs},
 		{"schema" + fmt.Sprint(SchemaVersion), migrateOutbox, insertSQLs[insertNoContentType], rowArgs},
+		// A topic outside printable ASCII takes the second look for what
+		// no broker takes (schema 7).
+		{"schema" + fmt.Sprint(SchemaVersion) + "+unicode_topic", migrateOutbox, insertSQLs[insertNoContentType],
+			[]any{id, "pos/Zürich/orders", pl, "com.example.order.created", now}},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()

@@ -201,9 +201,11 @@ func (o *Outbox) validate(msgs []Message) error {
 	return nil
 }
 
-// ValidateTopic reports whether topic can be published: non-empty, valid
-// UTF-8, no NUL, no wildcard, at most 65,535 bytes. The errors match
-// ErrInvalidTopic.
+// ValidateTopic reports whether topic can be published over any transport:
+// non-empty, valid UTF-8, no NUL, no other control character and no
+// Unicode noncharacter, no wildcard, not beginning with '$', at most 65,535
+// bytes. The schema refuses the same at INSERT, for every writer. The
+// errors match ErrInvalidTopic.
 func ValidateTopic(topic string) error {
 	switch {
 	case topic == "":
@@ -216,8 +218,37 @@ func ValidateTopic(topic string) error {
 		return ErrTopicNUL
 	case !utf8.ValidString(topic):
 		return ErrTopicNotUTF8
+	case topic[0] == '$':
+		return ErrTopicReserved
+	case hasControl(topic):
+		return ErrTopicControl
 	}
 	return nil
+}
+
+// hasControl reports whether s, valid UTF-8, holds a control character
+// (C0 but NUL, DEL, C1) or a Unicode noncharacter: what the MQTT spec says
+// a topic should not hold [MQTT-1.5.4], and what the schema's GLOB refuses.
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f {
+			return true
+		} else if c >= utf8.RuneSelf {
+			return hasControlRune(s[i:])
+		}
+	}
+	return false
+}
+
+func hasControlRune(s string) bool {
+	for _, r := range s {
+		switch {
+		case r < 0x20, r >= 0x7f && r <= 0x9f,
+			r >= 0xfdd0 && r <= 0xfdef, r&0xfffe == 0xfffe:
+			return true
+		}
+	}
+	return false
 }
 
 // validatePrefix checks a TopicPrefix: a topic may start with it.

@@ -98,7 +98,8 @@ type encoder struct {
 	mode        Envelope
 	source      string
 	defaultType string
-	sizes       SizeLimiter // the Publisher's, if it has one
+	sizes       SizeLimiter  // the Publisher's, if it has one
+	topics      TopicChecker // the Publisher's, if it has one
 }
 
 // sequenceDigits zero-pads the sequence extension: the CloudEvents
@@ -137,7 +138,11 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 	case inline:
 		dst = append(dst, `,"data":`...)
 		dst = append(dst, m.payload...)
-	case str:
+	case str && jsonStringLen(m.payload) <= base64.StdEncoding.EncodedLen(len(m.payload))+escapeSlack:
+		// Text that escaping would make much longer than base64 (control
+		// characters, six bytes each) goes as data_base64, the same data:
+		// so no payload grows by more than base64's third and a little
+		// (maxEncodedBytes).
 		dst = append(dst, `,"data":`...)
 		dst = appendJSONString(dst, m.payload)
 	default:
@@ -155,6 +160,11 @@ func (e *encoder) checkTopic(m *outgoing) error {
 	}
 	if !strings.HasPrefix(m.topic, e.prefix) {
 		return undeliverable(fmt.Errorf("%w: %q is not under %q", ErrTopicOutsidePrefix, m.topic, e.prefix))
+	}
+	if e.topics != nil {
+		if err := e.topics.CheckTopic(m.topic); err != nil {
+			return undeliverable(fmt.Errorf("%w: %w", ErrInvalidTopic, err))
+		}
 	}
 	return nil
 }
@@ -174,7 +184,43 @@ func (e *encoder) attributes(m *outgoing) (typ string, err error) {
 	if m.id == "" {
 		return "", undeliverable(errors.New("empty id"))
 	}
+	// Enqueue's bounds, for rows written by plain SQL: they bound the
+	// envelope (maxEncodedBytes), and an inbox takes no longer id.
+	if len(m.id) > MaxIDBytes || len(typ) > maxTypeBytes || len(m.contentType) > maxTypeBytes {
+		return "", undeliverable(fmt.Errorf("id longer than %d bytes, or type or content type longer than %d", MaxIDBytes, maxTypeBytes))
+	}
 	return typ, nil
+}
+
+// maxEnvelopeBytes bounds what structured mode adds to the data's base64:
+// the fixed JSON (under 256 bytes), the id, source, type and content type,
+// each escaped to at most six bytes a byte, and escapeSlack.
+const maxEnvelopeBytes = 256 + 6*(MaxIDBytes+3*maxTypeBytes) + escapeSlack
+
+// escapeSlack is how much longer than its base64 a text payload may grow
+// by escaping and still go as text: a short message with a few quotes
+// stays readable.
+const escapeSlack = 1024
+
+// maxEncodedBytes bounds the encoding of a payload of n bytes in any
+// envelope: structured mode's data_base64 is the longest (inline JSON is
+// the payload as it is, and text that escaping would make longer goes as
+// base64 too), binary and raw modes carry the payload untouched.
+func maxEncodedBytes(n int) int { return base64.StdEncoding.EncodedLen(n) + maxEnvelopeBytes }
+
+// jsonStringLen is the length of appendJSONString(nil, s).
+func jsonStringLen(s []byte) int {
+	n := len(s) + 2
+	for _, c := range s {
+		switch {
+		case c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&':
+		case c == '"', c == '\\', c == '\n', c == '\r', c == '\t':
+			n++
+		default:
+			n += 5
+		}
+	}
+	return n
 }
 
 // contentTypeOf is the event's datacontenttype: the row's, or for a row

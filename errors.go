@@ -20,13 +20,23 @@ var (
 	ErrTopicNUL = &topicError{"contains NUL"}
 	// ErrTopicNotUTF8: the topic is not valid UTF-8.
 	ErrTopicNotUTF8 = &topicError{"not valid UTF-8"}
+	// ErrTopicControl: the topic contains a control character (U+0001 to
+	// U+001F, U+007F to U+009F) or a Unicode noncharacter (U+FDD0 to
+	// U+FDEF, U+FFFE, U+FFFF and their like in every plane), which MQTT
+	// says a client should not send: a broker may close the connection on
+	// it, every time.
+	ErrTopicControl = &topicError{"contains a control character or a Unicode noncharacter"}
+	// ErrTopicReserved: the topic begins with '$', which MQTT reserves for
+	// the broker's own topics ($SYS): a broker refuses a publish there.
+	ErrTopicReserved = &topicError{"begins with '$', reserved for the broker"}
 	// ErrTopicTooLong: the topic is longer than MQTT's 65,535 bytes.
 	ErrTopicTooLong = &topicError{"longer than 65535 bytes"}
 	// ErrTopicOutsidePrefix: the topic does not start with the configured
 	// TopicPrefix (Options or RelayOptions).
 	ErrTopicOutsidePrefix = &topicError{"outside this device's topic prefix"}
 
-	// ErrPayloadTooLarge: the payload is over Options.MaxPayloadBytes.
+	// ErrPayloadTooLarge: the payload is over the payload limit stored in
+	// the database (Options.MaxPayloadBytes sets it).
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidMessage: a field other than topic or payload is unusable.
 	ErrInvalidMessage = errors.New("outbox: invalid message")

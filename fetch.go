@@ -46,13 +46,21 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
 			return err
 		}
-		st, err := conn.Stmt(ctx, c, `SELECT seq, id, topic, payload, typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
-			FROM outbox WHERE seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL
-			ORDER BY seq LIMIT ?`)
+		// A payload over the stored limit (a plain-SQL row from before the
+		// limit, or one the limit was lowered under) is not read: its
+		// length is in the record's header (octet_length reads only that),
+		// and the row is parked dead as it is. (The park's UPDATE still has
+		// SQLite copy the row once, as any UPDATE rewrites a whole row.)
+		st, err := conn.Stmt(ctx, c, `SELECT seq, id, topic,
+				CASE WHEN octet_length(payload) > lim THEN NULL ELSE payload END, octet_length(payload), lim,
+				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
+			FROM outbox, (SELECT min(max_payload_bytes, ?3) AS lim, sent_seq FROM outbox_state WHERE id = 1)
+			WHERE seq > max(?1, sent_seq) AND dead_at IS NULL
+			ORDER BY seq LIMIT ?2`)
 		if err != nil {
 			return err
 		}
-		rows, err := st.QueryContext(ctx, cursor, limit)
+		rows, err := st.QueryContext(ctx, cursor, limit, MaxPayloadBytesLimit)
 		if err != nil {
 			return err
 		}
@@ -61,8 +69,14 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 		for rows.Next() {
 			var m row
 			var payload sql.RawBytes
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires); err != nil {
+			var size, lim int64
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &size, &lim, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires); err != nil {
 				return err
+			}
+			if size > lim {
+				m.encErr = undeliverable(fmt.Errorf("%w: %d bytes, over the limit of %d stored in the database", ErrPayloadTooLarge, size, lim))
+				out = append(out, m)
+				continue
 			}
 			m.payload = payload
 			r.enc.encodeRow(&m, carries)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -16,7 +17,10 @@ func FuzzValidateTopic(f *testing.F) {
 	f.Fuzz(func(t *testing.T, topic string) {
 		err := ValidateTopic(topic)
 		valid := topic != "" && len(topic) <= 65535 && utf8.ValidString(topic) &&
-			!strings.ContainsAny(topic, "+#\x00")
+			!strings.ContainsAny(topic, "+#\x00") && topic[0] != '$' &&
+			!strings.ContainsFunc(topic, func(r rune) bool {
+				return unicode.IsControl(r) || r >= 0xfdd0 && r <= 0xfdef || r&0xfffe == 0xfffe
+			})
 		if valid != (err == nil) {
 			t.Fatalf("ValidateTopic(%q) = %v, want valid=%v", topic, err, valid)
 		}
@@ -255,6 +259,36 @@ func FuzzValidJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, want := validJSON(b), json.Valid(b); got != want {
 			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", b, got, want)
+		}
+	})
+}
+
+// FuzzTopicSchemaAgrees: the schema refuses at INSERT exactly the topics
+// ValidateTopic refuses, among those SQLite can store as text (valid
+// UTF-8, no NUL) and that the schema's CHECK does not refuse by itself.
+func FuzzTopicSchemaAgrees(f *testing.F) {
+	for _, s := range append(append([]string{"a", "$", "a$", "\u0080", "\u00a0", "\ufdcf\ufdd0", "\U0001fffe", "\U0001fffd"}, badTopics...), goodTopics...) {
+		f.Add(s)
+	}
+	ob := openTest(f, Options{})
+	st, err := ob.DB().Prepare(`INSERT INTO outbox (topic, payload) VALUES (?, x'') RETURNING seq`)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer st.Close()
+	f.Fuzz(func(t *testing.T, topic string) {
+		if topic == "" || !utf8.ValidString(topic) || strings.ContainsAny(topic, "+#\x00") || len(topic) > 65535 {
+			return
+		}
+		var seq int64
+		sqlErr := st.QueryRow(topic).Scan(&seq)
+		if sqlErr == nil {
+			if _, err := ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if goErr := ValidateTopic(topic); (goErr == nil) != (sqlErr == nil) {
+			t.Fatalf("topic %q: ValidateTopic says %v, the schema %v", topic, goErr, sqlErr)
 		}
 	})
 }

@@ -342,7 +342,10 @@ func TestInsertPathCost(t *testing.T) {
 	} {
 		perRow, sizes := insertPrograms(t, ob.DB(), q.sql, q.args...)
 		require.Equal(t, 1, perRow, "trigger programs every insert runs: %s", q.sql)
-		require.LessOrEqual(t, sizes["outbox_inserted"], 50, "opcodes of the program every insert runs (%v)", sizes)
+		// 90: its WHEN also refuses, for every writer, topics no broker
+		// takes (a GLOB that runs in full only outside printable ASCII)
+		// and payloads over the stored limit, for about 0.6 µs a row.
+		require.LessOrEqual(t, sizes["outbox_inserted"], 90, "opcodes of the program every insert runs (%v)", sizes)
 	}
 }
 

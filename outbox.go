@@ -19,20 +19,29 @@ const (
 	DefaultReserveBytes = 1 << 20
 	// MaxIDBytes is the longest event id the outbox and the inbox take.
 	MaxIDBytes = 128
-	// DefaultMaxPayloadBytes is the payload limit unless Options says otherwise.
+	// DefaultMaxPayloadBytes is the payload limit a new database stores.
 	DefaultMaxPayloadBytes = 256 << 10
-	// MaxPayloadBytesLimit is the largest Options.MaxPayloadBytes, which
-	// bounds what one row may bring into memory. A Publisher may allow less
-	// (a SizeLimiter): a message it can never carry is parked dead.
-	MaxPayloadBytesLimit = 268_435_455
+	// MaxPayloadBytesLimit is the largest Options.MaxPayloadBytes: 190 MiB,
+	// whose worst-case encoding (CloudEvents structured mode, the payload
+	// in base64, ×4/3, with the longest id, type, content type, source and
+	// topic) still fits MQTT's largest packet (268,435,455 bytes). It also
+	// bounds what one row may bring into memory. A Publisher may allow
+	// less (a SizeLimiter): a message it can never carry is parked dead,
+	// and NewRelay warns when the stored limit allows such messages.
+	MaxPayloadBytesLimit = 190 << 20
 	maxTopicBytes        = 65_535
 	maxTypeBytes         = 1024
 )
 
 // Options configures an Outbox. The zero value is ready to use.
 type Options struct {
-	// MaxPayloadBytes limits each payload. Zero means
-	// DefaultMaxPayloadBytes; at most MaxPayloadBytesLimit.
+	// MaxPayloadBytes limits each payload. The limit is stored in the
+	// database, as the pending limits are, so that every writer is held to
+	// it: Enqueue refuses a longer payload with ErrPayloadTooLarge, and so
+	// does the INSERT of any other writer, and the relay parks a longer one
+	// already stored dead without reading it. Zero leaves the stored limit
+	// as it is (a new database stores DefaultMaxPayloadBytes); at most
+	// MaxPayloadBytesLimit.
 	MaxPayloadBytes int
 	// MaxPendingMessages and MaxPendingBytes cap what waits to be sent.
 	// When either is reached, Enqueue fails with ErrFull. The limits are
@@ -210,7 +219,8 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := migrateOutbox(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: schema: %w", err)
 	}
-	if err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes); err != nil {
+	maxPayload, err := setLimits(ctx, db, opts.MaxPendingMessages, opts.MaxPendingBytes, opts.MaxPayloadBytes)
+	if err != nil {
 		return nil, fmt.Errorf("outbox: limits: %w", err)
 	}
 	stored, err := readOutboxClock(ctx, db)
@@ -235,15 +245,12 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		insert:     insert,
 		reserve:    reserve.New(file, reserveSize),
 		path:       file,
-		maxPayload: opts.MaxPayloadBytes,
+		maxPayload: maxPayload,
 		prefix:     opts.TopicPrefix,
 		log:        opts.Logger,
 		now:        opts.Now,
 		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),
 		relays:     make(map[*Relay]struct{}),
-	}
-	if o.maxPayload == 0 {
-		o.maxPayload = DefaultMaxPayloadBytes
 	}
 	if o.log == nil {
 		o.log = slog.Default()
@@ -257,8 +264,19 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	return o, nil
 }
 
-func setLimits(ctx context.Context, db *sql.DB, count, bytes int64) error {
-	return runTx(ctx, db, func(tx *sql.Tx) error {
+// setLimits stores the limits that are set (not zero), counts again what
+// they are checked against, and returns the stored payload limit.
+func setLimits(ctx context.Context, db *sql.DB, count, bytes int64, payload int) (stored int, err error) {
+	err = runTx(ctx, db, func(tx *sql.Tx) error {
+		if payload != 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE outbox_state SET max_payload_bytes = ? WHERE id = 1`, payload); err != nil {
+				return err
+			}
+		}
+		// Never above the cap, whatever a hand-edited row says.
+		if err := tx.QueryRowContext(ctx, `SELECT min(max_payload_bytes, ?) FROM outbox_state WHERE id = 1`, MaxPayloadBytesLimit).Scan(&stored); err != nil {
+			return err
+		}
 		if count != 0 {
 			if _, err := tx.ExecContext(ctx, `UPDATE outbox_state SET max_pending_count = ? WHERE id = 1`, max(count, 0)); err != nil {
 				return err
@@ -272,7 +290,12 @@ func setLimits(ctx context.Context, db *sql.DB, count, bytes int64) error {
 		_, err := tx.ExecContext(ctx, recountSQL)
 		return err
 	})
+	return stored, err
 }
+
+// MaxPayloadBytes is the payload limit stored in the database, as Open (or
+// New) read it, after storing Options.MaxPayloadBytes if set.
+func (o *Outbox) MaxPayloadBytes() int { return o.maxPayload }
 
 // DB returns the database the outbox writes to.
 func (o *Outbox) DB() *sql.DB { return o.db }

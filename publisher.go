@@ -194,6 +194,18 @@ type SizeLimiter interface {
 	CheckSize(topic string, payloadBytes int, props *PublishProperties) error
 }
 
+// TopicChecker is a Publisher whose transport refuses topics that every
+// transport takes (ValidateTopic: what Enqueue and the schema check), such
+// as NATS, whose subjects cannot hold '.' or a space in an MQTT-style
+// topic. The relay asks for every row it reads, before encoding it, and
+// parks a message whose topic can never be sent as dead at once, with the
+// error as its reason, instead of publishing it.
+type TopicChecker interface {
+	// CheckTopic returns nil if topic can be published, else why it never
+	// can.
+	CheckTopic(topic string) error
+}
+
 // ConnectionWatcher is a Publisher that can tell when its connection drops
 // while idle, so that the relay reconnects before the next message is due
 // rather than when it fails.

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/edgeoutbox/outbox/internal/durable"
 	"github.com/edgeoutbox/outbox/internal/lease"
@@ -24,11 +26,12 @@ import (
 type RelayOptions struct {
 	// Envelope is what goes on the wire; CloudEvents unless set.
 	Envelope Envelope
-	// Source is the CloudEvents source, naming this device. Default:
-	// "/outbox/" + the host name.
+	// Source is the CloudEvents source, naming this device: valid UTF-8
+	// without NUL, at most 1,024 bytes. Default: "/outbox/" + the host
+	// name.
 	Source string
-	// DefaultType is the CloudEvents type of messages enqueued without one.
-	// Default: DefaultEventType.
+	// DefaultType is the CloudEvents type of messages enqueued without one,
+	// as Source is checked. Default: DefaultEventType.
 	DefaultType string
 	// Window is how many messages may await their acknowledgement at once:
 	// MQTT's in-flight window. Default 64; at most 65,535 (MQTT packet ids).
@@ -148,6 +151,15 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.DefaultType == "" {
 		o.DefaultType = DefaultEventType
 	}
+	// Every event carries both, and a metric label the source: one that is
+	// not valid UTF-8 would park every message dead, or silently empty
+	// /metrics (client_golang refuses the label), so it is refused here,
+	// where it is a clear error at start.
+	for _, a := range []struct{ name, v string }{{"Source", o.Source}, {"DefaultType", o.DefaultType}} {
+		if len(a.v) > maxTypeBytes || !utf8.ValidString(a.v) || strings.IndexByte(a.v, 0) >= 0 {
+			return o, fmt.Errorf("outbox: relay: %s %.64q must be valid UTF-8 without NUL, of at most %d bytes", a.name, a.v, maxTypeBytes)
+		}
+	}
 	if o.Owner == "" {
 		o.Owner = host + ":" + strconv.Itoa(os.Getpid()) + ":" + NewID()[24:]
 	}
@@ -252,6 +264,16 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
+	r.enc.topics, _ = pub.(TopicChecker)
+	if r.enc.sizes != nil {
+		// The stored limit is the core's; a transport may carry less. Said
+		// once, at start, rather than learnt from dead messages.
+		worst := maxEncodedBytes(o.maxPayload)
+		if err := r.enc.sizes.CheckSize(strings.Repeat("t", maxTopicBytes), worst, &PublishProperties{ContentType: structuredContentType, MessageExpiry: time.Hour}); err != nil {
+			r.log.Warn("outbox relay: the payload limit stored in the database lets in messages this transport cannot carry; they will be parked dead: lower it (Options.MaxPayloadBytes, outboxctl init --max-payload-bytes)",
+				"max_payload_bytes", o.maxPayload, "worst_encoded_bytes", worst, "err", err)
+		}
+	}
 	r.epoch = time.Now()
 	return r, nil
 }

@@ -892,3 +892,18 @@ func TestRelayAsksThePublisherForItsSizeLimit(t *testing.T) {
 	defer pub.mu.Unlock()
 	require.Equal(t, []string{strings.Repeat("a", 10), strings.Repeat("c", 100)}, pub.published)
 }
+
+// TestRelaySourceChecked: a Source (or DefaultType) that is not valid
+// UTF-8 is a clear error at start. It was taken, and then every scrape of
+// /metrics answered 200 with nothing in it (client_golang refuses the
+// outbox_info label), so an alert on outbox_connected could never fire.
+func TestRelaySourceChecked(t *testing.T) {
+	ob := openTest(t, Options{})
+	for _, o := range []RelayOptions{{Source: "/till/\xff"}, {Source: "/till\x00/7"}, {Source: strings.Repeat("s", 1025)}, {DefaultType: "a\xffb"}} {
+		_, err := ob.NewRelay(&fakePublisher{}, o)
+		require.Error(t, err, "%+v", o)
+		require.Regexp(t, `Source|DefaultType`, err.Error())
+	}
+	_, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Source: "/shops/Zürich/till-7"})
+	require.NoError(t, err)
+}

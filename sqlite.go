@@ -258,26 +258,41 @@ func classifyWriteErr(err error) error {
 	switch {
 	case isFullTrigger(err):
 		return fmt.Errorf("%w: %w", ErrFull, err)
+	case isTrigger(err, reservedMessage):
+		return fmt.Errorf("%w: %w", ErrTopicReserved, err)
+	case isTrigger(err, controlMessage):
+		return fmt.Errorf("%w: %w", ErrTopicControl, err)
+	case isTrigger(err, payloadMessage):
+		return fmt.Errorf("%w: %w", ErrPayloadTooLarge, err)
 	case sqlconn.Code(err) == sqlite3.SQLITE_FULL:
 		return fmt.Errorf("%w: %w", ErrDiskFull, err)
 	}
 	return err
 }
 
-// fullMessage is what the capacity trigger (outbox_inserted) raises.
-const fullMessage = "outbox full: pending limit reached"
+// What the insert's checks (outbox_insert_checked) raise: the capacity
+// limit, topics no broker takes, a payload over the stored limit.
+const (
+	fullMessage     = "outbox full: pending limit reached"
+	reservedMessage = "outbox: invalid topic: begins with $"
+	controlMessage  = "outbox: invalid topic: control character or noncharacter"
+	payloadMessage  = "outbox: payload too large"
+)
 
 // isFullTrigger reports whether err is the capacity trigger's own
-// RAISE(ABORT): a SQLite constraint error from a trigger whose message is
-// exactly fullMessage. An application's error that merely mentions it is
-// not.
-func isFullTrigger(err error) bool {
+// RAISE(ABORT).
+func isFullTrigger(err error) bool { return isTrigger(err, fullMessage) }
+
+// isTrigger reports whether err is the schema's own RAISE(ABORT) of msg: a
+// SQLite constraint error from a trigger whose message is exactly msg. An
+// application's error that merely mentions it is not.
+func isTrigger(err error, msg string) bool {
 	var se *sqlite.Error
 	if !errors.As(err, &se) || se.Code() != sqlite3.SQLITE_CONSTRAINT_TRIGGER {
 		return false
 	}
 	// The driver's text is "<SQLite's name for the code>: <message> (<code>)".
-	return strings.HasSuffix(se.Error(), ": "+fullMessage+" ("+strconv.Itoa(se.Code())+")")
+	return strings.HasSuffix(se.Error(), ": "+msg+" ("+strconv.Itoa(se.Code())+")")
 }
 
 // runTx runs fn in a transaction and commits it. When SQLite reports the

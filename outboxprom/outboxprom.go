@@ -63,6 +63,7 @@ type Options struct {
 // background goroutine until Close.
 type Exporter struct {
 	mon   *monitor.Monitor
+	log   *slog.Logger
 	descs map[string]*prometheus.Desc // by family name
 	order []*prometheus.Desc          // as Describe sends them
 }
@@ -71,6 +72,10 @@ type Exporter struct {
 func New(ob *outbox.Outbox, opts Options) *Exporter {
 	e := newDescs(opts.Relay != nil)
 	e.mon = monitor.New(ob, monitor.Options(opts)) // the same fields: the conversion breaks the build if they part
+	e.log = opts.Logger
+	if e.log == nil {
+		e.log = slog.Default()
+	}
 	return e
 }
 

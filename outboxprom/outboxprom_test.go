@@ -3,6 +3,7 @@ package outboxprom
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -231,4 +232,32 @@ func TestPendingBytesRefreshed(t *testing.T) {
 		_, text := r.get(t, "/metrics")
 		return strings.Contains(text, "\noutbox_pending_bytes 0\n")
 	})
+}
+
+// TestScrapeErrorVisible: a family the exporter cannot read (the database
+// is gone) leaves the relay's series in place on both expositions, and the
+// error is logged and counted in promhttp_metric_handler_errors_total, so
+// that a scrape that lost series is never silent.
+func TestScrapeErrorVisible(t *testing.T) {
+	var logs harness.LogBuffer
+	r := startRig(t, rigOptions{exporter: Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
+	r.commit(t, 1)
+	harness.Eventually(t, 10*time.Second, "one published", func() bool { return r.relay.Metrics().Published == 1 })
+	r.stop()
+	require.NoError(t, r.ob.DB().Close())
+	for _, srv := range []struct {
+		name string
+		*httptest.Server
+	}{{"outboxprom", r.srv}, {"till", r.till}} {
+		t.Run(srv.name, func(t *testing.T) {
+			fetch(t, srv.Server, "/metrics")
+			code, text := fetch(t, srv.Server, "/metrics")
+			require.Equal(t, http.StatusOK, code)
+			require.Contains(t, text, "# TYPE outbox_connected gauge")
+			require.NotContains(t, text, "outbox_pending_messages ", "what could not be read is left out")
+			require.Regexp(t, `promhttp_metric_handler_errors_total\{cause="gathering"\} [1-9]`, text)
+			require.Contains(t, logs.String(), "a scrape could not read every family")
+			require.Contains(t, logs.String(), "outbox_pending_messages")
+		})
+	}
 }

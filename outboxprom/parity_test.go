@@ -138,9 +138,9 @@ func TestTillServesWhatTheExporterServes(t *testing.T) {
 }
 
 // TestTillRuntimeFamiliesAreClientGolangs: each Go runtime's and process's
-// family the till writes by hand is one that client_golang's collectors
-// expose under the same name, help and type; those that cannot move
-// between two scrapes have the same value.
+// family the till writes by hand, and promhttp's errors counter, is one
+// that client_golang exposes under the same name, help and type; those
+// that cannot move between two scrapes have the same value.
 func TestTillRuntimeFamiliesAreClientGolangs(t *testing.T) {
 	r := startRig(t, rigOptions{})
 	_, prom := r.get(t, "/metrics")
@@ -164,10 +164,10 @@ func TestTillRuntimeFamiliesAreClientGolangs(t *testing.T) {
 		name := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '{' })[0]
 		switch name {
 		case "go_info", "go_gc_gogc_percent", "go_gc_gomemlimit_bytes", "go_sched_gomaxprocs_threads",
-			"process_start_time_seconds", "process_max_fds", "process_virtual_memory_max_bytes":
+			"process_start_time_seconds", "process_max_fds", "process_virtual_memory_max_bytes", "promhttp_metric_handler_errors_total":
 			require.True(t, promLines[line], "client_golang's collectors have not %q", line)
 		}
 	}
-	require.Len(t, families, 15, "the till's go_* and process_* families: %v", families)
+	require.Len(t, families, 16, "the till's go_*, process_* and promhttp_* families: %v", families)
 	t.Logf("the till's go_* and process_* families: %v", families)
 }

@@ -1,4 +1,4 @@
--- The outbox schema, version 6: what a new database gets, in one step.
+-- The outbox schema, version 7: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
@@ -58,7 +58,11 @@ CREATE TABLE outbox_state (
 	-- time during which an outbox ran on this database (downtime does not
 	-- count), stored now and then by the relay, and by Enqueue and Close;
 	-- it only grows, and a wall-clock jump cannot move it.
-	clock_ms          INTEGER NOT NULL DEFAULT 0
+	clock_ms          INTEGER NOT NULL DEFAULT 0,
+	-- The largest payload, in bytes, that an INSERT takes, whoever writes
+	-- it; the relay parks a longer one, already stored, dead without
+	-- reading it. Options.MaxPayloadBytes and outboxctl init set it.
+	max_payload_bytes INTEGER NOT NULL DEFAULT 262144
 );
 INSERT INTO outbox_state (id) VALUES (1);
 
@@ -102,6 +106,12 @@ BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq
 
 -- The work an insert needs only rarely, in this order (outbox_inserted
 -- runs it through the view, so that its registers are set up only then):
+--  0. What can never be delivered fails the statement: a topic with a
+--     control character (U+0001-U+001F, U+007F-U+009F), a Unicode
+--     noncharacter (U+FDD0-U+FDEF, U+xFFFE, U+xFFFF) or a leading '$'
+--     (reserved for brokers), and a payload over max_payload_bytes. SQLite
+--     has no regular expressions: GLOBs of code point ranges; the full
+--     one runs only for a topic that holds a character in or near them.
 --  1. A row numbered at or below what was sent or deleted (SQLite reuses the
 --     number of a deleted newest row; a writer may set seq), or, here,
 --     below a row that exists (a writer's seq into a gap), is moved above
@@ -120,10 +130,19 @@ BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq
 --     the outbox or the next Open counts again (recount.sql).
 -- A row SQLite numbers itself is never moved below a number it gave before:
 -- INSERT OR REPLACE numbers the new row above the one it deletes.
-CREATE VIEW outbox_insert_checks AS SELECT 0 AS seq, 0 AS bytes WHERE 0;
+CREATE VIEW outbox_insert_checks AS SELECT 0 AS seq, 0 AS bytes, '' AS topic WHERE 0;
 
 CREATE TRIGGER outbox_insert_checked INSTEAD OF INSERT ON outbox_insert_checks
 BEGIN
+	SELECT RAISE(ABORT, 'outbox: invalid topic: begins with $') WHERE NEW.topic GLOB '$*';
+	SELECT RAISE(ABORT, 'outbox: invalid topic: control character or noncharacter')
+	WHERE NEW.topic GLOB '*[' || char(1, 45, 31, 127, 45, 159, 64976, 45, 65007,
+		65534, 45, 65535, 131070, 45, 131071, 196606, 45, 196607, 262142, 45, 262143, 327678, 45, 327679,
+		393214, 45, 393215, 458750, 45, 458751, 524286, 45, 524287, 589822, 45, 589823, 655358, 45, 655359,
+		720894, 45, 720895, 786430, 45, 786431, 851966, 45, 851967, 917502, 45, 917503, 983038, 45, 983039,
+		1048574, 45, 1048575, 1114110, 45, 1114111) || ']*';
+	SELECT RAISE(ABORT, 'outbox: payload too large') FROM outbox_state
+	WHERE id = 1 AND NEW.bytes > max_payload_bytes;
 	UPDATE outbox SET seq = (SELECT 1 + max(coalesce((SELECT max(seq) FROM outbox), 0), seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
 	WHERE seq = NEW.seq AND ((SELECT NEW.seq <= max(seq_floor, sent_seq) FROM outbox_state WHERE id = 1)
 		OR EXISTS (SELECT 1 FROM outbox WHERE seq > NEW.seq));
@@ -139,12 +158,15 @@ BEGIN
 	WHERE id = 1 AND max_pending_bytes > 0;
 END;
 
--- The one trigger program every insert runs: without limits, and with the
--- seq SQLite chose (the common case), it reads outbox_state and nothing
--- else.
+-- The one trigger program every insert runs: without limits, with the
+-- seq SQLite chose (the common case) and a printable ASCII topic, it reads
+-- outbox_state and nothing else.
 CREATE TRIGGER outbox_inserted AFTER INSERT ON outbox
-WHEN (SELECT NEW.seq <= seq_floor OR NEW.seq <= sent_seq OR max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
-BEGIN INSERT INTO outbox_insert_checks (seq, bytes) VALUES (NEW.seq, length(CAST(NEW.payload AS BLOB))); END;
+WHEN (NEW.topic GLOB '*[^ -~]*' AND NEW.topic GLOB '*[' || char(1, 45, 31, 127, 45, 159, 64976, 45, 65007, 65534, 45, 1114111) || ']*')
+	OR NEW.topic GLOB '$*'
+	OR (SELECT NEW.seq <= seq_floor OR NEW.seq <= sent_seq OR max_pending_count > 0 OR max_pending_bytes > 0
+		OR length(CAST(NEW.payload AS BLOB)) > max_payload_bytes FROM outbox_state WHERE id = 1)
+BEGIN INSERT INTO outbox_insert_checks (seq, bytes, topic) VALUES (NEW.seq, length(CAST(NEW.payload AS BLOB)), NEW.topic); END;
 
 -- A message parked dead (by the relay) or brought back in place leaves or
 -- joins the pending count. A requeue moves the row to a new seq at the end:

@@ -20,8 +20,10 @@ import (
 type dbFlags struct {
 	path    string
 	timeout time.Duration
-	// Stored limits to set (init only): 0 keeps, negative removes.
+	// Stored limits to set (init only): 0 keeps, negative removes (but
+	// the payload limit, which cannot be removed).
 	maxMessages, maxBytes int64
+	maxPayload            int
 }
 
 func (f *dbFlags) register(cmd *cobra.Command) {
@@ -56,6 +58,7 @@ func (f *dbFlags) open(ctx context.Context, a *cli.App, mode openMode) (*outbox.
 
 		MaxPendingMessages: f.maxMessages,
 		MaxPendingBytes:    f.maxBytes,
+		MaxPayloadBytes:    f.maxPayload,
 	}
 	ob, err := outbox.Open(ctx, f.path, opts)
 	if err != nil {

@@ -631,10 +631,10 @@ func TestInitSetsLimits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "till.db")
 	r := ctl(t, "init", "--db", path, "--max-pending-messages", "5", "--max-pending-bytes", "1000")
 	require.Equal(t, 0, r.Code, r.Stderr)
-	require.Contains(t, r.Stdout, "limits: 5 messages, 1000 B")
-	r = ctl(t, "init", "--db", path, "--max-pending-bytes", "-1")
+	require.Contains(t, r.Stdout, "limits: 5 messages, 1000 B, payloads up to 256.0 KiB")
+	r = ctl(t, "init", "--db", path, "--max-pending-bytes", "-1", "--max-payload-bytes", "3")
 	require.Equal(t, 0, r.Code, r.Stderr)
-	require.Contains(t, r.Stdout, "limits: 5 messages\n", "0 keeps, negative removes")
+	require.Contains(t, r.Stdout, "limits: 5 messages, payloads up to 3 B\n", "0 keeps, negative removes")
 	r = ctl(t, "status", "--db", path, "--json")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
@@ -653,6 +653,9 @@ func TestInitSetsLimits(t *testing.T) {
 	}
 	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	require.ErrorContains(t, err, "outbox full: pending limit reached")
+	// And to the stored payload limit.
+	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', 'four')`)
+	require.ErrorContains(t, err, "outbox: payload too large")
 }
 
 // TestRelaySeveralBrokers: --broker repeats (a cluster's nodes). It used to

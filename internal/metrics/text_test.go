@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -81,7 +82,7 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	rm.PublishAck.Counts[3], rm.PublishAck.Count, rm.PublishAck.Sum = 7, 7, 0.021
 	s := Snapshot{Now: time.Now(), Version: "v1.2.3", Relay: &rm,
 		Gauges: outbox.Gauges{Pending: 3, OldestPending: time.Now().Add(-time.Minute), FreeBytes: 1 << 30, FreeBytesKnown: true}}
-	h := Handler(func(context.Context) []Family { return Outbox(s) }, Runtime, Process)
+	h := Handler(slog.Default(), func(context.Context) []Family { return Outbox(s) }, Runtime, Process)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	require.Equal(t, ContentType, rec.Header().Get("Content-Type"))

@@ -175,7 +175,7 @@ func (m *Monitor) Families(ctx context.Context) []metrics.Family {
 // families with the process's and a few of the Go runtime's, in the text
 // exposition format. It is what the till's outboxctl serves.
 func (m *Monitor) TextMetrics() http.Handler {
-	return metrics.Handler(m.Families, metrics.Runtime, metrics.Process)
+	return metrics.Handler(m.log, m.Families, metrics.Runtime, metrics.Process)
 }
 
 // SampleCount is how many backlog samples the sparkline has; tests wait

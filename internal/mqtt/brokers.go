@@ -11,12 +11,29 @@ import (
 	"time"
 )
 
+// ErrCredentialsInURL is why a broker URL with a user name or password in
+// it is refused.
+var ErrCredentialsInURL = errors.New("credentials in a broker URL are not used: give them as Username and Password (outboxctl: --username and --password-file)")
+
 // ParseURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts, a
 // host and a port.
 func ParseURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil {
+		// Not err itself: url.Error quotes the whole text, and a password
+		// in it with it.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("outbox: broker URL: %w", err)
+	}
+	if u.User != nil {
+		// CONNECT takes its user name and password from the options, never
+		// from the URL: one given there would be ignored, and the broker's
+		// refusal (not authorized) retried for ever. Refused rather than
+		// used, so that no password sits in a process list or a log.
+		return nil, fmt.Errorf("outbox: broker URL %q: %w", Redact(u), ErrCredentialsInURL)
 	}
 	switch strings.ToLower(u.Scheme) {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts":

@@ -191,10 +191,11 @@ func (r *Relay) markArgs(seq int64, n int) []any {
 }
 
 // markPastIntruders is markSent's slow road, for a mark markSQL did not
-// make: the lease is gone (ErrLeaseLost), already made (nothing to do), or a range that holds rows the relay
-// never read. Those are moved above every number used, as the insert moves
-// a row it catches, and are published in their turn; then the mark is
-// made, in the same transaction, so no writer comes in between.
+// make: the lease is gone (ErrLeaseLost), the mark was already made
+// (nothing to do), or the range holds rows the relay never read. Those are
+// moved above every number used, as the insert moves a row it catches, and
+// are published in their turn; then the mark is made, in the same
+// transaction, so no writer comes in between.
 func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, acked []int64) error {
 	seq, n := acked[len(acked)-1], len(acked)
 	if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {

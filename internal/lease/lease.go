@@ -337,9 +337,10 @@ func (l *Lease) SetProtocol(ctx context.Context, protocol string) error {
 // nothing once another relay took over. The relay checks its lease before
 // it publishes (Valid), but a relay stopped (SIGSTOP, a frozen VM) between
 // that check and a write wakes to an acknowledgement or a refusal of a
-// message its successor may have sent since. The process as well as the
-// owner is checked: two relays given the same Owner would otherwise pass
-// each other's guard. It costs a lookup of one row by its primary key.
+// message its successor may have sent since. The process is checked as
+// well as the owner: a relay started elsewhere with the same Owner takes
+// the lease over at once (try), and the one it replaced must not pass the
+// guard. It costs a lookup of one row by its primary key.
 const HeldSQL = `EXISTS (SELECT 1 FROM outbox_lease WHERE name = '` + Name + `' AND owner = :lease_owner
 	AND host = :lease_host AND boot_id = :lease_boot AND pid = :lease_pid AND pid_start = :lease_pid_start)`
 

@@ -145,10 +145,11 @@ const markSQL = `UPDATE outbox_state SET
 			+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
 			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) END,
 	sent_seq = ?1, sent_at = ?2
-WHERE id = 1 AND sent_seq < ?1 AND ` + lease.HeldSQL + `
+WHERE id = 1 AND sent_seq < ?1
 	AND (?1 - sent_seq <= ?3
 		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)`
+			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)
+	AND ` + lease.HeldSQL
 
 // markSent records that every message up to and including the last of
 // acked is settled; acked are the messages acknowledged since the last

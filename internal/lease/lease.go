@@ -341,6 +341,10 @@ func (l *Lease) SetProtocol(ctx context.Context, protocol string) error {
 // well as the owner: a relay started elsewhere with the same Owner takes
 // the lease over at once (try), and the one it replaced must not pass the
 // guard. It costs a lookup of one row by its primary key.
+//
+// Its parameters are named, and SQLite numbers a named parameter after the
+// highest number used before it in the statement's text: it must come after
+// every ?NNN of the statement, or it takes the number of one that follows.
 const HeldSQL = `EXISTS (SELECT 1 FROM outbox_lease WHERE name = '` + Name + `' AND owner = :lease_owner
 	AND host = :lease_host AND boot_id = :lease_boot AND pid = :lease_pid AND pid_start = :lease_pid_start)`
 

@@ -87,9 +87,15 @@ func (l *Lease) Conn() *sqlconn.Conn { return l.conn }
 // renews at once.
 func (l *Lease) Kicked() <-chan struct{} { return l.kick }
 
-// Valid reports whether the lease was renewed within half a TTL: the
-// holder publishes only then, so that it never overlaps a successor.
+// Valid reports whether the lease was renewed within half a TTL, and no
+// state write found it gone (Lose): the holder publishes only then, so that
+// it never overlaps a successor.
 func (l *Lease) Valid() bool {
+	select {
+	case <-l.lost:
+		return false
+	default:
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.lastRenew.IsZero() && time.Since(l.lastRenew) < l.ttl/2

@@ -87,10 +87,14 @@ func TestHeld(t *testing.T) {
 		return ok
 	}
 	require.True(t, held())
+	require.True(t, l.Valid())
 	_, err = db.Exec(`UPDATE outbox_lease SET pid = pid + 1`) // the same owner, another process
 	require.NoError(t, err)
 	require.False(t, held())
 	_, err = db.Exec(`UPDATE outbox_lease SET pid = pid - 1, owner = 'other'`)
 	require.NoError(t, err)
 	require.False(t, held())
+	l.Lose() // what the relay does then: publish nothing more
+	require.False(t, l.Valid())
+	<-l.Lost()
 }

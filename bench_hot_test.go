@@ -148,6 +148,7 @@ func relayConnFor(b *testing.B, ob *Outbox) (*Relay, *sqlconn.Conn) {
 		b.Fatal(err)
 	}
 	b.Cleanup(c.Close)
+	holdLease(b, r, c)
 	return r, c
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/lease"
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 // testLogger keeps test output quiet unless OUTBOX_TEST_LOG is set.
@@ -221,6 +223,16 @@ func (p *fakePublisher) release(n int) {
 	}
 }
 
+// fail completes the first held publish with err.
+func (p *fakePublisher) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.held) > 0 {
+		p.held[0].complete(err)
+		p.held = p.held[1:]
+	}
+}
+
 func (p *fakePublisher) heldCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -267,6 +279,15 @@ func outboxSeqs(t *testing.T, db *sql.DB) []int64 {
 	}
 	require.NoError(t, rows.Err())
 	return seqs
+}
+
+// holdLease takes r's lease on rc, as Run does, for a test that calls the
+// relay's state writes (which check it in SQL) without Run.
+func holdLease(t testing.TB, r *Relay, rc *sqlconn.Conn) {
+	t.Helper()
+	l := lease.New(rc, r.opts.Owner, r.opts.LeaseTTL, r.ob.now)
+	require.NoError(t, l.Acquire(context.Background(), nil, nil))
+	r.lease = l
 }
 
 // counted sets *hook to count its calls, and returns the count.

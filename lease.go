@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"time"
@@ -45,6 +46,10 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-l.Lost():
+			r.log.Error("outbox relay found its lease taken by another relay when it wrote; stopping")
+			stop(ErrLeaseLost)
 			return
 		case <-t.C:
 			// A relay that has waited for work since before its last
@@ -163,4 +168,20 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 		quick, parked = next == 0, false
 		t.Reset(next)
 	}
+}
+
+// leaseGone is for a state write that changed nothing: it returns
+// ErrLeaseLost when the reason is that the lease is no longer this relay's
+// (lease.HeldSQL), and then tells the keeper, which stops the relay. c is
+// the relay's connection the write ran on.
+func (r *Relay) leaseGone(ctx context.Context, c *sql.Conn) error {
+	held, err := r.lease.Held(ctx, c)
+	if err != nil {
+		return err
+	}
+	if held {
+		return nil
+	}
+	r.lease.Lose()
+	return ErrLeaseLost
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/edgeoutbox/outbox/internal/harness"
 	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
@@ -445,4 +447,157 @@ func holdWriteLockInBursts(t *testing.T, path string, hold time.Duration) (locke
 		}
 		<-took
 	}
+}
+
+// TestStateWritesNeedTheLease: relay A has message 1 in its hands when it
+// stops (SIGSTOP, a frozen VM) for longer than its lease; relay B takes the
+// lease over and sends, or has message 1 in flight. When A's outcome for
+// message 1 then arrives — refused for good, refused, acknowledged, or its
+// expiry run out at its turn — A's write must change nothing, and A stops
+// with ErrLeaseLost.
+func TestStateWritesNeedTheLease(t *testing.T) {
+	undeliverable := fmt.Errorf("%w: %w: not authorized (0x87)", ErrRejected, ErrUndeliverable)
+	rejected := fmt.Errorf("%w: quota exceeded (0x97)", ErrRejected)
+	for _, tc := range []struct {
+		name    string
+		bSends  bool  // B delivers message 1 before A's outcome arrives; else B holds it in flight
+		outcome error // A's publish completes with it (nil: acknowledged)
+		expire  bool  // instead, message 1 expires before A's turn
+	}{
+		{"refused for good after B sent it", true, undeliverable, false},
+		{"refused while B has it in flight", false, rejected, false},
+		{"acknowledged while B has it in flight", false, nil, false},
+		{"expired at A's turn after B sent it", true, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testStateWritesNeedTheLease(t, tc.bSends, tc.outcome, tc.expire) })
+	}
+}
+
+func testStateWritesNeedTheLease(t *testing.T, bSends bool, outcome error, expire bool) {
+	ctx := context.Background()
+	el := &harness.FakeElapsed{} // A's clock: the expiry runs out for A only
+	ob := openTest(t, Options{elapsed: el.Elapsed})
+	enqueueExpiring(t, ob, "t", 1, time.Hour)
+	commitOrder(t, ob, "t", 2)
+
+	pubA := &fakePublisher{hold: true}
+	optsA := fastRelay()
+	// The lease and the acknowledgement outlast the test: A notices its
+	// loss only by the write under test.
+	optsA.Owner, optsA.LeaseTTL, optsA.AckTimeout, optsA.Window = "A", time.Minute, time.Minute, 1
+	optsA.ShutdownTimeout = 100 * time.Millisecond
+	rA, err := ob.NewRelay(pubA, optsA)
+	require.NoError(t, err)
+	atTurn, goOn := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	if expire {
+		rA.hooks.beforeHandOff = func(seq int64) {
+			if seq == 1 {
+				once.Do(func() { close(atTurn) })
+				<-goOn
+			}
+		}
+	}
+	actx, cancelA := context.WithCancel(ctx)
+	errA := make(chan error, 1)
+	go func() { errA <- rA.Run(actx) }()
+	aDone := false
+	t.Cleanup(func() {
+		cancelA()
+		if expire {
+			select {
+			case <-goOn:
+			default:
+				close(goOn)
+			}
+		}
+		if !aDone {
+			<-errA
+		}
+	})
+	if expire {
+		<-atTurn
+	} else {
+		eventually(t, 5*time.Second, "message 1 in A's hands", func() bool { return pubA.heldCount() == 1 })
+	}
+
+	// A is stopped past its lease: B, in another process, takes it over.
+	_, err = ob.DB().Exec(`UPDATE outbox_lease SET owner = '' WHERE name = 'relay'`)
+	require.NoError(t, err)
+	obB, err := Open(ctx, ob.path, Options{Logger: testLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { obB.Close() })
+	pubB := &fakePublisher{hold: !bSends}
+	optsB := fastRelay()
+	optsB.Owner, optsB.AckTimeout, optsB.ShutdownTimeout = "B", time.Minute, 100*time.Millisecond
+	rB, err := obB.NewRelay(pubB, optsB)
+	require.NoError(t, err)
+	startRelay(t, rB)
+	if bSends {
+		eventually(t, 5*time.Second, "B sent both", func() bool { return countState(t, ob, "sent") == 2 })
+	} else {
+		eventually(t, 5*time.Second, "message 1 in B's hands", func() bool { return pubB.heldCount() >= 1 })
+	}
+	before := relayState(t, ob)
+
+	// A wakes to its outcome. (What A publishes after it is acknowledged
+	// at once.)
+	pubA.mu.Lock()
+	pubA.hold = false
+	pubA.mu.Unlock()
+	if expire {
+		el.Advance(2 * time.Hour)
+		close(goOn)
+	} else if outcome == nil {
+		pubA.release(1)
+	} else {
+		pubA.fail(outcome)
+	}
+	eventually(t, 5*time.Second, "A stopped, or wrote", func() bool {
+		select {
+		case err = <-errA:
+			aDone = true
+			return true
+		default:
+			return relayState(t, ob) != before
+		}
+	})
+	require.Equal(t, before, relayState(t, ob), "A wrote without its lease")
+	if !aDone {
+		select {
+		case err = <-errA:
+			aDone = true
+		case <-time.After(5 * time.Second):
+			t.Fatal("A did not stop")
+		}
+	}
+	require.ErrorIs(t, err, ErrLeaseLost)
+
+	if !bSends {
+		pubB.mu.Lock()
+		pubB.hold = false
+		pubB.mu.Unlock()
+		pubB.release(2)
+		eventually(t, 5*time.Second, "B sent both", func() bool { return countState(t, ob, "sent") == 2 })
+	}
+	rows, err := ob.DB().Query(`SELECT seq, attempts FROM outbox_messages ORDER BY seq`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var seq, attempts int64
+		require.NoError(t, rows.Scan(&seq, &attempts))
+		require.Zero(t, attempts, "message %d charged", seq)
+	}
+	require.NoError(t, rows.Err())
+}
+
+// relayState is what the relay's state writes change: the mark, and each
+// row's attempts, error, dead_at and expired.
+func relayState(t *testing.T, ob *Outbox) string {
+	t.Helper()
+	var s string
+	require.NoError(t, ob.DB().QueryRow(`SELECT (SELECT sent_seq FROM outbox_state WHERE id = 1) || ';' ||
+		coalesce((SELECT group_concat(seq || ',' || attempts || ',' || coalesce(last_error, '') || ',' ||
+			coalesce(dead_at, '') || ',' || expired, ';') FROM outbox), '')`).Scan(&s))
+	return s
 }

@@ -3,10 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
@@ -90,6 +92,11 @@ func (s *session) markLoop() {
 			if r.markFailed(err) {
 				continue // space was freed: try again at once
 			}
+			if errors.Is(err, ErrLeaseLost) {
+				// The relay stops (keepLease); the rows stay pending for
+				// the relay that holds the lease now.
+				break
+			}
 			r.log.Error("outbox relay cannot mark messages sent", "err", err, "rows", len(batch))
 			if s.ctx.Err() != nil && attempt >= 3 {
 				// Shutting down: the rows stay pending and are sent again
@@ -124,6 +131,10 @@ func (s *session) markLoop() {
 // take that row as sent. markSent moves it to the end first. A range whose
 // every number was acknowledged (no dead rows, no gaps: the common case)
 // has no room for such a row, and is not counted.
+//
+// Nor is it made once the lease is another relay's (lease.HeldSQL, its
+// arguments after ?3): a relay stopped while its PUBACKs came would record
+// as sent what its successor is sending.
 const markSQL = `UPDATE outbox_state SET
 	pending_bytes = CASE WHEN max_pending_bytes = 0 OR ?1 >= coalesce((SELECT max(seq) FROM outbox), 0) THEN 0
 		ELSE max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
@@ -137,7 +148,8 @@ const markSQL = `UPDATE outbox_state SET
 WHERE id = 1 AND sent_seq < ?1
 	AND (?1 - sent_seq <= ?3
 		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)`
+			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)
+	AND ` + lease.HeldSQL
 
 // markSent records that every message up to and including the last of
 // acked is settled; acked are the messages acknowledged since the last
@@ -147,7 +159,7 @@ func (r *Relay) markSent(conn *sqlconn.Conn, acked []int64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := conn.Do(func(c *sql.Conn) error {
-		marked, err := conn.ExecPollingCount(ctx, c, markSQL, seq, r.ob.now().UnixMilli(), n)
+		marked, err := conn.ExecPollingCount(ctx, c, markSQL, r.markArgs(seq, n)...)
 		if err != nil {
 			return err
 		}
@@ -174,17 +186,27 @@ func (r *Relay) markSent(conn *sqlconn.Conn, acked []int64) error {
 	return nil
 }
 
+// markArgs are markSQL's arguments for a mark up to seq of n messages.
+func (r *Relay) markArgs(seq int64, n int) []any {
+	return append([]any{seq, r.ob.now().UnixMilli(), n}, r.lease.HeldArgs()...)
+}
+
 // markPastIntruders is markSent's slow road, for a mark markSQL did not
-// make: already made (nothing to do), or a range that holds rows the relay
-// never read. Those are moved above every number used, as the insert moves
-// a row it catches, and are published in their turn; then the mark is
-// made, in the same transaction, so no writer comes in between.
+// make: the lease is gone (ErrLeaseLost), the mark was already made
+// (nothing to do), or the range holds rows the relay never read. Those are
+// moved above every number used, as the insert moves a row it catches, and
+// are published in their turn; then the mark is made, in the same
+// transaction, so no writer comes in between.
 func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, acked []int64) error {
 	seq, n := acked[len(acked)-1], len(acked)
 	if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
 		return err
 	}
 	err := func() error {
+		// Not made because the lease is gone? Then nothing is moved either.
+		if err := r.leaseGone(ctx, c); err != nil {
+			return err
+		}
 		rows, err := c.QueryContext(ctx, `SELECT seq FROM outbox
 			WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND seq <= ? AND dead_at IS NULL ORDER BY seq`, seq)
 		if err != nil {
@@ -217,7 +239,7 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 			}
 			r.log.Warn("outbox row written behind the relay (a seq set into a gap) moved to the end", "seq", s)
 		}
-		_, err = c.ExecContext(ctx, markSQL, seq, r.ob.now().UnixMilli(), n)
+		_, err = c.ExecContext(ctx, markSQL, r.markArgs(seq, n)...)
 		return err
 	}()
 	if err != nil {

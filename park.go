@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
@@ -15,15 +16,24 @@ import (
 
 // charge records one failed attempt against a pending message, with why;
 // attempts is its count after. found is false for a message that is no
-// longer pending (requeued, purged, parked): nothing is charged.
+// longer pending (requeued, purged, parked): nothing is charged. Like every
+// state write it checks the lease in the same statement, and a write the
+// lease's loss stopped returns ErrLeaseLost (leaseGone).
 func (r *Relay) charge(conn *sqlconn.Conn, seq int64, cause error) (attempts int, id string, found bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = conn.Do(func(c *sql.Conn) error {
-		return conn.QueryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
+		err := conn.QueryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
 			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
+				AND `+lease.HeldSQL+`
 			RETURNING attempts, id`,
-			[]any{cause.Error(), seq}, &attempts, &id)
+			append([]any{cause.Error(), seq}, r.lease.HeldArgs()...), &attempts, &id)
+		if errors.Is(err, sql.ErrNoRows) {
+			if err := r.leaseGone(ctx, c); err != nil {
+				return err
+			}
+		}
+		return err
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, "", false, nil
@@ -46,7 +56,8 @@ type parking struct {
 
 // park parks a pending message: dead, or expired. It is the one write that
 // sets dead_at, and it goes through the same write-error classification as
-// the marks, so a full disk is recognised here too.
+// the marks, so a full disk is recognised here too; like them, it checks
+// the lease in the same statement (ErrLeaseLost when it is gone).
 func (r *Relay) park(conn *sqlconn.Conn, p parking) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -55,8 +66,13 @@ func (r *Relay) park(conn *sqlconn.Conn, p parking) error {
 		charge = 1
 	}
 	err := conn.Do(func(c *sql.Conn) error {
-		return conn.ExecPolling(ctx, c, `UPDATE outbox SET attempts = attempts + ?, last_error = ?, dead_at = ?, expired = ?
-			WHERE seq = ? AND dead_at IS NULL`, charge, p.reason, r.ob.now().UnixMilli(), p.expired, p.seq)
+		n, err := conn.ExecPollingCount(ctx, c, `UPDATE outbox SET attempts = attempts + ?, last_error = ?, dead_at = ?, expired = ?
+			WHERE seq = ? AND dead_at IS NULL AND `+lease.HeldSQL,
+			append([]any{charge, p.reason, r.ob.now().UnixMilli(), p.expired, p.seq}, r.lease.HeldArgs()...)...)
+		if err == nil && n == 0 {
+			err = r.leaseGone(ctx, c)
+		}
+		return err
 	})
 	if err != nil {
 		what := "dead"

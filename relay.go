@@ -206,6 +206,9 @@ type Relay struct {
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
 	reader *sqlconn.Conn
+	// lease is the relay's lease while Run holds it: every state write
+	// checks it in SQL (lease.HeldSQL).
+	lease *lease.Lease
 
 	// wal makes what a batch read durable before it is published
 	// (internal/durable).
@@ -391,6 +394,7 @@ func (r *Relay) run(ctx context.Context) error {
 		return err
 	}
 	r.metrics.leaseHeld.Store(true)
+	r.lease = l
 	defer r.metrics.leaseHeld.Store(false)
 	if r.hooks.onLease != nil {
 		r.hooks.onLease(l)

@@ -809,6 +809,7 @@ func failureSetup(t *testing.T) (*Outbox, *Relay, *sqlconn.Conn) {
 	rc, err := sqlconn.Open(context.Background(), ob.DB())
 	require.NoError(t, err)
 	t.Cleanup(rc.Close)
+	holdLease(t, r, rc)
 	return ob, r, rc
 }
 

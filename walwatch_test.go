@@ -196,3 +196,43 @@ func TestRelaySeesACommitWhileItsRenewalWaits(t *testing.T) {
 	sidecarInsert(t, dbPath(t, ob), "NORMAL", 1)
 	eventually(t, 5*time.Second, "published", func() bool { return pub.publishedCount() == 1 })
 }
+
+// TestRelayKeepsTheWALIndexUnderASteadyWriter: a plain-SQL writer commits
+// about 200 times a second for 3 s, so that the WAL is checkpointed and
+// restarted again and again; the relay goes on trusting SQLite's WAL index
+// (it never says it stopped), and publishes every event once, in order.
+func TestRelayKeepsTheWALIndexUnderASteadyWriter(t *testing.T) {
+	logs := &harness.LogBuffer{}
+	ob := openTest(t, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	// The default lease: a relay that hears all asks whenever a write's
+	// looks end.
+	var asks *atomic.Int64
+	_, pub := watchingRelay(t, ob, func(o *RelayOptions) { o.LeaseTTL = 0 }, func(r *Relay) { asks = counted(&r.hooks.onAsk) })
+	db, err := sql.Open("sqlite", "file:"+dbPath(t, ob)+"?_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)")
+	require.NoError(t, err)
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	pad := strings.Repeat("x", 6000) // a few pages a commit: the WAL restarts every second or so
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var want []int64
+	for start := time.Now(); time.Since(start) < 3*time.Second; {
+		<-tick.C
+		var seq int64
+		require.NoError(t, db.QueryRow(`INSERT INTO outbox (topic, payload) VALUES ('shop/1', ?) RETURNING seq`,
+			fmt.Sprintf(`{"n":%d,"pad":%q}`, len(want), pad)).Scan(&seq))
+		want = append(want, seq)
+	}
+	eventually(t, 10*time.Second, "all published", func() bool { return pub.publishedCount() >= len(want) })
+	pub.mu.Lock()
+	var got []int64
+	for _, p := range pub.published {
+		_, seq, err := eventIDSeq([]byte(p))
+		require.NoError(t, err)
+		got = append(got, seq)
+	}
+	pub.mu.Unlock()
+	require.Equal(t, want, got, "every event once, in commit order")
+	t.Logf("%d commits, %d data_version queries", len(want), asks.Load())
+	require.NotContains(t, logs.String(), "WAL index did not show a commit")
+}

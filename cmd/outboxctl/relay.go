@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -256,12 +255,12 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 // as outboxprom's Handler, with /metrics written without Prometheus's
 // client, which would be the heaviest thing a till links after the library.
 func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := monitor.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
 	mon := monitor.New(ob, monitor.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
-	srv := &http.Server{Handler: mon.Handler(mon.TextMetrics()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	srv := monitor.NewServer(mon.Handler(mon.TextMetrics()), a.Logger)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -52,9 +52,14 @@ type Lease struct {
 	// kick asks the keeper for a renewal now; told hears of each renewal.
 	// Both hold one value.
 	kick, told chan struct{}
+	// lost is closed by Lose: a state write found the lease gone.
+	lost     chan struct{}
+	loseOnce sync.Once
 
 	mu        sync.Mutex
 	lastRenew time.Time // monotonic reading of the last successful renewal
+
+	held []any // HeldArgs
 
 	announced   time.Time // when this contender's last announcement committed (acquire's only)
 	waitingSeen int64     // the announcements' token AnnouncedSince saw last
@@ -64,8 +69,12 @@ type Lease struct {
 // with a time to live of ttl; now is the wall clock, used only for the
 // expiry shown to people.
 func New(conn *sqlconn.Conn, owner string, ttl time.Duration, now func() time.Time) *Lease {
-	return &Lease{conn: conn, owner: owner, ttl: ttl, now: now, self: ThisHolder(),
-		kick: make(chan struct{}, 1), told: make(chan struct{}, 1)}
+	l := &Lease{conn: conn, owner: owner, ttl: ttl, now: now, self: ThisHolder(),
+		kick: make(chan struct{}, 1), told: make(chan struct{}, 1), lost: make(chan struct{})}
+	l.held = []any{sql.Named("lease_owner", l.owner), sql.Named("lease_host", l.self.Host),
+		sql.Named("lease_boot", l.self.BootID), sql.Named("lease_pid", l.self.PID),
+		sql.Named("lease_pid_start", l.self.PIDStart)}
+	return l
 }
 
 // TTL is the lease's time to live.
@@ -78,9 +87,15 @@ func (l *Lease) Conn() *sqlconn.Conn { return l.conn }
 // renews at once.
 func (l *Lease) Kicked() <-chan struct{} { return l.kick }
 
-// Valid reports whether the lease was renewed within half a TTL: the
-// holder publishes only then, so that it never overlaps a successor.
+// Valid reports whether the lease was renewed within half a TTL, and no
+// state write found it gone (Lose): the holder publishes only then, so that
+// it never overlaps a successor.
 func (l *Lease) Valid() bool {
+	select {
+	case <-l.lost:
+		return false
+	default:
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.lastRenew.IsZero() && time.Since(l.lastRenew) < l.ttl/2
@@ -321,6 +336,45 @@ func (l *Lease) SetProtocol(ctx context.Context, protocol string) error {
 	_, err := l.exec(ctx, `UPDATE outbox_lease SET protocol = nullif(?, '') WHERE name = ? AND owner = ?`, protocol, Name, l.owner)
 	return err
 }
+
+// HeldSQL is a condition that holds while the lease is this relay's, in
+// this process: each of the relay's state writes (a mark, a charge, parking
+// dead or expired) adds it to its WHERE, with HeldArgs, so that it changes
+// nothing once another relay took over. The relay checks its lease before
+// it publishes (Valid), but a relay stopped (SIGSTOP, a frozen VM) between
+// that check and a write wakes to an acknowledgement or a refusal of a
+// message its successor may have sent since. The process is checked as
+// well as the owner: a relay started elsewhere with the same Owner takes
+// the lease over at once (try), and the one it replaced must not pass the
+// guard. It costs a lookup of one row by its primary key.
+//
+// Its parameters are named, and SQLite numbers a named parameter after the
+// highest number used before it in the statement's text: it must come after
+// every ?NNN of the statement, or it takes the number of one that follows.
+const HeldSQL = `EXISTS (SELECT 1 FROM outbox_lease WHERE name = '` + Name + `' AND owner = :lease_owner
+	AND host = :lease_host AND boot_id = :lease_boot AND pid = :lease_pid AND pid_start = :lease_pid_start)`
+
+// HeldArgs are the arguments of HeldSQL for this lease, to append to a
+// statement's own; the slice is shared and must not be changed.
+func (l *Lease) HeldArgs() []any { return l.held[:len(l.held):len(l.held)] }
+
+// Held reports whether the lease is still this relay's, as HeldSQL tells:
+// whether a state write that changed nothing did so because the lease is
+// gone. c is the connection to ask on (not prepared: this is the rare road).
+func (l *Lease) Held(ctx context.Context, c *sql.Conn) (bool, error) {
+	var held bool
+	if err := c.QueryRowContext(ctx, `SELECT `+HeldSQL, l.HeldArgs()...).Scan(&held); err != nil {
+		return false, fmt.Errorf("outbox: lease: %w", err)
+	}
+	return held, nil
+}
+
+// Lose says that a state write found the lease gone: Lost is closed, and
+// the keeper stops the relay as it does when a renewal finds it gone.
+func (l *Lease) Lose() { l.loseOnce.Do(func() { close(l.lost) }) }
+
+// Lost is closed once Lose was called.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Release hands the lease back so that a successor need not wait a TTL.
 func (l *Lease) Release(ctx context.Context) error {

@@ -1,9 +1,15 @@
 package lease
 
 import (
+	"context"
+	"database/sql"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 // TestHolderDeadTo: a holder is judged dead only where that is certain.
@@ -52,4 +58,43 @@ func TestHolderDeadTo(t *testing.T) {
 		require.True(t, p.Exists)
 		require.Equal(t, me.PIDStart, p.Start)
 	}
+}
+
+// TestHeld: HeldSQL holds while the lease row names this relay in this
+// process, and not once another relay, or a process started with the same
+// owner, took it over.
+func TestHeld(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "till.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`CREATE TABLE outbox_lease (name TEXT PRIMARY KEY, owner TEXT NOT NULL DEFAULT '', token INTEGER NOT NULL DEFAULT 0,
+		expires_at INTEGER NOT NULL DEFAULT 0, host TEXT NOT NULL DEFAULT '', machine_id TEXT NOT NULL DEFAULT '', boot_id TEXT NOT NULL DEFAULT '',
+		pid INTEGER NOT NULL DEFAULT 0, pid_start INTEGER NOT NULL DEFAULT 0, pid_ns TEXT NOT NULL DEFAULT '', protocol TEXT)`)
+	require.NoError(t, err)
+	conn, err := sqlconn.Open(ctx, db)
+	require.NoError(t, err)
+	defer conn.Close()
+	l := New(conn, "till", time.Minute, time.Now)
+	require.NoError(t, l.Acquire(ctx, nil, nil))
+	held := func() bool {
+		var ok bool
+		require.NoError(t, conn.Do(func(c *sql.Conn) error {
+			var err error
+			ok, err = l.Held(ctx, c)
+			return err
+		}))
+		return ok
+	}
+	require.True(t, held())
+	require.True(t, l.Valid())
+	_, err = db.Exec(`UPDATE outbox_lease SET pid = pid + 1`) // the same owner, another process
+	require.NoError(t, err)
+	require.False(t, held())
+	_, err = db.Exec(`UPDATE outbox_lease SET pid = pid - 1, owner = 'other'`)
+	require.NoError(t, err)
+	require.False(t, held())
+	l.Lose() // what the relay does then: publish nothing more
+	require.False(t, l.Valid())
+	<-l.Lost()
 }

@@ -48,22 +48,39 @@ func (w *Index) Close() {
 	w.wal.Close()
 }
 
-// Look reads the header: commits counts the commits to this database so
-// far, by any connection (SQLite's iChange, which every commit, and
-// nothing else, moves on by one; it wraps); pending says that the WAL holds
-// a frame of the current generation after the last committed one, or that
-// this could not be told: a commit may be under way. ok is false when the
-// header could not be read whole, or a writer was updating it: ask SQLite.
-func (w *Index) Look() (commits uint32, pending, ok bool) {
+// Header is what a look at the WAL-index header found.
+type Header struct {
+	// Commits counts the commits to this database so far, by any
+	// connection (SQLite's iChange, which every commit, and nothing else,
+	// moves on by one; it wraps).
+	Commits uint32
+	// Salts are the WAL's current salts. A writer that finds the WAL
+	// checkpointed starts it again from its beginning with new salts, and
+	// writes them to the header before its frames, and so before its
+	// commit moves Commits; a RESTART or TRUNCATE checkpoint does the
+	// same. SQLite's readers see any change of the header as a change of
+	// the database (PRAGMA data_version moves), so a caller that compares
+	// the index with data_version must compare the salts too.
+	Salts [8]byte
+	// Pending says that the WAL holds a frame of the current generation
+	// after the last committed one, or that this could not be told: a
+	// commit may be under way.
+	Pending bool
+}
+
+// Look reads the header. ok is false when the header could not be read
+// whole, or a writer was updating it: ask SQLite.
+func (w *Index) Look() (h Header, ok bool) {
 	var two [2 * walIndexHdrSize]byte
 	if n, _ := w.shm.ReadAt(two[:], 0); n != len(two) || !bytes.Equal(two[:walIndexHdrSize], two[walIndexHdrSize:]) {
-		return 0, true, false
+		return Header{Pending: true}, false
 	}
 	hdr := two[:walIndexHdrSize]
 	if hdr[12] == 0 { // isInit: no connection has read the WAL yet
-		return 0, true, false
+		return Header{Pending: true}, false
 	}
-	commits = binary.NativeEndian.Uint32(hdr[8:])
+	h.Commits = binary.NativeEndian.Uint32(hdr[8:])
+	copy(h.Salts[:], hdr[32:40])
 	size := int64(binary.NativeEndian.Uint16(hdr[14:]))
 	if size == 1 {
 		size = 65536
@@ -75,7 +92,8 @@ func (w *Index) Look() (commits uint32, pending, ok bool) {
 	var frame [walFrameHdrSize]byte
 	n, _ := w.wal.ReadAt(frame[:], walHdrSize+mxFrame*(size+walFrameHdrSize))
 	if n != len(frame) {
-		return commits, false, true // nothing written after the last commit
+		return h, true // nothing written after the last commit
 	}
-	return commits, bytes.Equal(frame[8:16], hdr[32:40]), true
+	h.Pending = bytes.Equal(frame[8:16], h.Salts[:])
+	return h, true
 }

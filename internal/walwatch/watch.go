@@ -189,11 +189,11 @@ func (w *Watch) waitForWAL(ctx context.Context, wake <-chan struct{}, ask func(c
 	// and at each look own ones done before commits; the ask at entry comes
 	// after both bases, for what committed since the caller's read.
 	idx := w.idx
-	var base uint32
+	var base Header
 	var ownBase int64
 	if idx != nil {
 		var ok bool
-		if base, _, ok = idx.Look(); !ok {
+		if base, ok = idx.Look(); !ok {
 			idx = nil
 		}
 		ownBase = w.own.Started.Load()
@@ -242,8 +242,8 @@ func (w *Watch) waitForWAL(ctx context.Context, wake <-chan struct{}, ask func(c
 		others := true
 		if idx != nil {
 			done := w.own.Done.Load()
-			commits, pending, ok := idx.Look()
-			others = !ok || int64(commits-base) > done-ownBase
+			h, ok := idx.Look()
+			others = !ok || int64(h.Commits-base.Commits) > done-ownBase
 			if others && ok && w.own.Started.Load() > w.own.Done.Load() {
 				// Most likely an own commit that has not returned yet:
 				// look again soon rather than ask; but not for long, since
@@ -260,7 +260,7 @@ func (w *Watch) waitForWAL(ctx context.Context, wake <-chan struct{}, ask func(c
 				}
 			}
 			deferredAt = time.Time{}
-			if !pending {
+			if !h.Pending {
 				gap = w.safety // until the next event
 				asking = asking || (evented && hearsAll())
 			}
@@ -270,9 +270,12 @@ func (w *Watch) waitForWAL(ctx context.Context, wake <-chan struct{}, ask func(c
 			evented = false
 			changed, ok := ask(ctx)
 			if changed && idx != nil {
-				// What committed came after the base (the ask at entry saw
-				// nothing), and is visible: the index must have moved.
-				if commits, _, ok := idx.Look(); ok && commits == base {
+				// What changed came after the base (the ask at entry saw
+				// nothing), and is visible: the index must have moved. Not
+				// necessarily its commit count: a WAL started again (new
+				// salts) changes the header, and data_version, before the
+				// commit that started it counts.
+				if h, ok := idx.Look(); ok && h.Commits == base.Commits && h.Salts == base.Salts {
 					w.opts.Log.Warn("outbox relay: SQLite's WAL index did not show a commit; looking with queries from now on")
 					w.idx = nil
 				}

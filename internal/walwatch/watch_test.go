@@ -61,17 +61,19 @@ func TestIndexTellsCommits(t *testing.T) {
 	idx, err := OpenIndex(path)
 	require.NoError(t, err)
 	defer idx.Close()
-	commits, pending, ok := idx.Look()
+	h, ok := idx.Look()
 	require.True(t, ok)
-	require.False(t, pending, "nothing under way")
-	again, _, _ := idx.Look()
-	require.Equal(t, commits, again, "nothing committed")
+	require.False(t, h.Pending, "nothing under way")
+	commits := h.Commits
+	again, _ := idx.Look()
+	require.Equal(t, commits, again.Commits, "nothing committed")
 
 	insert(t, path, 1)
-	after, pending, ok := idx.Look()
+	h, ok = idx.Look()
 	require.True(t, ok)
+	after := h.Commits
 	require.Equal(t, commits+1, after, "one commit")
-	require.False(t, pending)
+	require.False(t, h.Pending)
 
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=cache_size(10)")
 	require.NoError(t, err)
@@ -87,14 +89,14 @@ func TestIndexTellsCommits(t *testing.T) {
 		_, err = c.ExecContext(ctx, `INSERT INTO outbox (topic, payload) VALUES ('shop/1', ?)`, big)
 		require.NoError(t, err)
 	}
-	now, pending, _ := idx.Look()
-	require.Equal(t, after, now, "not committed yet")
-	require.True(t, pending, "frames written before the commit")
+	h, _ = idx.Look()
+	require.Equal(t, after, h.Commits, "not committed yet")
+	require.True(t, h.Pending, "frames written before the commit")
 	_, err = c.ExecContext(ctx, `COMMIT`)
 	require.NoError(t, err)
-	now, pending, _ = idx.Look()
-	require.Equal(t, after+1, now, "committed")
-	require.False(t, pending)
+	h, _ = idx.Look()
+	require.Equal(t, after+1, h.Commits, "committed")
+	require.False(t, h.Pending)
 }
 
 // TestWaitPollsWhereItCannotWatch: a watch that cannot subscribe to the
@@ -160,4 +162,50 @@ func TestSafetyLooksAligned(t *testing.T) {
 		require.Less(t, end.UnixNano()%int64(d), int64(10*time.Millisecond), "ends on a multiple of the interval")
 	}
 	require.Zero(t, UntilAligned(0))
+}
+
+// TestWaitKeepsTheIndexAcrossARestart: a WAL started again (here by a
+// TRUNCATE checkpoint; a writer that finds the WAL checkpointed does the
+// same before its commit counts) gives the index header new salts, and so
+// moves data_version, while the commit count stays. A wait told of that
+// change keeps trusting the index: it used to take the unmoved count for an
+// index that does not show commits, and looked with queries from then on.
+func TestWaitKeepsTheIndexAcrossARestart(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inotify is Linux's")
+	}
+	path := filepath.Join(t.TempDir(), "till.db")
+	walDB(t, path)
+	holdOpen(t, path)
+	insert(t, path, 1)
+	idx, err := OpenIndex(path)
+	require.NoError(t, err)
+	defer idx.Close()
+	before, ok := idx.Look()
+	require.True(t, ok)
+
+	w := Open(path, Options{SafetyPoll: 50 * time.Millisecond})
+	defer w.Close()
+	require.NotNil(t, w.idx)
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	defer db.Close()
+	asks := 0
+	ok = w.Wait(context.Background(), nil, func(context.Context) (bool, bool) {
+		asks++
+		if asks == 1 { // the ask at entry: nothing yet; now the WAL starts again
+			var busy, frames, copied int
+			require.NoError(t, db.QueryRow(`PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &frames, &copied))
+			require.Zero(t, busy)
+			return false, true
+		}
+		return true, true // as data_version says: the header changed
+	}, func() bool { return true })
+	require.True(t, ok)
+	require.Equal(t, 2, asks)
+	after, ok := idx.Look()
+	require.True(t, ok)
+	require.Equal(t, before.Commits, after.Commits, "no commit")
+	require.NotEqual(t, before.Salts, after.Salts, "the WAL started again")
+	require.NotNil(t, w.idx, "the index is still trusted")
 }

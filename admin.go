@@ -43,6 +43,12 @@ type Stats struct {
 	// LeaseProtocol is the MQTT version the lease holder's connection
 	// speaks ("5" or "3.1.1"), as it last connected; empty if not known.
 	LeaseProtocol string
+	// LeaseBrokerUnavailable is what the broker says of itself, as the
+	// lease holder last recorded it, while it says it cannot take
+	// messages (RelayStats.BrokerUnavailable), and
+	// LeaseBrokerUnavailableSince since when; empty and zero otherwise.
+	LeaseBrokerUnavailable      string
+	LeaseBrokerUnavailableSince time.Time
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
@@ -84,6 +90,13 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 		// Read apart: a file of an older schema, read as it is, has no
 		// such column.
 		err := q.QueryRowContext(ctx, `SELECT coalesce((SELECT protocol FROM outbox_lease WHERE name = 'relay'), '')`).Scan(&s.LeaseProtocol)
+		if err != nil {
+			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		}
+	}
+	if s.SchemaVersion >= 8 && s.LeaseOwner != "" {
+		err := q.QueryRowContext(ctx, `SELECT coalesce(broker_says, ''), broker_says_since FROM outbox_lease WHERE name = 'relay'`).Scan(
+			&s.LeaseBrokerUnavailable, nullMillis{&s.LeaseBrokerUnavailableSince})
 		if err != nil {
 			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 		}

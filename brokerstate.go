@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"time"
+
+	"github.com/edgeoutbox/outbox/internal/lease"
 )
 
 // The broker's own state, as the relay last heard it: a broker that says
@@ -35,10 +38,31 @@ func (r *Relay) noteOutcome(err error) bool {
 		r.said.since = r.ob.now()
 		r.log.Warn("outbox relay: the broker says it is unavailable; nothing is charged while it does", "err", err)
 	}
+	changed := r.said.says != err.Error()
 	r.said.says = err.Error()
 	r.unavailable.Store(true)
 	r.mu.Unlock()
+	if changed {
+		r.saidChanged()
+	}
 	return true
+}
+
+// saidChanged asks keepLease to record what the broker says in the lease,
+// for `outboxctl status`: once per change, not per message or session.
+func (r *Relay) saidChanged() {
+	select {
+	case r.saidNew <- struct{}{}:
+	default:
+	}
+}
+
+// recordSaid writes what the broker says into the lease.
+func (r *Relay) recordSaid(ctx context.Context, l *lease.Lease) {
+	says, since := r.brokerSays()
+	if err := l.SetBrokerSays(ctx, says, since); err != nil && ctx.Err() == nil {
+		r.log.Warn("outbox relay could not record in the lease what the broker says", "err", err)
+	}
 }
 
 // brokerTakes ends what the broker said of itself: it acknowledged a
@@ -54,6 +78,7 @@ func (r *Relay) brokerTakes() {
 	r.said = brokerSaid{}
 	r.unavailable.Store(false)
 	r.mu.Unlock()
+	r.saidChanged()
 }
 
 // brokerSays returns what the broker says of itself and since when; ""

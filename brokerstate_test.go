@@ -142,11 +142,20 @@ func TestBrokerUnavailablePuback(t *testing.T) {
 	require.False(t, st.BrokerUnavailableSince.Before(before))
 	require.Contains(t, st.LastError, "quota exceeded (0x97)")
 	require.Len(t, h.gaps(), 0, "the connection is kept")
+	eventually(t, 5*time.Second, "the lease says it, for outboxctl status", func() bool {
+		s, err := ob.Stats(context.Background())
+		require.NoError(t, err)
+		return s.LeaseBrokerUnavailable == st.BrokerUnavailable && s.LeaseBrokerUnavailableSince.Equal(st.BrokerUnavailableSince.Truncate(time.Millisecond))
+	})
 
 	h.released.Store(true)
 	requireDeliveredInOrder(t, b, n)
 	requireNothingCharged(t, ob, n)
-	eventually(t, 5*time.Second, "the words gone", func() bool { return r.Metrics().BrokerUnavailable == "" })
+	eventually(t, 5*time.Second, "the words gone", func() bool {
+		s, err := ob.Stats(context.Background())
+		require.NoError(t, err)
+		return r.Metrics().BrokerUnavailable == "" && s.LeaseBrokerUnavailable == ""
+	})
 }
 
 // TestBrokerUnavailableDisconnect: a broker that disconnects the relay on

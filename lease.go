@@ -71,6 +71,9 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 				t.Reset(l.TTL() / 4)
 				continue
 			}
+		case <-r.saidNew:
+			r.recordSaid(ctx, l)
+			continue
 		case <-r.working:
 			// Rows after an idle spell, or the session ended: renew as a
 			// busy relay does.

@@ -185,7 +185,8 @@ type Relay struct {
 	protocol string // what the publisher said it speaks (ProtocolNamer)
 	said     brokerSaid
 
-	unavailable atomic.Bool // said.says != "": checked at every acknowledgement
+	unavailable atomic.Bool   // said.says != "": checked at every acknowledgement
+	saidNew     chan struct{} // said changed: keepLease records it in the lease
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -264,6 +265,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		purgeNow: make(chan struct{}, 1),
 		nudge:    make(chan struct{}, 1),
 		working:  make(chan struct{}, 1),
+		saidNew:  make(chan struct{}, 1),
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)

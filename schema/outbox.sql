@@ -76,7 +76,9 @@ CREATE TABLE outbox_sent_log (
 -- host, machine_id, boot_id, pid, pid_start and pid_ns say where it runs, so
 -- that a relay on the same host can tell at once that the holder is dead
 -- (another boot, or its process gone) instead of waiting a whole TTL;
--- protocol is the MQTT version its connection speaks (NULL: not known).
+-- protocol is the MQTT version its connection speaks (NULL: not known);
+-- broker_says is what the broker says of itself while it cannot take
+-- messages, since broker_says_since (Unix ms; NULL: it takes them).
 -- The row named 'relay.waiting' is a contender's announcement: its owner is
 -- the last relay that waited for the lease, its token counts announcements.
 CREATE TABLE outbox_lease (
@@ -90,7 +92,9 @@ CREATE TABLE outbox_lease (
 	pid        INTEGER NOT NULL DEFAULT 0,
 	pid_start  INTEGER NOT NULL DEFAULT 0,
 	pid_ns     TEXT    NOT NULL DEFAULT '',
-	protocol   TEXT
+	protocol   TEXT,
+	broker_says       TEXT,
+	broker_says_since INTEGER
 );
 
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;

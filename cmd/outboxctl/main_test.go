@@ -688,3 +688,32 @@ func TestRelaySeveralBrokers(t *testing.T) {
 	require.True(t, harness.WaitFor(20*time.Second, func() bool { return b.count() == 5 }), "not delivered: %s", stderr.String())
 	require.Contains(t, stderr.String(), `"broker":"tcp://`+b.addr+`"`, "the log says which address it is on")
 }
+
+// TestStatusSaysWhatTheBrokerSays: while the lease holder records that the
+// broker says it cannot take messages, status says it, since when, in text
+// and JSON; null otherwise.
+func TestStatusSaysWhatTheBrokerSays(t *testing.T) {
+	path, ob := newOutbox(t)
+	db := ob.DB()
+	since := time.Now().Add(-3 * time.Minute).Truncate(time.Millisecond)
+	_, err := db.Exec(`INSERT INTO outbox_lease (name, owner, token, expires_at) VALUES ('relay', 'till-1', 1, ?)`,
+		time.Now().Add(time.Hour).UnixMilli())
+	require.NoError(t, err)
+	r := ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
+	require.Contains(t, st, "broker_unavailable")
+	require.Nil(t, st["broker_unavailable"])
+
+	_, err = db.Exec(`UPDATE outbox_lease SET broker_says = 'the broker says quota exceeded (0x97)', broker_says_since = ?`, since.UnixMilli())
+	require.NoError(t, err)
+	r = ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
+	require.Equal(t, "the broker says quota exceeded (0x97)", st["broker_unavailable"])
+	require.Equal(t, since.UTC().Format(time.RFC3339Nano), st["broker_unavailable_since"])
+	r = ctl(t, "status", "--db", path)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "broker          the broker says quota exceeded (0x97), since "+since.UTC().Format(time.RFC3339)+" (3m")
+}

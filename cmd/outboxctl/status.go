@@ -28,6 +28,11 @@ type statusJSON struct {
 	LeaseOwner         string     `json:"lease_owner"`
 	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
 	MQTTVersion        *string    `json:"mqtt_version"` // what the lease holder speaks; null: not known
+	// BrokerUnavailable is what the broker says of itself while it says it
+	// cannot take messages, as the lease holder recorded it; null: it
+	// does not say so.
+	BrokerUnavailable      *string    `json:"broker_unavailable"`
+	BrokerUnavailableSince *time.Time `json:"broker_unavailable_since"`
 	FileBytes          int64      `json:"file_bytes"`
 	WALBytes           int64      `json:"wal_bytes"`
 }
@@ -50,7 +55,9 @@ written, and a database closed cleanly gets no -wal or -shm file.
 pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, expired, sent,
 max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
 mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
-null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
+null), broker_unavailable and broker_unavailable_since (what the broker
+says of itself while it says it cannot take messages, and since when; null
+otherwise), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: cli.NoArgs,
@@ -81,6 +88,10 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				v := st.LeaseProtocol
 				out.MQTTVersion = &v
 			}
+			if st.LeaseOwner != "" && st.LeaseBrokerUnavailable != "" {
+				v, t := st.LeaseBrokerUnavailable, st.LeaseBrokerUnavailableSince.UTC()
+				out.BrokerUnavailable, out.BrokerUnavailableSince = &v, &t
+			}
 			if asJSON {
 				return writeJSON(a.Stdout, out)
 			}
@@ -107,6 +118,10 @@ null), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				}
 				if out.MQTTVersion != nil {
 					fmt.Fprintf(w, "mqtt version\t%s\n", *out.MQTTVersion)
+				}
+				if out.BrokerUnavailable != nil {
+					fmt.Fprintf(w, "broker\t%s, since %s (%s ago); nothing is charged while it does\n", *out.BrokerUnavailable,
+						out.BrokerUnavailableSince.Format(time.RFC3339), ageText(time.Since(*out.BrokerUnavailableSince).Seconds()))
 				}
 			} else {
 				fmt.Fprintf(w, "relay lease\tfree\n")

@@ -258,7 +258,7 @@ func (l *Lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 	}
 	// Free, ours, dead, or the holder has not renewed for a whole TTL: it
 	// is gone.
-	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?, protocol = NULL,
+	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?, protocol = NULL, broker_says = NULL, broker_says_since = NULL,
 			host = ?, machine_id = ?, boot_id = ?, pid = ?, pid_start = ?, pid_ns = ?
 		WHERE name = ? AND owner = ? AND token = ?`,
 		l.owner, l.expiresMillis(), l.self.Host, l.self.MachineID, l.self.BootID, l.self.PID, l.self.PIDStart, l.self.PIDNS,
@@ -330,6 +330,19 @@ func (l *Lease) Renew(ctx context.Context, also func(context.Context, sqlconn.Pr
 	return alsoErr, nil
 }
 
+// SetBrokerSays records what the broker says of itself while it says it
+// cannot take messages, and since when ("": nothing), for another
+// process's `outboxctl status`.
+func (l *Lease) SetBrokerSays(ctx context.Context, says string, since time.Time) error {
+	var at any
+	if says != "" {
+		at = since.UnixMilli()
+	}
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET broker_says = nullif(?, ''), broker_says_since = ? WHERE name = ? AND owner = ?`,
+		says, at, Name, l.owner)
+	return err
+}
+
 // SetProtocol records the protocol version the holder's connection
 // speaks, for status.
 func (l *Lease) SetProtocol(ctx context.Context, protocol string) error {
@@ -378,7 +391,7 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Release hands the lease back so that a successor need not wait a TTL.
 func (l *Lease) Release(ctx context.Context) error {
-	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0, protocol = NULL WHERE name = ? AND owner = ?`, Name, l.owner)
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0, protocol = NULL, broker_says = NULL, broker_says_since = NULL WHERE name = ? AND owner = ?`, Name, l.owner)
 	l.renewed(time.Time{})
 	return err
 }

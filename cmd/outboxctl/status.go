@@ -33,8 +33,8 @@ type statusJSON struct {
 	// does not say so.
 	BrokerUnavailable      *string    `json:"broker_unavailable"`
 	BrokerUnavailableSince *time.Time `json:"broker_unavailable_since"`
-	FileBytes          int64      `json:"file_bytes"`
-	WALBytes           int64      `json:"wal_bytes"`
+	FileBytes              int64      `json:"file_bytes"`
+	WALBytes               int64      `json:"wal_bytes"`
 }
 
 func statusCmd(a *cli.App) *cobra.Command {

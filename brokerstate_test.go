@@ -226,6 +226,7 @@ func TestReconnectBackoffAfterAcceptedConnection(t *testing.T) {
 			for _, g := range h.gaps()[:5] {
 				sum += g
 			}
+			t.Logf("five waits: %v in all: %v", sum, h.gaps()[:5])
 			if c.grows {
 				require.GreaterOrEqual(t, sum, 3100*time.Millisecond, "waits of 100, 200, 400, 800, 1600 ms: %v", h.gaps())
 			} else {

@@ -23,8 +23,9 @@ type fault struct {
 	Hint  string
 }
 
-// The hints name outboxctl's flags: a till runs outboxctl; a Go program's
-// MQTTOptions have fields of the same names.
+// The hints name outboxctl's flags: a till runs outboxctl. A Go program
+// sets the same things in MQTTOptions (Broker, Username, Password,
+// ClientID, TLSConfig, Protocol).
 const (
 	hintNetwork = "Is the network up (cable, Wi-Fi, router)? Is the broker's address right (--broker)? Is a firewall in the way? The relay keeps trying by itself."
 	hintLost    = "Usually the network, or the broker restarting: the relay reconnects by itself. If it keeps happening, check the network and the broker's log."

@@ -76,6 +76,7 @@ type relayMetrics struct {
 	draining  bool      // drain is running: time without a connection counts
 	connected bool      // as the relay last said
 	since     time.Time // when connected last changed (or drain started)
+	atSince   int64     // attempts at since: what came after are this outage's
 	down      time.Duration
 }
 
@@ -87,7 +88,7 @@ func (m *relayMetrics) setConnected(connected, draining bool, now time.Time) {
 		m.down += now.Sub(m.since)
 	}
 	if m.connected != connected || m.draining != draining || m.since.IsZero() {
-		m.since = now
+		m.since, m.atSince = now, m.attempts.Load()
 	}
 	m.connected, m.draining = connected, draining
 	m.mu.Unlock()
@@ -111,6 +112,9 @@ type RelayMetrics struct {
 	// ConnectionAttempts counts calls to Publisher.Connect, the ones that
 	// succeeded too.
 	ConnectionAttempts int64
+	// AttemptsSince counts the calls to Publisher.Connect since Since:
+	// while not connected, those of the current outage; 0 while connected.
+	AttemptsSince int64
 	// Disconnected is the time spent draining without a connection: the
 	// current outage included, the wait for the lease not.
 	Disconnected time.Duration
@@ -137,6 +141,10 @@ type RelayMetrics struct {
 	Source      string // RelayOptions.Source
 	LastError   string
 	LastErrorAt time.Time
+	// LastErr is the error LastError is the text of, nil with it empty:
+	// what errors.Is and errors.As see (the status page words it by its
+	// kind).
+	LastErr error
 	// BrokerUnavailable is what the broker says of itself while it says
 	// it cannot take messages (ErrBrokerUnavailable: busy, over quota,
 	// shutting down…), in words, and BrokerUnavailableSince since when;
@@ -163,6 +171,7 @@ func (r *Relay) Metrics() RelayMetrics {
 	now := time.Now()
 	m.mu.Lock()
 	out.Connected, out.Since, out.Disconnected = m.connected, m.since, m.down
+	out.AttemptsSince = max(out.ConnectionAttempts-m.atSince, 0)
 	if m.draining && !m.connected {
 		out.Disconnected += now.Sub(m.since)
 	}
@@ -171,7 +180,7 @@ func (r *Relay) Metrics() RelayMetrics {
 	out.Running, out.Protocol = r.running, r.protocol
 	out.BrokerUnavailable, out.BrokerUnavailableSince = r.said.says, r.said.since
 	if r.lastErr != nil {
-		out.LastError, out.LastErrorAt = r.lastErr.Error(), r.errAt
+		out.LastError, out.LastErrorAt, out.LastErr = r.lastErr.Error(), r.errAt, r.lastErr
 	}
 	r.mu.Unlock()
 	return out

@@ -49,6 +49,9 @@ func TestRelayMetrics(t *testing.T) {
 	require.Positive(t, m.Disconnected)
 	require.False(t, m.Since.IsZero())
 	require.Contains(t, m.LastError, "broker down")
+	require.ErrorIs(t, m.LastErr, pub.connErr, "the error itself, for errors.Is")
+	require.EqualError(t, m.LastErr, m.LastError)
+	require.GreaterOrEqual(t, m.AttemptsSince, int64(3), "the first outage began at start")
 
 	// Committed 90 s ago by the writer's clock.
 	_, err = ob.DB().Exec(`INSERT INTO outbox (topic, payload, created_at) VALUES ('old/1', '{}', ?)`, time.Now().Add(-90*time.Second).UnixMilli())
@@ -79,8 +82,25 @@ func TestRelayMetrics(t *testing.T) {
 	require.GreaterOrEqual(t, m.CommitAck.Sum, 90.0)
 	down := m.Disconnected
 	require.GreaterOrEqual(t, m.ConnectionAttempts, int64(4))
+	require.Zero(t, m.AttemptsSince, "connected: no outage")
 	// Connected: the time without a connection stands still.
 	require.Equal(t, down, r.Metrics().Disconnected)
+
+	// A second outage: its attempts count from its start, not the
+	// process's.
+	before := m.ConnectionAttempts
+	pub.mu.Lock()
+	pub.connErr = errors.New("broker down again")
+	pub.mu.Unlock()
+	pub.Disconnect()
+	commitOrder(t, ob, "orders", 9)
+	eventually(t, 5*time.Second, "three attempts in the second outage", func() bool {
+		m := r.Metrics()
+		return !m.Connected && m.AttemptsSince >= 3
+	})
+	m = r.Metrics()
+	require.LessOrEqual(t, m.AttemptsSince, m.ConnectionAttempts-before, "this outage's attempts only")
+	require.Contains(t, m.LastError, "broker down again")
 }
 
 // TestGaugesMatchStats checks that Gauges, which scans nothing, says what

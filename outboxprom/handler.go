@@ -18,7 +18,9 @@ import (
 //   - GET /healthz: 200 while the process serves it;
 //   - GET /readyz: 200 while the relay runs, holds the lease and its last
 //     database write succeeded, else 503 with the reason (no probe writes);
-//   - GET /: the status page; POST /requeue: its requeue button.
+//   - GET /: the status page; POST /requeue and POST /reconnect: its
+//     buttons (requeue every dead message, try to connect now), behind
+//     Options.AdminToken.
 //
 // A family that cannot be read is left out, the rest served; the error is
 // logged, and counted in promhttp_metric_handler_errors_total{cause=

@@ -39,6 +39,9 @@ type rig struct {
 
 type rigOptions struct {
 	exporter Options
+	// reconnect is the relay's wait between connection attempts; zero:
+	// 20 to 200 ms.
+	reconnect outbox.Backoff
 }
 
 func startRig(t *testing.T, o rigOptions) *rig {
@@ -54,9 +57,12 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	pub, err := outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: proxy.URL(), ClientID: "outboxprom-test", Logger: harness.TestLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
+	if o.reconnect == (outbox.Backoff{}) {
+		o.reconnect = outbox.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+	}
 	relay, err := ob.NewRelay(pub, outbox.RelayOptions{
 		Source:     "/test/till-7",
-		Reconnect:  outbox.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Reconnect:  o.reconnect,
 		AckTimeout: 2 * time.Second,
 		LeaseTTL:   4 * time.Second,
 	})

@@ -51,8 +51,8 @@ type Options struct {
 	// SampleInterval is how often the backlog is sampled for the status
 	// page's sparkline, which shows the last hour. Default 30 s.
 	SampleInterval time.Duration
-	// AdminToken, if set, enables the status page's requeue button: a POST
-	// that must carry this token (typed into the form) and come from the
+	// AdminToken, if set, enables the status page's buttons (requeue every
+	// dead message, try to connect now): each a POST that must carry this token (typed into the form) and come from the
 	// page's own origin. Empty: the page is read-only.
 	AdminToken string
 	// Logger receives the exporter's logs. Nil means slog.Default().

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -137,6 +138,86 @@ func TestRequeueButton(t *testing.T) {
 		require.Equal(t, "/?requeued=1", resp.Header.Get("Location"))
 		require.Equal(t, int64(0), dead(t, r))
 		harness.Eventually(t, 10*time.Second, "the requeued message published", func() bool { return r.relay.Metrics().Published == 1 })
+	})
+}
+
+// postForm posts the status page's form to path on r's listener, from
+// origin ("": no Origin header) with token, and returns the answer
+// unfollowed.
+func postForm(t *testing.T, r *rig, path, origin, token string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, r.srv.URL+path, strings.NewReader(url.Values{"token": {token}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp
+}
+
+// TestReconnectButton: during an outage the status page says what the
+// last error means and what to check, counts this outage's attempts, and
+// with the admin token has a "Try to connect now" button that makes a
+// relay waiting an hour between attempts try at once: refused from another
+// origin or with a wrong token, absent without a token.
+func TestReconnectButton(t *testing.T) {
+	hour := outbox.Backoff{Initial: time.Hour, Max: time.Hour}
+	attempts := regexp.MustCompile(`; (\d+) attempts to connect since then`)
+	t.Run("read-only", func(t *testing.T) {
+		r := startRig(t, rigOptions{reconnect: hour})
+		harness.Eventually(t, 10*time.Second, "connected", func() bool { return r.relay.Metrics().Connected })
+		r.proxy.Down()
+		harness.Eventually(t, 10*time.Second, "disconnected", func() bool { return !r.relay.Metrics().Connected })
+		_, page := r.get(t, "/")
+		require.NotContains(t, page, `action="/reconnect"`)
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/reconnect", r.srv.URL, "").StatusCode)
+	})
+	t.Run("token", func(t *testing.T) {
+		r := startRig(t, rigOptions{reconnect: hour, exporter: Options{AdminToken: "s3cret-token"}})
+		harness.Eventually(t, 10*time.Second, "connected", func() bool { return r.relay.Metrics().Connected })
+		_, page := r.get(t, "/")
+		require.NotContains(t, page, `action="/reconnect"`, "connected: nothing to try")
+		require.NotContains(t, page, "attempts to connect")
+		r.proxy.Down()
+		harness.Eventually(t, 10*time.Second, "disconnected", func() bool { return !r.relay.Metrics().Connected })
+		_, page = r.get(t, "/")
+		require.Contains(t, page, `action="/reconnect"`)
+		require.Contains(t, page, "Try to connect now")
+		require.Equal(t, []string{"; 0 attempts to connect since then", "0"}, attempts.FindStringSubmatch(page), "the attempt that connected is not this outage's")
+
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/reconnect", "http://evil.example", "s3cret-token").StatusCode, "another site")
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/reconnect", "", "s3cret-token").StatusCode, "no origin, no referer")
+		resp := postForm(t, r, "/reconnect", r.srv.URL, "wrong")
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		require.Equal(t, "/?reconnect=denied", resp.Header.Get("Location"))
+		_, page = r.get(t, "/")
+		require.Contains(t, page, "; 0 attempts to connect since then", "a wrong token tries nothing")
+
+		// The broker is still away: the attempt fails, and says so in words.
+		resp = postForm(t, r, "/reconnect", r.srv.URL, "s3cret-token")
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		require.Equal(t, "/?reconnect=asked", resp.Header.Get("Location"))
+		harness.Eventually(t, 5*time.Second, "an attempt made", func() bool {
+			_, page = r.get(t, "/")
+			return strings.Contains(page, "; 1 attempts to connect since then")
+		})
+		require.Contains(t, page, "Nothing answers at "+r.proxy.Addr()+": the broker is not running there.")
+		require.Contains(t, page, "Is the broker running? Is its address right (--broker)?")
+		require.Contains(t, page, `<details id="raw-error">`)
+		require.Contains(t, page, "connect: connection refused", "the error's own text, one click away")
+
+		require.NoError(t, r.proxy.Up())
+		resp = postForm(t, r, "/reconnect", r.srv.URL, "s3cret-token")
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		harness.Eventually(t, 5*time.Second, "connected at once, not in an hour", func() bool { return r.relay.Metrics().Connected })
+		_, page = r.get(t, "/?reconnect=asked")
+		require.Contains(t, page, "The relay was asked to try to connect now")
+		require.Contains(t, page, "Connected to the broker")
+		require.Contains(t, page, "This relay is the one that sends this device&#39;s events; its last save to the disk worked.")
 	})
 }
 

@@ -65,7 +65,8 @@ so they can be replaced on disk while the relay runs.
 --metrics-listen ADDR serves, on ADDR, /metrics (Prometheus), /healthz,
 /readyz and a status page at /. It is off unless asked; bind it to loopback
 unless the LAN is trusted (SECURITY.md). The status page can requeue dead
-messages only with --admin-token-file: without one it is read-only.`,
+messages and make the relay try to connect now only with --admin-token-file:
+without one it is read-only.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
   outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
       --client-id store42-till7 --source /stores/42/tills/7 \
@@ -175,7 +176,7 @@ messages only with --admin-token-file: without one it is read-only.`,
 	fl.DurationVar(&f.statsInterval, "stats-interval", time.Minute, "log the relay's counters this often (0: never)")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz, /readyz and the status page on this address, e.g. 127.0.0.1:9464 (default: off)")
 	fl.BoolVar(&f.writersFull, "writers-full", false, "declare that every program writing the database commits at synchronous=FULL: publish without an fsync of the relay's first (declared wrongly, a power cut can undo a commit whose event went out)")
-	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's requeue button, with the token in this file (default: read-only page)")
+	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's buttons (requeue, try to connect now), with the token in this file (default: read-only page)")
 	return cmd
 }
 

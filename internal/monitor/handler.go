@@ -17,7 +17,9 @@ import (
 //   - GET /healthz: 200 while the process serves it;
 //   - GET /readyz: 200 while the relay runs, holds the lease and its last
 //     database write succeeded, else 503 with the reason (no probe writes);
-//   - GET /: the status page; POST /requeue: its requeue button.
+//   - GET /: the status page; POST /requeue and POST /reconnect: its
+//     buttons (requeue every dead message, try to connect now), behind
+//     the admin token.
 func (m *Monitor) Handler(exposition http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", exposition)
@@ -28,6 +30,7 @@ func (m *Monitor) Handler(exposition http.Handler) http.Handler {
 	mux.HandleFunc("GET /readyz", m.readyz)
 	mux.HandleFunc("GET /{$}", m.statusPage)
 	mux.HandleFunc("POST /requeue", m.requeue)
+	mux.HandleFunc("POST /reconnect", m.reconnect)
 	return mux
 }
 
@@ -78,27 +81,38 @@ func sameOrigin(req *http.Request) bool {
 	return strings.EqualFold(u.Host, req.Host)
 }
 
-func (m *Monitor) requeue(w http.ResponseWriter, req *http.Request) {
+// admitted reports whether a POST of the page's form for action may act:
+// the page has buttons (an admin token is set), the form comes from the
+// page's own origin and carries the token. It answers the request when not,
+// redirecting a wrong token to the page with what=denied.
+func (m *Monitor) admitted(w http.ResponseWriter, req *http.Request, action string) bool {
 	w.Header().Set("Cache-Control", "no-store")
 	if m.opts.AdminToken == "" {
 		http.Error(w, "the status page is read-only: the relay was started without an admin token", http.StatusForbidden)
-		return
+		return false
 	}
 	if !sameOrigin(req) {
 		http.Error(w, "refused: the request does not come from this page", http.StatusForbidden)
-		return
+		return false
 	}
 	req.Body = http.MaxBytesReader(w, req.Body, 4096)
 	if err := req.ParseForm(); err != nil {
 		http.Error(w, "bad form", http.StatusBadRequest)
-		return
+		return false
 	}
 	// Hashed first, so that the comparison takes the same time whatever
 	// the length typed.
 	got, want := sha256.Sum256([]byte(req.PostForm.Get("token"))), sha256.Sum256([]byte(m.opts.AdminToken))
 	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
-		m.log.Warn("monitor: requeue refused: wrong admin token", "remote", req.RemoteAddr)
-		http.Redirect(w, req, "/?requeue=denied", http.StatusSeeOther)
+		m.log.Warn("monitor: "+action+" refused: wrong admin token", "remote", req.RemoteAddr)
+		http.Redirect(w, req, "/?"+action+"=denied", http.StatusSeeOther)
+		return false
+	}
+	return true
+}
+
+func (m *Monitor) requeue(w http.ResponseWriter, req *http.Request) {
+	if !m.admitted(w, req, "requeue") {
 		return
 	}
 	n, err := m.ob.RequeueDead(req.Context())
@@ -109,4 +123,20 @@ func (m *Monitor) requeue(w http.ResponseWriter, req *http.Request) {
 	}
 	m.log.Info("monitor: dead messages requeued from the status page", "messages", n, "remote", req.RemoteAddr)
 	http.Redirect(w, req, fmt.Sprintf("/?requeued=%d", n), http.StatusSeeOther)
+}
+
+// reconnect is the page's "Try to connect now": it ends the relay's wait
+// before its next connection attempt (Relay.ReconnectNow), for a technician
+// who has just brought the broker or the network back.
+func (m *Monitor) reconnect(w http.ResponseWriter, req *http.Request) {
+	if m.opts.Relay == nil {
+		http.Error(w, "no relay runs in this process", http.StatusNotFound)
+		return
+	}
+	if !m.admitted(w, req, "reconnect") {
+		return
+	}
+	m.opts.Relay.ReconnectNow()
+	m.log.Info("monitor: connection attempt asked for from the status page", "remote", req.RemoteAddr)
+	http.Redirect(w, req, "/?reconnect=asked", http.StatusSeeOther)
 }

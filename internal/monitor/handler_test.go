@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -63,4 +64,35 @@ func TestWithoutRelay(t *testing.T) {
 	require.NoError(t, err)
 	post.Body.Close()
 	require.Equal(t, http.StatusForbidden, post.StatusCode, "read-only without a token")
+}
+
+// TestExpiredListedApart: the page of a real outbox with one dead and two
+// expired messages counts one dead, lists it, and lists the two expired
+// ones under their own heading (the counters count both as parked).
+func TestExpiredListedApart(t *testing.T) {
+	ob, err := outbox.Open(context.Background(), filepath.Join(t.TempDir(), "outbox.db"), outbox.Options{Logger: harness.TestLogger()})
+	require.NoError(t, err)
+	defer ob.Close()
+	for _, r := range []struct {
+		topic, why string
+		expired    int
+	}{{"till-7/refunds", "not authorized (0x87)", 0}, {"till-7/offers", "expired before its turn", 1}, {"till-7/offers", "expired before its turn", 1}} {
+		_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload, attempts, last_error, dead_at, expired) VALUES (?, '{}', 1, ?, ?, ?)`,
+			r.topic, r.why, time.Now().UnixMilli(), r.expired)
+		require.NoError(t, err)
+	}
+	m := New(ob, Options{Logger: harness.TestLogger()})
+	defer m.Close()
+	srv := httptest.NewServer(m.Handler(m.TextMetrics()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	page := string(b)
+	require.Contains(t, page, `id="dead-count">1<`, "the expired ones are not dead")
+	require.Equal(t, 1, strings.Count(page, "not authorized (0x87)"))
+	require.Contains(t, page, "<h2>Expired messages</h2>")
+	require.Equal(t, 2, strings.Count(page, "expired before its turn"), "both expired messages listed")
 }

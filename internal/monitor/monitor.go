@@ -28,7 +28,7 @@ type Options struct {
 	Version         string        // outbox_info's version; default the module's, or "dev"
 	RefreshInterval time.Duration // how often the pending bytes are counted when they need a scan; default 30 s
 	SampleInterval  time.Duration // how often the backlog is sampled for the sparkline; default 30 s
-	AdminToken      string        // enables the requeue button; empty: a read-only page
+	AdminToken      string        // enables the page's buttons; empty: a read-only page
 	Logger          *slog.Logger  // nil: slog.Default()
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -20,31 +21,45 @@ const statusRefresh = 10
 const maxDeadShown = 20
 
 type statusData struct {
-	Source      string
-	Version     string
-	HasRelay    bool
-	Connected   bool
-	Since       string // "16:02:03 UTC, 5m ago"
-	Attempts    int64
-	Protocol    string
-	Ready       string // "" when ready
+	Source    string
+	Version   string
+	HasRelay  bool
+	Connected bool
+	Since     string // "16:02:03 UTC, 5m ago"
+	// Trying: the relay holds the lease and is not connected, so it tries
+	// to connect; Attempts counts its tries since Since, this outage's.
+	Trying   bool
+	Attempts int64
+	Protocol string
+	// Role says what this process does with the device's events, in
+	// words; RoleOK whether that is as it should be.
+	Role        string
+	RoleOK      bool
 	Pending     int64
 	Oldest      string // its age in words; empty when nothing is pending
-	LastError   string
+	LastError   string // the error's own text, behind a click
 	LastErrorAt string
+	Fault       fault // the last error in words, with what to check
 	// BrokerSays is what the broker says of itself while it says it
-	// cannot take messages, with since when: "the broker says quota
-	// exceeded (0x97), since 10:02:00 UTC, 3m ago".
+	// cannot take messages, with since when: "The broker says it cannot
+	// take messages for now: quota exceeded (0x97); since 10:02:00 UTC,
+	// 3 min 0 s ago".
 	BrokerSays string
 	Published  int64
 	Dead       []outbox.Record
 	DeadCount  int64
-	CanRequeue bool
-	Notice     string
-	Spark      string // an inline SVG, made by sparkline
-	Refresh    int
-	Now        string
-	Err        string
+	// Expired are the messages whose time to live ran out before they
+	// were sent (parked, as dead ones are, but not requeued with them).
+	Expired      []outbox.Record
+	ExpiredCount int64
+	// Admin: an admin token is set, so the page has its buttons
+	// (requeue, try to connect now).
+	Admin   bool
+	Notice  string
+	Spark   string // an inline SVG, made by sparkline
+	Refresh int
+	Now     string
+	Err     string
 }
 
 // statusStyle is the page's style sheet (inline: the page loads nothing).
@@ -56,7 +71,8 @@ h1{font-size:1.3rem;margin:0 0 1rem} .muted{color:#666;font-size:.9rem}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(14rem,1fr));gap:1rem;margin:1rem 0}
 .card{border:1px solid #ddd;border-radius:.4rem;padding:.7rem 1rem} .big{font-size:1.5rem;font-weight:bold}
 table{border-collapse:collapse;width:100%} td,th{border-bottom:1px solid #eee;padding:.3rem .5rem;text-align:left;font-size:.9rem;vertical-align:top}
-.notice{background:#fff7d6;padding:.5rem 1rem;border-radius:.4rem} .err{color:#7f1d1d}
+.notice{background:#fff7d6;padding:.5rem 1rem;border-radius:.4rem} .err{color:#7f1d1d} .ok{color:#14532d}
+.hint{margin:.3rem 0} details{margin:.3rem 0} code{font-size:.85rem;word-break:break-all} form{margin:.5rem 0}
 </style>`
 
 // escapeHTML escapes text for an element's content or a quoted attribute,
@@ -111,25 +127,32 @@ func writeStatus(w io.Writer, d statusData) error {
 		if d.Since != "" {
 			put("since ", escapeHTML(d.Since))
 		}
-		if !d.Connected {
-			put("; ", num(d.Attempts), " connection attempts so far")
+		if d.Trying && d.Since != "" {
+			put("; ", num(d.Attempts), " attempts to connect since then")
 		}
-		put("</span></p>\n<p id=\"mqtt\">MQTT version (of the last connection): <b>")
+		put("</span></p>\n")
+		if d.Trying && d.Admin {
+			put(`<form method="post" action="/reconnect" id="reconnect">
+<label>Admin token <input type="password" name="token" autocomplete="off" required></label>
+<button type="submit">Try to connect now</button> <span class="muted">rather than at the relay's next attempt</span></form>
+`)
+		}
+		put("<p id=\"mqtt\">MQTT version (of the last connection): <b>")
 		if d.Protocol != "" {
 			put(escapeHTML(d.Protocol))
 		} else {
 			put("not known yet")
 		}
-		put("</b>.\n")
+		put("</b>.</p>\n")
 		if d.BrokerSays != "" {
-			put(`<span class="err" id="broker-says">`, escapeHTML(d.BrokerSays), `; nothing is charged while it does.</span> `)
+			put(`<p class="err" id="broker-says">`, escapeHTML(d.BrokerSays),
+				`.<br><b>The broker's operator is needed</b>: nothing is wrong on this device, the events wait here and nothing is charged against them.</p>`, "\n")
 		}
-		if d.Ready != "" {
-			put(`<span class="err" id="ready">Not ready: `, escapeHTML(d.Ready), `</span>`)
-		} else {
-			put(`<span id="ready">Ready: holds the lease, last database write succeeded.</span>`)
+		class := "err"
+		if d.RoleOK {
+			class = "ok"
 		}
-		put("</p>\n")
+		put(`<p class="`, class, `" id="role">`, escapeHTML(d.Role), "</p>\n")
 	} else {
 		put(`<p id="state" data-connected="unknown">No relay runs in this process.</p>`)
 	}
@@ -148,134 +171,234 @@ func writeStatus(w io.Writer, d statusData) error {
 <div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>
 </div>
 <h2>Last error</h2>
-<p id="last-error">`)
+`)
 	if d.LastError != "" {
-		put(escapeHTML(d.LastError), ` <span class="muted">(`, escapeHTML(d.LastErrorAt), `)</span>`)
+		put(`<p id="last-error"><b id="fault">`, escapeHTML(d.Fault.Words), `</b> <span class="muted">(`, escapeHTML(d.LastErrorAt), `)</span></p>
+<p class="hint" id="hint">`, escapeHTML(d.Fault.Hint), `</p>
+<details id="raw-error"><summary>The error as the program reported it</summary><code>`, escapeHTML(d.LastError), `</code></details>`)
 	} else {
-		put("none")
+		put(`<p id="last-error">none</p>`)
 	}
-	put("</p>\n<h2>Dead messages</h2>\n")
+	put("\n<h2>Dead messages</h2>\n")
 	if len(d.Dead) > 0 {
-		put("<table id=\"dead\"><tr><th>id</th><th>topic</th><th>attempts</th><th>why</th><th>parked</th></tr>\n")
-		for _, r := range d.Dead {
-			put(`<tr><td>`, escapeHTML(r.ID), `</td><td>`, escapeHTML(r.Topic), `</td><td>`, strconv.Itoa(r.Attempts), `</td><td>`, escapeHTML(r.LastError),
-				`</td><td>`, r.DeadAt.UTC().Format("2006-01-02 15:04:05"), " UTC</td></tr>\n")
-		}
-		put("</table>")
-		if d.DeadCount > int64(len(d.Dead)) {
-			put(`<p class="muted">and `, num(d.DeadCount), ` in all; outboxctl list --state dead shows every one.</p>`)
-		}
-		put("\n")
-		if d.CanRequeue {
+		writeParked(put, "dead", d.Dead, d.DeadCount, "dead")
+		if d.Admin {
 			put(`<form method="post" action="/requeue" id="requeue">
 <label>Admin token <input type="password" name="token" autocomplete="off" required></label>
 <button type="submit">Requeue every dead message</button></form>
 `)
 		} else {
-			put(`<p class="muted" id="read-only">Read-only: the relay was started without an admin token, so nothing can be requeued here (outboxctl requeue can).</p>`)
+			put(`<p class="muted" id="read-only">Read-only: the relay was started without an admin token, so nothing can be requeued or retried here (outboxctl requeue can).</p>`)
 		}
 		put("\n")
 	} else {
 		put(`<p id="dead">none</p>`)
+	}
+	if len(d.Expired) > 0 {
+		put("\n<h2>Expired messages</h2>\n<p>Their time to live ran out before they could be sent, so they were not.",
+			" <span class=\"muted\">outboxctl requeue --all-expired sends them after all, however late.</span></p>\n")
+		writeParked(put, "expired", d.Expired, d.ExpiredCount, "expired")
 	}
 	put("\n</body></html>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
+// writeParked writes a table of parked messages, the first of count.
+func writeParked(put func(...string), id string, rs []outbox.Record, count int64, state string) {
+	put(`<table id="`, id, `"><tr><th>id</th><th>topic</th><th>attempts</th><th>why</th><th>parked</th></tr>`, "\n")
+	for _, r := range rs {
+		put(`<tr><td>`, escapeHTML(r.ID), `</td><td>`, escapeHTML(r.Topic), `</td><td>`, strconv.Itoa(r.Attempts), `</td><td>`, escapeHTML(r.LastError),
+			`</td><td>`, r.DeadAt.UTC().Format("2006-01-02 15:04:05"), " UTC</td></tr>\n")
+	}
+	put("</table>")
+	if count > int64(len(rs)) {
+		put(`<p class="muted">and more: `, strconv.FormatInt(count, 10), ` in all; outboxctl list --state `, state, ` shows every one.</p>`)
+	}
+	put("\n")
+}
+
+// readings are what the page shows, read at one instant; page turns them
+// into words. Tests give it states no real relay is cheap to put in.
+type readings struct {
+	Now     time.Time
+	Version string
+	Admin   bool
+	Relay   *outbox.RelayMetrics // nil: no relay in this process
+	Gauges  outbox.Gauges
+	Dead    []outbox.Record
+	Expired []outbox.Record
+	// ExpiredCount is how many of Gauges.Dead are expired.
+	ExpiredCount int64
+	Err          error // reading the outbox failed
+	Samples      []sample
+	Query        url.Values
+}
+
 func (m *Monitor) statusPage(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
 	defer cancel()
-	now := time.Now()
-	d := statusData{Version: m.opts.Version, Refresh: statusRefresh, Now: now.UTC().Format("15:04:05 UTC"), CanRequeue: m.opts.AdminToken != ""}
+	rd := readings{Now: time.Now(), Version: m.opts.Version, Admin: m.opts.AdminToken != "", Query: req.URL.Query()}
 	if r := m.opts.Relay; r != nil {
 		rm := r.Metrics()
-		d.HasRelay, d.Connected, d.Protocol, d.Source = true, rm.Connected, rm.Protocol, rm.Source
-		d.Attempts, d.Published, d.LastError = rm.ConnectionAttempts, rm.Published, rm.LastError
-		if !rm.Since.IsZero() {
-			d.Since = rm.Since.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.Since)) + " ago"
-		}
-		if !rm.LastErrorAt.IsZero() {
-			d.LastErrorAt = rm.LastErrorAt.UTC().Format("2006-01-02 15:04:05 UTC")
-		}
-		if rm.BrokerUnavailable != "" {
-			d.BrokerSays = rm.BrokerUnavailable + ", since " + rm.BrokerUnavailableSince.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.BrokerUnavailableSince)) + " ago"
-		}
-		d.Ready = m.notReady()
+		rd.Relay = &rm
 	}
-	if d.Source == "" {
-		d.Source = "this device"
-	}
-	g, err := m.ob.Gauges(ctx)
-	if err == nil {
-		d.Pending, d.DeadCount = g.Pending, g.Dead
-		if !g.OldestPending.IsZero() {
-			d.Oldest = ago(now.Sub(g.OldestPending))
-		}
-		if g.Dead > 0 {
-			d.Dead, err = m.ob.List(ctx, outbox.ListOptions{State: outbox.StateDead, Limit: maxDeadShown})
-		}
-	}
-	if err != nil {
-		d.Err = err.Error()
-	}
-	q := req.URL.Query()
-	switch {
-	case q.Get("requeued") != "":
-		n, _ := strconv.Atoi(q.Get("requeued"))
-		d.Notice = fmt.Sprintf("Requeued %d dead messages.", n)
-	case q.Get("requeue") == "denied":
-		d.Notice = "Not requeued: wrong admin token."
-	case q.Get("requeue") == "failed":
-		d.Notice = "Not requeued: the database refused (see the relay's log)."
+	rd.Gauges, rd.Err = m.ob.Gauges(ctx)
+	if rd.Err == nil && rd.Gauges.Dead > 0 {
+		rd.Dead, rd.Expired, rd.ExpiredCount, rd.Err = m.parked(ctx)
 	}
 	m.mu.Lock()
-	pts := append([]sample(nil), m.samples...)
+	rd.Samples = append([]sample(nil), m.samples...)
 	m.mu.Unlock()
-	if err == nil {
-		pts = append(pts, sample{at: now, pending: g.Pending})
+	if rd.Err == nil {
+		rd.Samples = append(rd.Samples, sample{at: rd.Now, pending: rd.Gauges.Pending})
 	}
-	d.Spark = sparkline(pts, now)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	// The page is for this listener only: no framing by another site.
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
-	if err := writeStatus(w, d); err != nil {
+	if err := writeStatus(w, rd.page()); err != nil {
 		m.log.Debug("monitor: writing the status page", "err", err)
 	}
 }
 
+// parked lists the first dead and expired messages, and counts the
+// expired ones (Gauges counts both as dead) as Stats does, through the
+// index of parked rows.
+func (m *Monitor) parked(ctx context.Context) (dead, expired []outbox.Record, nExpired int64, err error) {
+	dead, err = m.ob.List(ctx, outbox.ListOptions{State: outbox.StateDead, Limit: maxDeadShown})
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	expired, err = m.ob.List(ctx, outbox.ListOptions{State: outbox.StateExpired, Limit: maxDeadShown})
+	if err != nil || len(expired) < maxDeadShown {
+		return dead, expired, int64(len(expired)), err
+	}
+	err = m.ob.DB().QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND expired`).Scan(&nExpired)
+	return dead, expired, nExpired, err
+}
+
+// page says the readings in words.
+func (rd readings) page() statusData {
+	now := rd.Now
+	d := statusData{Version: rd.Version, Refresh: statusRefresh, Now: now.UTC().Format("15:04:05 UTC"), Admin: rd.Admin, Source: "this device"}
+	if rm := rd.Relay; rm != nil {
+		d.HasRelay, d.Connected, d.Protocol = true, rm.Connected, rm.Protocol
+		if rm.Source != "" {
+			d.Source = rm.Source
+		}
+		d.Attempts, d.Published, d.LastError = rm.AttemptsSince, rm.Published, rm.LastError
+		if !rm.Since.IsZero() {
+			d.Since = rm.Since.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.Since)) + " ago"
+		}
+		if rm.LastError != "" {
+			d.Fault = explainFault(rm.LastErr, now)
+			d.LastErrorAt = rm.LastErrorAt.UTC().Format("2006-01-02 15:04:05 UTC")
+		}
+		if rm.BrokerUnavailable != "" {
+			why := brokerReason(rm.LastErr)
+			if why == "" {
+				why = rm.BrokerUnavailable
+			}
+			d.BrokerSays = "The broker says it cannot take messages for now: " + why + "; since " +
+				rm.BrokerUnavailableSince.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.BrokerUnavailableSince)) + " ago"
+		}
+		d.Role, d.RoleOK = role(rm)
+		d.Trying = rm.Running && rm.HoldsLease && !rm.Connected
+	}
+	if rd.Err != nil {
+		d.Err = rd.Err.Error()
+	} else {
+		g := rd.Gauges
+		d.Pending, d.DeadCount = g.Pending, max(g.Dead-rd.ExpiredCount, 0)
+		if !g.OldestPending.IsZero() {
+			d.Oldest = ago(now.Sub(g.OldestPending))
+		}
+		d.Dead, d.Expired, d.ExpiredCount = rd.Dead, rd.Expired, rd.ExpiredCount
+	}
+	q := rd.Query
+	switch {
+	case q.Get("requeued") != "":
+		n, _ := strconv.Atoi(q.Get("requeued"))
+		d.Notice = fmt.Sprintf("Requeued %d dead messages.", n)
+	case q.Get("requeue") == "denied", q.Get("reconnect") == "denied":
+		d.Notice = "Not done: wrong admin token."
+	case q.Get("requeue") == "failed":
+		d.Notice = "Not requeued: the database refused (see the relay's log)."
+	case q.Get("reconnect") == "asked":
+		d.Notice = "The relay was asked to try to connect now; this page shows how it went."
+	}
+	d.Spark = sparkline(rd.Samples, now)
+	return d
+}
+
+// role says what this process does with the device's events, and whether
+// that is as it should be: the lease and the last write, in a technician's
+// words.
+func role(rm *outbox.RelayMetrics) (string, bool) {
+	switch {
+	case !rm.Running:
+		return "The relay is not running: nothing is sent from here.", false
+	case !rm.HoldsLease:
+		return "Another relay on this device is sending its events (or was until lately); this one stands by and takes over if that one stops.", false
+	case !rm.LastWriteOK:
+		return "This relay is the one that sends this device's events, but its last save to the disk failed (see Last error).", false
+	}
+	return "This relay is the one that sends this device's events; its last save to the disk worked.", true
+}
+
 // sparkline draws the backlog of the last hour as an inline SVG polyline:
-// time left to right, the largest backlog at the top.
+// time left to right, from 0 at the grey baseline to the largest backlog at
+// the top. A backlog that did not move is drawn at mid-height and said in
+// words ("steady at 25"): a line on the baseline or the top edge reads as
+// an underline or a border.
 func sparkline(pts []sample, now time.Time) string {
 	const w, h = 240.0, 48.0
-	var peak int64
-	for _, p := range pts {
-		peak = max(peak, p.pending)
+	if len(pts) == 0 {
+		return `<div class="muted" id="peak">no backlog figures yet</div>`
 	}
+	low, peak := pts[0].pending, pts[0].pending
+	for _, p := range pts {
+		low, peak = min(low, p.pending), max(peak, p.pending)
+	}
+	flat := low == peak
 	top := max(peak, 1)
 	var b strings.Builder
+	var lastX, lastY float64
 	// An hour, or what there is of it since start-up (10 s at least):
 	// a device that just started shows its backlog's shape, not a line at
 	// the right edge.
-	span := time.Hour
-	if len(pts) > 0 {
-		span = min(max(now.Sub(pts[0].at), 10*time.Second), time.Hour)
-	}
+	span := min(max(now.Sub(pts[0].at), 10*time.Second), time.Hour)
 	for i, p := range pts {
 		x := w - now.Sub(p.at).Seconds()/span.Seconds()*w
 		y := h - float64(p.pending)/float64(top)*(h-2) - 1
+		if flat {
+			y = h / 2
+		}
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		fmt.Fprintf(&b, "%.1f,%.1f", max(x, 0), y)
+		lastX, lastY = max(x, 0), y
+		fmt.Fprintf(&b, "%.1f,%.1f", lastX, lastY)
+	}
+	label := fmt.Sprintf("from %d to %d over the last %s, now %d", low, peak, ago(span), pts[len(pts)-1].pending)
+	// The scale, at the left edge: the peak at the top, 0 on the baseline;
+	// a flat line's value just above it.
+	scale := fmt.Sprintf(`<text x="3" y="10" %s>%d</text><text x="3" y="%g" %s>0</text>`, svgText, peak, h-3, svgText)
+	if flat {
+		label = fmt.Sprintf("steady at %d over the last %s", peak, ago(span))
+		scale = fmt.Sprintf(`<text x="3" y="%g" %s>%d</text>`, h/2-4, svgText, peak)
 	}
 	// Every value here is a number this code formatted.
-	return fmt.Sprintf(`<svg id="sparkline" xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="backlog over the last hour, at most %d">`+
-		`<rect width="%g" height="%g" fill="#f6f6f6"/><polyline fill="none" stroke="#2563eb" stroke-width="2" points="%s"/></svg>`+
-		`<div class="muted" id="peak">peak %d over the last %s</div>`, w, h, w, h, peak, w, h, b.String(), peak, ago(span))
+	return fmt.Sprintf(`<svg id="sparkline" xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="backlog %s">`+
+		`<rect width="%g" height="%g" fill="#f6f6f6"/><line x1="0" y1="%g" x2="%g" y2="%g" stroke="#bbb" stroke-width="1"/>%s`+
+		`<polyline fill="none" stroke="#2563eb" stroke-width="2" points="%s"/><circle cx="%.1f" cy="%.1f" r="2.5" fill="#2563eb"/></svg>`+
+		`<div class="muted" id="peak">%s</div>`, w, h, w, h, label, w, h, h-0.5, w, h-0.5, scale, b.String(), lastX, lastY, label)
 }
+
+// svgText is the sparkline's labels' style.
+const svgText = `font-size="10" font-family="sans-serif" fill="#666"`
 
 // ago says a duration in words a technician reads at a glance.
 func ago(d time.Duration) string {

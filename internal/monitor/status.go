@@ -45,6 +45,11 @@ type statusData struct {
 	Refresh    int
 	Now        string
 	Err        string
+
+	// NoSubscribers says how many of Published the broker took with no
+	// subscriber, and the last topic: "12 reached the broker with no
+	// subscriber, last on stores/42/orders at 10:02:03 UTC, 3m ago".
+	NoSubscribers string
 }
 
 // statusStyle is the page's style sheet (inline: the page loads nothing).
@@ -144,7 +149,11 @@ func writeStatus(w io.Writer, d statusData) error {
 	}
 	put(`</div></div>
 <div class="card"><div class="muted">Backlog</div>`, d.Spark, `</div>
-<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div></div>
+<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div>`)
+	if d.NoSubscribers != "" {
+		put(`<div class="err" id="no-subscribers">`, escapeHTML(d.NoSubscribers), `: they reached nobody. Is the consumer subscribed, is the topic right?</div>`)
+	}
+	put(`</div>
 <div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>
 </div>
 <h2>Last error</h2>
@@ -200,6 +209,10 @@ func (m *Monitor) statusPage(w http.ResponseWriter, req *http.Request) {
 		}
 		if rm.BrokerUnavailable != "" {
 			d.BrokerSays = rm.BrokerUnavailable + ", since " + rm.BrokerUnavailableSince.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.BrokerUnavailableSince)) + " ago"
+		}
+		if rm.NoSubscribers > 0 {
+			d.NoSubscribers = fmt.Sprintf("%d reached the broker with no subscriber, last on %s at %s, %s ago", rm.NoSubscribers, rm.NoSubscribersTopic,
+				rm.NoSubscribersAt.UTC().Format("15:04:05 UTC"), ago(now.Sub(rm.NoSubscribersAt)))
 		}
 		d.Ready = m.notReady()
 	}

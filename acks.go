@@ -115,6 +115,9 @@ func (s *session) ackLoop() {
 		}
 		if err == nil {
 			r.acked(f.sent, f.created)
+			if nt, ok := f.tok.(NoSubscribersToken); ok && nt.NoSubscribers() {
+				r.heardByNobody(f.topic)
+			}
 			// Waits while markSlots acknowledged messages are not yet
 			// recorded: marks that lag hold back publishing.
 			s.unmarked <- struct{}{}

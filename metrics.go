@@ -151,6 +151,14 @@ type RelayMetrics struct {
 	// "" once a message is acknowledged or the relay fails otherwise.
 	BrokerUnavailable      string
 	BrokerUnavailableSince time.Time
+	// NoSubscribers counts the messages the broker took saying that no
+	// subscription matched their topic (MQTT 5's PUBACK 0x10), counted in
+	// Published too: they reached nobody unless a persistent session held
+	// them. NoSubscribersTopic and NoSubscribersAt are the last one's topic
+	// and when (by Options.Now). See NoSubscribersToken.
+	NoSubscribers      int64
+	NoSubscribersTopic string
+	NoSubscribersAt    time.Time
 }
 
 // Metrics returns the relay's counters without reading the database.
@@ -183,6 +191,7 @@ func (r *Relay) Metrics() RelayMetrics {
 		out.LastError, out.LastErrorAt, out.LastErr = r.lastErr.Error(), r.errAt, r.lastErr
 	}
 	r.mu.Unlock()
+	out.NoSubscribers, out.NoSubscribersTopic, out.NoSubscribersAt = r.noSubscribers.read()
 	return out
 }
 
@@ -279,6 +288,11 @@ type RelayStats struct {
 	// BrokerUnavailable and BrokerUnavailableSince are RelayMetrics'.
 	BrokerUnavailable      string
 	BrokerUnavailableSince time.Time
+	// NoSubscribers, NoSubscribersTopic and NoSubscribersAt are
+	// RelayMetrics'.
+	NoSubscribers      int64
+	NoSubscribersTopic string
+	NoSubscribersAt    time.Time
 }
 
 // Stats returns the relay's counters and the outbox's.
@@ -304,5 +318,6 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		rs.LastError = r.lastErr.Error()
 	}
 	r.mu.Unlock()
+	rs.NoSubscribers, rs.NoSubscribersTopic, rs.NoSubscribersAt = r.noSubscribers.read()
 	return rs, err
 }

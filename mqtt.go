@@ -480,4 +480,5 @@ var (
 	_ ProtocolNamer       = (*MQTTPublisher)(nil)
 	_ BrokerNamer         = (*MQTTPublisher)(nil)
 	_ ProgressToken       = (*mqtt.PublishToken)(nil)
+	_ NoSubscribersToken  = (*mqtt.PublishToken)(nil)
 )

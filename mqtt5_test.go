@@ -41,6 +41,16 @@ func (h *answerCode) OnPacketEncode(_ *mochi.Client, pk packets.Packet) packets.
 	if pk.FixedHeader.Type == packets.Connack && h.maxPacket > 0 {
 		pk.Properties.MaximumPacketSize = h.maxPacket
 	}
+	return withReasonCode(pk)
+}
+
+// withReasonCode gives a PUBACK with a success code other than 0x00 (0x10:
+// no matching subscribers) a Reason String, without which mochi leaves the
+// code out, and so says 0x00.
+func withReasonCode(pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type == packets.Puback && pk.ReasonCode > 0 && pk.ReasonCode < 0x80 && pk.Properties.ReasonString == "" {
+		pk.Properties.ReasonString = "no matching subscribers"
+	}
 	return pk
 }
 func (h *answerCode) OnSessionEstablished(*mochi.Client, packets.Packet) { h.connects.Add(1) }
@@ -67,7 +77,7 @@ func startCodeBroker(t *testing.T, h *answerCode, caps func(*mochi.Capabilities)
 }
 
 // TestMQTT5ReasonCodes: each class of PUBACK reason code, on one connection
-// kept throughout: 0x10 is success; 0x87, 0x90, 0x99 and 0x95 park the
+// kept throughout: 0x10 is success (counted in NoSubscribers); 0x87, 0x90, 0x99 and 0x95 park the
 // message dead at the first refusal; 0x83 and 0x80 charge an attempt and
 // retry until MaxAttempts (0x97 speaks of the broker: brokerstate_test.go). last_error says the code in words, and the
 // messages behind each refusal are delivered in order.
@@ -144,6 +154,8 @@ func TestMQTT5ReasonCodes(t *testing.T) {
 	st, err := r.Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, "5", st.Protocol)
+	require.EqualValues(t, 1, st.NoSubscribers, "0x10 is sent, and counted")
+	require.Equal(t, "code/0", st.NoSubscribersTopic)
 }
 
 // TestMQTT5ReceiveMaximumCapsWindow: with a Window of 64 and a broker that

@@ -174,6 +174,17 @@ type ProgressToken interface {
 	Progress() (left bool, since time.Time)
 }
 
+// NoSubscribersToken is a Token that can tell whether the broker, taking
+// the message, said that no subscription matched its topic (MQTT 5: PUBACK
+// 0x10). The message counts as sent, yet it reached nobody unless a
+// persistent session held it: the relay counts these, keeps the last
+// topic, and warns (RelayMetrics.NoSubscribers).
+type NoSubscribersToken interface {
+	Token
+	// NoSubscribers is valid once Done is closed with a nil Error.
+	NoSubscribers() bool
+}
+
 // WindowLimiter is a Publisher whose broker may allow fewer publishes
 // awaiting their acknowledgement than RelayOptions.Window (MQTT 5's
 // Receive Maximum). The relay asks after each Connect.

@@ -238,6 +238,8 @@ type Relay struct {
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
+
+	noSubscribers noSubscribers // taken with no subscriber (nosubscribers.go)
 }
 
 // NewRelay returns a relay that drains this outbox to pub.

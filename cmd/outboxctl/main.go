@@ -27,7 +27,8 @@ transaction; a relay publishes the outbox rows to an MQTT broker at QoS 1,
 in commit order, whenever the broker is reachable.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker ssl://broker.example.com:8883
   outboxctl status --db /var/lib/till/till.db
-  outboxctl list --db /var/lib/till/till.db --state dead`,
+  outboxctl list --db /var/lib/till/till.db --state dead
+  outboxctl doctor --db /var/lib/till/till.db --broker tcp://broker:1883`,
 		Version: version,
-	}, relayCmd, initCmd, statusCmd, listCmd, requeueCmd, purgeCmd)
+	}, relayCmd, initCmd, statusCmd, listCmd, requeueCmd, purgeCmd, doctorCmd)
 }

@@ -54,7 +54,7 @@ func enqueue(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) {
 }
 
 func TestHelpHasExamples(t *testing.T) {
-	for _, sub := range []string{"relay", "init", "status", "list", "requeue", "purge"} {
+	for _, sub := range []string{"relay", "init", "status", "list", "requeue", "purge", "doctor"} {
 		r := ctl(t, sub, "--help")
 		require.Equal(t, 0, r.Code, sub)
 		require.Contains(t, r.Stdout, "Examples:", sub)

@@ -248,7 +248,7 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 			continue
 		}
 		a.Logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
-			"in_flight", s.InFlight, "sent", s.SentSince, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
+			"in_flight", s.InFlight, "sent", s.SentSince, "no_subscribers", s.NoSubscribers, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
 }
 

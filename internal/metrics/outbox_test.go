@@ -38,7 +38,7 @@ func names(families []Family) []string {
 // unique, with help, a type and the conventions' suffixes.
 func TestDefinitions(t *testing.T) {
 	all, alone := Definitions(true), Definitions(false)
-	require.Len(t, all, 20)
+	require.Len(t, all, 21)
 	require.Len(t, alone, 8)
 	seen := map[string]bool{}
 	for _, f := range all {
@@ -62,6 +62,7 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 		Connected: true, ConnectionAttempts: 11, Disconnected: 12500 * time.Millisecond, Published: 13, DeadLettered: 14,
 		AttemptsCharged: 15, InFlight: 16, HoldsLease: false, LastWriteOK: true, Protocol: "3.1.1", Source: "/till/\xff7",
 		BrokerUnavailable: "the broker says quota exceeded (0x97)", BrokerUnavailableSince: now.Add(-18 * time.Second),
+		NoSubscribers: 19,
 	}
 	rm.PublishAck.Counts[0], rm.PublishAck.Count, rm.PublishAck.Sum = 2, 3, 4.5
 	rm.CommitAck.Count = 17
@@ -77,7 +78,7 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 		"outbox_connected": 1, "outbox_connection_attempts_total": 11, "outbox_disconnected_seconds_total": 12.5,
 		"outbox_published_total": 13, "outbox_dead_lettered_total": 14, "outbox_attempts_charged_total": 15,
 		"outbox_in_flight_messages": 16, "outbox_lease_held": 0, "outbox_last_write_ok": 1, "outbox_info": 1,
-		"outbox_broker_unavailable_seconds": 18,
+		"outbox_broker_unavailable_seconds": 18, "outbox_no_subscribers_total": 19,
 	} {
 		require.Equal(t, want, value(t, fs, name), name)
 	}

@@ -60,6 +60,10 @@ type statusData struct {
 	Refresh int
 	Now     string
 	Err     string
+	// NoSubscribers says how many of Published the broker took with no
+	// subscriber, and the last topic: "12 reached the broker with no
+	// subscriber, last on stores/42/orders at 10:02:03 UTC, 3m ago".
+	NoSubscribers string
 }
 
 // statusStyle is the page's style sheet (inline: the page loads nothing).
@@ -167,7 +171,11 @@ func writeStatus(w io.Writer, d statusData) error {
 	}
 	put(`</div></div>
 <div class="card"><div class="muted">Backlog</div>`, d.Spark, `</div>
-<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div></div>
+<div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div>`)
+	if d.NoSubscribers != "" {
+		put(`<div class="err" id="no-subscribers">`, escapeHTML(d.NoSubscribers), `: they reached nobody. Is the consumer subscribed, is the topic right?</div>`)
+	}
+	put(`</div>
 <div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>
 </div>
 <h2>Last error</h2>
@@ -303,6 +311,10 @@ func (rd readings) page() statusData {
 			}
 			d.BrokerSays = "The broker says it cannot take messages for now: " + why + "; since " +
 				rm.BrokerUnavailableSince.UTC().Format("15:04:05 UTC") + ", " + ago(now.Sub(rm.BrokerUnavailableSince)) + " ago"
+		}
+		if rm.NoSubscribers > 0 {
+			d.NoSubscribers = fmt.Sprintf("%d reached the broker with no subscriber, last on %s at %s, %s ago", rm.NoSubscribers, rm.NoSubscribersTopic,
+				rm.NoSubscribersAt.UTC().Format("15:04:05 UTC"), ago(now.Sub(rm.NoSubscribersAt)))
 		}
 		d.Role, d.RoleOK = role(rm)
 		d.Trying = rm.Running && rm.HoldsLease && !rm.Connected

@@ -22,7 +22,7 @@ func TestStatusPageEscapes(t *testing.T) {
 	const evil = `<i>"x'&+`
 	d := statusData{
 		Source: evil, Version: evil, HasRelay: true, Since: evil, Protocol: evil, Role: evil,
-		Pending: 1, Oldest: evil, LastError: evil, LastErrorAt: evil, Fault: fault{evil, evil}, BrokerSays: evil, DeadCount: 2, Notice: evil, Now: evil, Err: evil,
+		Pending: 1, Oldest: evil, LastError: evil, LastErrorAt: evil, Fault: fault{evil, evil}, BrokerSays: evil, NoSubscribers: evil, DeadCount: 2, Notice: evil, Now: evil, Err: evil,
 		Dead:    []outbox.Record{{ID: evil, Topic: evil, LastError: evil}},
 		Expired: []outbox.Record{{ID: evil, Topic: evil, LastError: evil}}, ExpiredCount: 1,
 	}
@@ -30,7 +30,7 @@ func TestStatusPageEscapes(t *testing.T) {
 	require.NoError(t, writeStatus(&b, d))
 	page := b.String()
 	require.NotContains(t, page, "<i>")
-	require.Equal(t, 20, strings.Count(page, "&lt;i&gt;&#34;x&#39;&amp;&#43;"), "every field shown, escaped:\n%s", page)
+	require.Equal(t, 21, strings.Count(page, "&lt;i&gt;&#34;x&#39;&amp;&#43;"), "every field shown, escaped:\n%s", page)
 }
 
 // TestSparklineFlat: a backlog that did not move reads as such, in words

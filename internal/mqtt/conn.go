@@ -437,7 +437,7 @@ func (c *Conn) puback(id uint16, code byte, reason string) error {
 	if code >= 0x80 {
 		err = &PubackError{Code: code, Reason: reason}
 	}
-	t.complete(err)
+	t.settle(code, err)
 	return nil
 }
 
@@ -586,6 +586,7 @@ type PublishToken struct {
 	props   Properties // MQTT 5 only
 	done    chan struct{}
 	err     error
+	code    byte // the PUBACK's reason code, if it came
 	once    sync.Once
 
 	c      *Conn
@@ -600,12 +601,21 @@ func (t *PublishToken) Done() <-chan struct{} { return t.done }
 // is closed.
 func (t *PublishToken) Error() error { return t.err }
 
-func (t *PublishToken) complete(err error) {
+// NoSubscribers reports whether the broker acknowledged the message
+// saying that no subscription matched its topic (MQTT 5's PUBACK 0x10); a
+// 3.1.1 broker never says. Valid once Done is closed.
+func (t *PublishToken) NoSubscribers() bool { return t.code == 0x10 }
+
+func (t *PublishToken) complete(err error) { t.settle(0, err) }
+
+// settle completes the token with err, or with the PUBACK reason code
+// (below 0x80: success) that came for it.
+func (t *PublishToken) settle(code byte, err error) {
 	t.once.Do(func() {
 		if err != nil && t.c.classify != nil {
 			err = t.c.classify(err)
 		}
-		t.err = err
+		t.err, t.code = err, code
 		close(t.done)
 	})
 }

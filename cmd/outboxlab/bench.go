@@ -53,12 +53,13 @@ figure, listed by --keys), with the machine, Go and SQLite versions. Each
 target is marked met or MISSED. Quick by default (under 2 minutes; workloads
 scaled down and labelled so); --full runs the full sizes (about 17 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
-directory.`,
+directory. bench compare compares the JSON reports of runs.`,
 		Example: `  outboxlab bench
   outboxlab bench --full > BENCHMARKS-run.md
   outboxlab bench --json --sections 1,2
   outboxlab bench --full --sections 2 --windows 16 --mosquitto none
-  outboxlab bench --keys`,
+  outboxlab bench --keys
+  outboxlab bench compare docs/bench/2026-12-04-before-1.json docs/bench/2026-12-04-after-1.json`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys {
@@ -124,7 +125,7 @@ directory.`,
 	cmd.Flags().StringVar(&mosquitto, "mosquitto", "", `path of the mosquitto binary (default: PATH, then /usr/sbin); "none" skips it`)
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run (this process only) to this file, for go tool pprof")
 	cmd.Flags().StringVar(&src, "src", "", "the module's root directory, for the size builds (default: the current directory)")
-	cmd.AddCommand(&cobra.Command{
+	cmd.AddCommand(benchCompareCmd(a), &cobra.Command{
 		Use:                "child",
 		Hidden:             true,
 		DisableFlagParsing: true,

@@ -8,13 +8,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"go/format"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/stretchr/testify/require"
 
@@ -81,6 +84,10 @@ func TestReadmeQuickStart(t *testing.T) {
 	code := firstGoBlock(t, string(readme))
 	require.True(t, strings.HasPrefix(code, "package main\n"),
 		"the Quick start (README.md's first Go block) must be a complete program, beginning with package main; it begins:\n%.200s", code)
+
+	formatted, err := format.Source([]byte(code))
+	require.NoError(t, err, "the Quick start does not parse")
+	require.Equal(t, string(formatted), code, "the Quick start is not gofmt'd")
 
 	src := filepath.Join(t.TempDir(), "main.go")
 	require.NoError(t, os.WriteFile(src, []byte(code), 0o600))
@@ -163,4 +170,72 @@ func TestReadmeQuickStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(0), st.Pending, "pending after the event arrived")
 	require.Equal(t, int64(1), st.Sent)
+}
+
+// markdownLink is an inline link's target: [text](target).
+var markdownLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// headingAnchor is the anchor GitHub gives a heading: lower case, letters,
+// digits, '-' and '_' kept, spaces made '-', the rest dropped.
+func headingAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// markdownAnchors returns the anchors of a markdown file's headings,
+// outside code blocks.
+func markdownAnchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	text, err := os.ReadFile(file)
+	require.NoError(t, err)
+	anchors := map[string]bool{}
+	code := false
+	for _, line := range strings.Split(string(text), "\n") {
+		if strings.HasPrefix(line, "```") {
+			code = !code
+		}
+		if !code && strings.HasPrefix(line, "#") {
+			anchors[headingAnchor(strings.TrimLeft(line, "#"))] = true
+		}
+	}
+	return anchors
+}
+
+// TestDocsLinks checks that every relative link in README.md and docs/
+// leads somewhere: the file exists and, for a markdown file, so does the
+// heading the anchor names. Moving a section must move its links.
+func TestDocsLinks(t *testing.T) {
+	files, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	files = append([]string{"README.md"}, files...)
+	for _, file := range files {
+		text, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, m := range markdownLink.FindAllStringSubmatch(string(text), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, anchor, _ := strings.Cut(target, "#")
+			resolved := file
+			if path != "" {
+				resolved = filepath.Join(filepath.Dir(file), path)
+				if _, err := os.Stat(resolved); err != nil {
+					t.Errorf("%s links to %s, which does not exist", file, target)
+					continue
+				}
+			}
+			if anchor != "" && strings.HasSuffix(resolved, ".md") && !markdownAnchors(t, resolved)[anchor] {
+				t.Errorf("%s links to %s, which has no heading for #%s", file, target, anchor)
+			}
+		}
+	}
 }

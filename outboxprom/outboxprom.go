@@ -20,7 +20,7 @@
 // A scrape reads the outbox's counters, two seeks and the dead rows' index
 // (Outbox.Gauges) and the relay's memory (Relay.Metrics), whatever the
 // backlog (BenchmarkScrape100k measures it at 100,000 pending messages;
-// the README has the figures). The one figure that needs a scan,
+// docs/metrics.md has the figures). The one figure that needs a scan,
 // outbox_pending_bytes without a byte limit, is counted in the background
 // every Options.RefreshInterval.
 package outboxprom

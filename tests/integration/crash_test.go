@@ -269,7 +269,7 @@ func TestCrashKill9(t *testing.T) {
 
 	// A crash duplicates what was in flight and what was acknowledged but
 	// not yet recorded; a lost connection only what was in flight.
-	// The bound the README gives: Window + max(Window, 256).
+	// The bound docs/guarantees.md gives: Window + max(Window, 256).
 	perKill := crashWindow + max(crashWindow, 256)
 	t.Logf("crash test figures (seed %d, window %d):", seed, crashWindow)
 	t.Logf("  kill -9 cycles            %7d  (%d while relaying, 30-400 ms after it connected; %d at 0-400 ms after start)", cycles, run.relayed, run.early)

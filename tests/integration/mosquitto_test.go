@@ -17,7 +17,7 @@ import (
 // beyond that count (the harness sets 0); it saves persistent sessions only
 // when stopped with SIGTERM. Under MQTT 3.1.1 a QoS 1 publish its ACL
 // denies is acknowledged and dropped: the relay marks it sent, and only the
-// broker's log shows it (FLEET.md and the README say so). Under MQTT 5 its
+// broker's log shows it (FLEET.md and docs/brokers.md say so). Under MQTT 5 its
 // PUBACK says 0x87 (not authorized), and the relay parks it dead at once. It
 // tells MQTT 5 clients a Receive Maximum of max_inflight_messages (20 by
 // default; the harness's persistent broker sets 100), which caps the relay's

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,6 +180,35 @@ func TestRelayMQTTVersionFlag(t *testing.T) {
 	require.Contains(t, r.Stderr, "auto, 5 or 3.1.1")
 	_, err := os.Stat(path)
 	require.True(t, os.IsNotExist(err), "nothing written")
+}
+
+// TestFailedStartCreatesNothing: a relay that cannot start (the metrics
+// port in use, a TLS file missing, a bad broker URL) says why and leaves no
+// file behind; it created the database and its 1 MiB -reserve before
+// finding the port in use.
+func TestFailedStartCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "till.db")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--broker", "tcp://127.0.0.1:1", "--metrics-listen", busy.Addr().String()}, 1, "--metrics-listen: listen tcp " + busy.Addr().String() + ": bind: address already in use"},
+		{[]string{"--broker", "ssl://127.0.0.1:1", "--ca-file", filepath.Join(dir, "missing-ca.pem")}, 2, "missing-ca.pem: no such file or directory"},
+		{[]string{"--broker", "127.0.0.1:1883"}, 2, "has no scheme: write tcp://127.0.0.1:1883"},
+		{[]string{"--broker", "tcp://127.0.0.1:99999"}, 2, "port 99999 is not 1 to 65535"},
+	} {
+		r := ctl(t, append([]string{"relay", "--db", path, "--stats-interval", "0"}, c.args...)...)
+		require.Equal(t, c.code, r.Code, "%v: %s", c.args, r.Stderr)
+		require.Contains(t, r.Stderr, c.want, c.args)
+		left, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, left, "%v: a failed start leaves no file", c.args)
+	}
 }
 
 func TestStatusListRequeuePurge(t *testing.T) {

@@ -118,6 +118,17 @@ messages only with --admin-token-file: without one it is read-only.`,
 				return cli.UsageError{Err: err}
 			}
 			defer pub.Close()
+			// Everything that can fail is tried before the database is
+			// opened, which creates the file and its disk reserve: a
+			// relay that cannot start leaves nothing behind. (The
+			// publisher has read the URLs and TLS files.)
+			var ln net.Listener
+			if f.metricsListen != "" {
+				if ln, err = net.Listen("tcp", f.metricsListen); err != nil {
+					return fmt.Errorf("--metrics-listen: %w", err)
+				}
+				defer ln.Close()
+			}
 			ob, err := f.db.open(cmd.Context(), a, create)
 			if err != nil {
 				return err
@@ -141,12 +152,8 @@ messages only with --admin-token-file: without one it is read-only.`,
 			if f.statsInterval > 0 {
 				go logStats(cmd, a, relay, f.statsInterval)
 			}
-			if f.metricsListen != "" {
-				stop, err := serveMetrics(a, f.metricsListen, ob, relay, token)
-				if err != nil {
-					return err
-				}
-				defer stop()
+			if ln != nil {
+				defer serveMetrics(a, ln, ob, relay, token)()
 			}
 			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
 			return relay.Run(cmd.Context())
@@ -252,14 +259,10 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 	}
 }
 
-// serveMetrics serves the monitor's endpoints on addr until stop: the same
+// serveMetrics serves the monitor's endpoints on ln until stop: the same
 // as outboxprom's Handler, with /metrics written without Prometheus's
 // client, which would be the heaviest thing a till links after the library.
-func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen: %w", err)
-	}
+func serveMetrics(a *cli.App, ln net.Listener, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func()) {
 	mon := monitor.New(ob, monitor.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
 	srv := &http.Server{Handler: mon.Handler(mon.TextMetrics()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	done := make(chan struct{})
@@ -276,5 +279,5 @@ func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Rela
 		_ = srv.Shutdown(ctx)
 		<-done
 		mon.Close()
-	}, nil
+	}
 }

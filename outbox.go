@@ -216,6 +216,9 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	if err := checkDB(ctx, db); err != nil {
 		return nil, err
 	}
+	if err := foreignTable(ctx, db); err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
 	if err := migrateOutbox(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: schema: %w", err)
 	}

@@ -133,6 +133,38 @@ func TestBadDatabases(t *testing.T) {
 	require.Equal(t, "delete", mode, "a foreign file is left as it was")
 }
 
+// TestPathErrorsSayWhatToDo: init, status and relay say what is wrong with
+// --db and what to do: the directory missing (init said "no such file"), a
+// directory (init and relay said "cannot be written: open DIR: is a
+// directory"), a table named outbox that is not an outbox's (status said
+// "create one with: outboxctl init", and init then failed with "SQL logic
+// error: table outbox already exists"). Nothing is created.
+func TestPathErrorsSayWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "foreign.db")
+	db, err := sql.Open("sqlite", foreign)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE outbox (id INTEGER PRIMARY KEY, body TEXT)`)
+	require.NoError(t, err)
+	db.Close()
+	missing := filepath.Join(dir, "nonexistent", "x.db")
+	for _, cmd := range [][]string{{"init"}, {"status"}, {"relay", "--broker", "tcp://127.0.0.1:1", "--stats-interval", "0"}} {
+		for _, c := range []struct{ path, want string }{
+			{missing, missing + ": the directory " + filepath.Dir(missing) + " does not exist (create it first, or give another --db)"},
+			{dir, dir + " is a directory: --db takes the database file, e.g. " + filepath.Join(dir, "till.db")},
+			{foreign, foreign + ": this database has a table named outbox that is not an outbox's (no outbox_schema table): use another file, or rename that table"},
+		} {
+			args := append(append([]string{}, cmd...), "--db", c.path)
+			r := ctl(t, args...)
+			require.Equal(t, 1, r.Code, "%v: %s", args, r.Stderr)
+			require.Equal(t, "outboxctl: "+c.want+"\n", r.Stderr, "%v", args)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing created beside foreign.db")
+}
+
 func TestUsageErrors(t *testing.T) {
 	path, _ := newOutbox(t)
 	for _, args := range [][]string{

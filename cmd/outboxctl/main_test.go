@@ -165,6 +165,26 @@ func TestPathErrorsSayWhatToDo(t *testing.T) {
 	require.Len(t, entries, 1, "nothing created beside foreign.db")
 }
 
+// TestUnknownCommandNamed: an unknown command is named, with the
+// suggestion, on one line that reads as a sentence, even when a command's
+// flag follows it ("stat --db x" said "unknown flag: --db"; "statuss" said
+// `unknown command "statuss" for "outboxctl" Did you mean this? status`).
+func TestUnknownCommandNamed(t *testing.T) {
+	for args, want := range map[string]string{
+		"stat --db x":                  `unknown command "stat" (did you mean status?); see outboxctl --help`,
+		"statuss":                      `unknown command "statuss" (did you mean status?); see outboxctl --help`,
+		"--log-level debug lst --db x": `unknown command "lst" (did you mean list?); see outboxctl --help`,
+		"bogus --db x":                 `unknown command "bogus"; see outboxctl --help`,
+		"--bogus":                      `unknown flag: --bogus`,
+		"status --db x --bogus":        `unknown flag: --bogus`,
+		"help statuss":                 `unknown command "statuss" (did you mean status?); see outboxctl --help`,
+	} {
+		r := ctl(t, strings.Fields(args)...)
+		require.Equal(t, 2, r.Code, args)
+		require.Equal(t, "outboxctl: "+want+"\n", r.Stderr, args)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	path, _ := newOutbox(t)
 	for _, args := range [][]string{

@@ -108,7 +108,9 @@ func (p MQTTProtocol) String() string {
 	return fmt.Sprintf("MQTTProtocol(%d)", int(p))
 }
 
-// ParseMQTTProtocol reads "auto" (or ""), "5" or "3.1.1".
+// ParseMQTTProtocol reads "auto" (or ""), "5" (or "5.0") or "3.1.1" (or
+// "311", or "4": 3.1.1's protocol level in CONNECT, as some brokers' and
+// clients' settings name it).
 func ParseMQTTProtocol(s string) (MQTTProtocol, error) {
 	switch s {
 	case "", "auto":

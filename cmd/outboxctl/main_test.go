@@ -232,6 +232,9 @@ func TestRelayMQTTVersionFlag(t *testing.T) {
 	require.Contains(t, r.Stderr, "auto, 5 or 3.1.1")
 	_, err := os.Stat(path)
 	require.True(t, os.IsNotExist(err), "nothing written")
+	// "4", 3.1.1's protocol level, is accepted: the help says so.
+	r = ctl(t, "relay", "--help")
+	require.Contains(t, r.Stdout, "3.1.1 (also written 4, its protocol level)")
 }
 
 // TestFailedStartCreatesNothing: a relay that cannot start (the metrics

@@ -173,7 +173,7 @@ messages only with --admin-token-file: without one it is read-only.`,
 	fl.StringVar(&f.keyFile, "key-file", "", "PEM private key of the client certificate")
 	fl.StringVar(&f.serverName, "tls-server-name", "", "name to verify in the broker's certificate (default: the URL's host)")
 	fl.StringVar(&f.envelope, "envelope", "cloudevents", "cloudevents (structured), binary (CloudEvents binary mode: attributes as MQTT 5 user properties, the payload untouched; structured on 3.1.1) or raw (raw puts no id on the wire)")
-	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5 or 3.1.1")
+	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5, or 3.1.1 (also written 4, its protocol level)")
 	fl.IntVar(&f.window, "window", 64, "publishes awaiting PUBACK at once (1-65535)")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "cap on the wait between connection attempts")
 	fl.DurationVar(&f.pollInterval, "poll-interval", 2*time.Millisecond, "how often to check for other processes' commits")

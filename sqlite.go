@@ -78,13 +78,15 @@ func OpenDB(path string, opts DBOptions) (*sql.DB, error) {
 	if path == "" || strings.HasPrefix(path, "file:") || path == ":memory:" {
 		return nil, fmt.Errorf("outbox: open: %q is not a file path (pass a plain path; an outbox needs a file for WAL)", path)
 	}
-	if err := checkPath(path, opts.MustExist); err != nil {
-		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
-	}
+	// What is wrong with the path is said before anything is created.
+	var checkErr error
 	if opts.MustExist {
-		if err := probeExisting(path); err != nil {
-			return nil, fmt.Errorf("outbox: open %s: %w", path, err)
-		}
+		checkErr = probeExisting(path)
+	} else {
+		checkErr = checkPath(path, false)
+	}
+	if checkErr != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, checkErr)
 	}
 	created, err := createPrivate(path)
 	if err != nil {

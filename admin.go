@@ -30,7 +30,7 @@ const (
 type Stats struct {
 	Pending       int64     // messages waiting to be published
 	PendingBytes  int64     // their payload bytes
-	OldestPending time.Time // creation time of the oldest pending message; zero if none
+	OldestPending time.Time // earliest creation time among pending messages (a requeued one included, though it waits at the back of the line); zero if none
 	Dead          int64     // dead messages
 	Expired       int64     // messages parked as expired (not counted in Dead)
 	Sent          int64     // sent messages still within retention
@@ -39,7 +39,7 @@ type Stats struct {
 	MaxPendingBytes    int64
 	SchemaVersion      int
 	LeaseOwner         string    // relay holding the lease; empty if none
-	LeaseExpires       time.Time // by the holder's clock at its last renewal; an idle holder lets it pass (RelayOptions.LeaseTTL)
+	LeaseExpires       time.Time // by the holder's clock at its last renewal; an idle holder lets it pass (RelayOptions.LeaseTTL); zero if no relay holds the lease
 	// LeaseProtocol is the MQTT version the lease holder's connection
 	// speaks ("5" or "3.1.1"), as it last connected; empty if not known.
 	LeaseProtocol string
@@ -61,19 +61,23 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 
 func readStats(ctx context.Context, q querier) (Stats, error) {
 	var s Stats
+	// The pending rows are read once for their count, bytes and oldest
+	// creation time: not the first in line's, since a requeued message
+	// joins the back of the line with its own.
 	err := q.QueryRowContext(ctx, `SELECT
-		(SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
-		(SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL),
+		p.n, p.bytes,
 		max_pending_count, max_pending_bytes,
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL),
 		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL),
-		(SELECT created_at FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL ORDER BY seq LIMIT 1),
+		p.oldest,
 		(SELECT coalesce(max(version), 0) FROM outbox_schema),
 		coalesce((SELECT owner FROM outbox_lease WHERE name = 'relay'), ''),
-		coalesce((SELECT expires_at FROM outbox_lease WHERE name = 'relay'), 0)
-		FROM outbox_state st WHERE id = 1`).Scan(
+		(SELECT expires_at FROM outbox_lease WHERE name = 'relay' AND owner <> '' AND expires_at > 0)
+		FROM outbox_state st, (SELECT count(*) AS n, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes, min(created_at) AS oldest
+			FROM outbox WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL) p
+		WHERE st.id = 1`).Scan(
 		&s.Pending, &s.PendingBytes, &s.MaxPendingMessages, &s.MaxPendingBytes,
-		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, millis{&s.LeaseExpires})
+		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, nullMillis{&s.LeaseExpires})
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}

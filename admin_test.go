@@ -65,3 +65,43 @@ func TestRequeueChosenIDs(t *testing.T) {
 	require.Equal(t, []string{`"a"`, `"b"`, `"c"`}, pub.published)
 	pub.mu.Unlock()
 }
+
+// TestStatsOldestPendingAndLease: OldestPending is the earliest creation
+// time among pending messages, a requeued one included, which waits at the
+// back of the line (it was the first in line's: an hour younger here);
+// LeaseExpires is the zero time while no relay holds the lease, as
+// OldestPending is when nothing waits (it was 1970-01-01).
+func TestStatsOldestPendingAndLease(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{})
+	st, err := ob.Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, st.OldestPending.IsZero())
+	require.True(t, st.LeaseExpires.IsZero(), "no lease: %v", st.LeaseExpires)
+
+	commitOrder(t, ob, "t", 1)
+	commitOrder(t, ob, "t", 2)
+	old := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	_, err = ob.DB().Exec(`UPDATE outbox SET created_at = ?, dead_at = ?, attempts = 5 WHERE seq = 1`, old.UnixMilli(), old.UnixMilli())
+	require.NoError(t, err)
+	n, err := ob.RequeueDead(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	st, err = ob.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.Pending)
+	require.True(t, st.OldestPending.Equal(old), "oldest pending %v, want the requeued message's %v", st.OldestPending, old)
+
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	stop := startRelay(t, r)
+	eventually(t, 5*time.Second, "the relay holds the lease", func() bool {
+		st, err := ob.Stats(ctx)
+		return err == nil && st.LeaseOwner != "" && st.LeaseExpires.After(time.Now().Add(-time.Hour))
+	})
+	stop()
+	st, err = ob.Stats(ctx)
+	require.NoError(t, err)
+	require.Empty(t, st.LeaseOwner)
+	require.True(t, st.LeaseExpires.IsZero(), "lease released: %v", st.LeaseExpires)
+}

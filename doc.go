@@ -112,7 +112,8 @@
 // [ErrFull] and [ErrDiskFull] mean that the caller's transaction must roll
 // back; [ErrClosed], [ErrReadOnly] and [ErrNilTx] that the call could not
 // write at all. Opening reports a schema it will not use with
-// [ErrSchemaTooNew], [ErrSchemaTooOld] or [ErrNoSchema], and a *sql.DB set
+// [ErrSchemaTooNew], [ErrSchemaTooOld] or [ErrNoSchema], a table of the
+// outbox's name that is someone else's with [ErrForeignTable], and a *sql.DB set
 // up wrongly with [ErrUnsupportedDB]; [ErrNotFound] is a message that is not
 // there. [Relay.Run] fails with [ErrLeaseLost] when another relay took over;
 // a Publisher wraps [ErrRejected] (a [Refusal]), [ErrUndeliverable],

@@ -66,6 +66,10 @@ var (
 	// ErrNoSchema: the database has no outbox schema (returned where
 	// creating one would be wrong, e.g. for read-only inspection).
 	ErrNoSchema = errors.New("outbox: database has no outbox schema")
+	// ErrForeignTable: the database has no outbox schema but a table or
+	// view of a name the schema uses (outbox, say): someone else's, which
+	// the outbox neither creates its schema over nor reads.
+	ErrForeignTable = errors.New("outbox: the database has a table of the outbox's name that is not an outbox's")
 	// ErrUnsupportedDB: the *sql.DB lacks a setting the outbox relies on.
 	ErrUnsupportedDB = errors.New("outbox: unsupported database setup")
 	// ErrNotFound: no message has the given id.

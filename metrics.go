@@ -210,8 +210,12 @@ type Gauges struct {
 	// while a byte limit is set; otherwise Stats counts them.
 	PendingBytes      int64
 	PendingBytesKnown bool
-	OldestPending     time.Time // zero if none
-	Dead              int64
+	// OldestPending is the creation time of the first pending message in
+	// line, found by a seek; zero if none. A requeued message waits at the
+	// back of the line with its own, earlier, creation time, which only
+	// Stats, reading every pending row, finds.
+	OldestPending time.Time
+	Dead          int64
 	// DatabaseBytes and WALBytes are the sizes of the database file and its
 	// write-ahead log; FreeBytes is the space left to this user on their
 	// file system (FreeBytesKnown: the platform tells).

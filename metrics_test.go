@@ -105,7 +105,9 @@ func TestRelayMetrics(t *testing.T) {
 
 // TestGaugesMatchStats checks that Gauges, which scans nothing, says what
 // Stats counts: with and without limits, with dead rows before and after
-// the relay's mark.
+// the relay's mark. The one difference: a requeued message waits at the
+// back of the line, and its earlier creation time is Stats' oldest, not
+// Gauges', which is the first in line's.
 func TestGaugesMatchStats(t *testing.T) {
 	for _, limits := range []bool{false, true} {
 		t.Run(fmt.Sprint("limits=", limits), func(t *testing.T) {
@@ -129,7 +131,11 @@ func TestGaugesMatchStats(t *testing.T) {
 					require.Equal(t, s.Pending, g.Pending, what)
 				}
 				require.Equal(t, s.Dead, g.Dead, what)
-				require.True(t, s.OldestPending.Equal(g.OldestPending), "%s: oldest %v, gauges %v", what, s.OldestPending, g.OldestPending)
+				if gaps {
+					require.False(t, g.OldestPending.Before(s.OldestPending), "%s: oldest %v, gauges %v", what, s.OldestPending, g.OldestPending)
+				} else {
+					require.True(t, s.OldestPending.Equal(g.OldestPending), "%s: oldest %v, gauges %v", what, s.OldestPending, g.OldestPending)
+				}
 				require.Equal(t, limits, g.PendingBytesKnown, what)
 				if limits {
 					require.Equal(t, s.PendingBytes, g.PendingBytes, what)

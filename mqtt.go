@@ -108,7 +108,9 @@ func (p MQTTProtocol) String() string {
 	return fmt.Sprintf("MQTTProtocol(%d)", int(p))
 }
 
-// ParseMQTTProtocol reads "auto" (or ""), "5" or "3.1.1".
+// ParseMQTTProtocol reads "auto" (or ""), "5" (or "5.0") or "3.1.1" (or
+// "311", or "4": 3.1.1's protocol level in CONNECT, as some brokers' and
+// clients' settings name it).
 func ParseMQTTProtocol(s string) (MQTTProtocol, error) {
 	switch s {
 	case "", "auto":
@@ -142,7 +144,9 @@ type TLSFiles struct {
 func (f TLSFiles) Config() (*tls.Config, error) { return mqtt.TLSFiles(f).Config() }
 
 // ParseBrokerURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts,
-// a host and a port.
+// a host and a port from 1 to 65535, nothing else (no user, path, query or
+// fragment); e.g. tcp://127.0.0.1:1883. Its error says what is wrong and
+// what a good URL looks like.
 func ParseBrokerURL(s string) (*url.URL, error) { return mqtt.ParseURL(s) }
 
 // MQTTPublisher publishes to an MQTT broker at QoS 1 over MQTT 5 or 3.1.1

@@ -60,7 +60,8 @@ type Options struct {
 	// changed (not even SQLite's -wal and -shm files when the database was
 	// closed cleanly). Stats, List and Get work on this schema version and
 	// the one before it; the calls that write fail with ErrReadOnly. Open
-	// only; a file without an outbox fails with ErrNoSchema, an older one
+	// only; a file without an outbox fails with ErrNoSchema (ErrForeignTable
+	// when a table of the outbox's name is someone else's), an older one
 	// with ErrSchemaTooOld.
 	ReadOnly bool
 	// TopicPrefix, if set, is where every topic must start (end it with a
@@ -215,6 +216,9 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 	}
 	if err := checkDB(ctx, db); err != nil {
 		return nil, err
+	}
+	if err := foreignTable(ctx, db); err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	if err := migrateOutbox(ctx, db); err != nil {
 		return nil, fmt.Errorf("outbox: schema: %w", err)

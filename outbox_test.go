@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -535,6 +536,54 @@ func TestMustExist(t *testing.T) {
 	ob, err = Open(ctx, good, Options{MustExist: true})
 	require.NoError(t, err)
 	require.NoError(t, ob.Close())
+}
+
+// TestOpenSaysWhatIsWrong: Open names the path once and says what is wrong
+// with it: the directory missing (it said "no such file or directory", after
+// the path twice), a directory (it said "unable to open database file
+// (14)"), a table named outbox that is not an outbox's (it said "SQL logic
+// error: table outbox already exists", and with MustExist "no outbox
+// schema", whose remedy, creating one, fails). Nothing is created.
+func TestOpenSaysWhatIsWrong(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "foreign.db")
+	db, err := sql.Open("sqlite", foreign)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE outbox (id INTEGER PRIMARY KEY, body TEXT)`)
+	require.NoError(t, err)
+	db.Close()
+	for _, c := range []struct {
+		path, want string
+		is         error
+	}{
+		{filepath.Join(dir, "nonexistent", "x.db"), "the directory " + filepath.Join(dir, "nonexistent") + " does not exist: create it first", os.ErrNotExist},
+		{dir, "is a directory, not a database file: give the path of a file, e.g. " + filepath.Join(dir, "outbox.db"), syscall.EISDIR},
+		{foreign, "this database has a table named outbox that is not an outbox's (no outbox_schema table): use another file, or rename that table", ErrForeignTable},
+	} {
+		for _, opts := range []Options{{}, {MustExist: true}, {ReadOnly: true}} {
+			_, err := Open(ctx, c.path, opts)
+			require.ErrorIs(t, err, c.is, "%s %+v", c.path, opts)
+			require.ErrorContains(t, err, c.want, "%s %+v", c.path, opts)
+			for _, op := range []string{": open ", ": stat "} {
+				require.NotContains(t, err.Error(), c.path+op+c.path, "the path once")
+			}
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing created beside foreign.db")
+	db, err = sql.Open("sqlite", foreign)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM sqlite_schema`).Scan(&n))
+	db.Close()
+	require.Equal(t, 1, n, "the foreign file is left as it was")
+	db, err = OpenDB(foreign, DBOptions{})
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = New(ctx, db, Options{})
+	require.ErrorIs(t, err, ErrForeignTable, "New on the caller's database too")
 }
 
 // TestWritersRacingClose: a Transact or Enqueue that races Close either

@@ -309,11 +309,12 @@ func (r *Relay) stop() {
 	r.mu.Unlock()
 }
 
-// Run drains the outbox until ctx is cancelled or the Outbox is closed,
-// then waits (at most ShutdownTimeout) for in-flight acknowledgements and
-// returns nil. It first waits for the relay lease, so a second relay on the
-// same database waits until the first stops. Run returns an error only when
-// the relay cannot go on: the lease was lost, or the database failed.
+// Run drains the outbox until ctx ends (cancelled, or its deadline passed)
+// or the Outbox is closed, then waits (at most ShutdownTimeout) for
+// in-flight acknowledgements and returns nil. It first waits for the relay
+// lease, so a second relay on the same database waits until the first
+// stops. Run returns an error only when the relay cannot go on: the lease
+// was lost (ErrLeaseLost), or the database failed.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.running {
@@ -342,11 +343,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		r.ob.relayWG.Done()
 	}()
-	err := r.run(ctx)
-	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, ErrClosed) {
-		err = cause
-	}
-	return err
+	// However ctx ended (a deadline, a cause of the caller's), it is how
+	// the caller stops the relay, not a failure: a program that runs the
+	// relay for a while must not exit through its error path.
+	return r.run(ctx)
 }
 
 func (r *Relay) run(ctx context.Context) error {

@@ -908,3 +908,16 @@ func TestRelaySourceChecked(t *testing.T) {
 	_, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Source: "/shops/Zürich/till-7"})
 	require.NoError(t, err)
 }
+
+// TestRunReturnsNilAtDeadline: a relay run under context.WithTimeout
+// returns nil when the deadline passes, as Run's doc says (it returned
+// "context deadline exceeded", so a first program exited through log.Fatal).
+func TestRunReturnsNilAtDeadline(t *testing.T) {
+	ob := openTest(t, Options{})
+	r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	require.NoError(t, r.Run(ctx))
+	require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded)
+}

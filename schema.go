@@ -4,6 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
 
 	"github.com/edgeoutbox/outbox/internal/migrate"
 )
@@ -35,6 +39,34 @@ func schemaDir(dir string) []string { return migrate.Steps(schemaFiles, dir) }
 // migrateOutbox applies the outbox's missing migrations.
 func migrateOutbox(ctx context.Context, db *sql.DB) error {
 	return migrate.SQLite(ctx, db, "outbox_schema", outboxMigrations, outboxSchema, ErrSchemaTooNew)
+}
+
+// outboxNames are the names of the schema's tables and views.
+var outboxNames = func() []string {
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^CREATE (?:TABLE|VIEW) (\w+)`).FindAllStringSubmatch(outboxSchema, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}()
+
+// foreignTable returns an error matching ErrForeignTable when db has no
+// outbox schema but a table or view of one of its names: creating the
+// schema would fail on it ("table outbox already exists"), and an operator
+// told "no outbox, create one" would try just that.
+func foreignTable(ctx context.Context, db querier) error {
+	var typ, name string
+	err := db.QueryRowContext(ctx, `SELECT type, name FROM sqlite_schema
+		WHERE type IN ('table', 'view') AND name IN (SELECT value FROM json_each(?))
+		AND NOT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_schema')
+		ORDER BY name <> 'outbox', name LIMIT 1`, `["`+strings.Join(outboxNames, `","`)+`"]`).Scan(&typ, &name)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	return &reasonError{fmt.Sprintf("this database has a %s named %s that is not an outbox's (no outbox_schema table): use another file, or rename that %s", typ, name, typ), ErrForeignTable}
 }
 
 // readSchemaVersion reports the schema version without changing anything;

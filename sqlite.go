@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -76,14 +78,19 @@ func OpenDB(path string, opts DBOptions) (*sql.DB, error) {
 	if path == "" || strings.HasPrefix(path, "file:") || path == ":memory:" {
 		return nil, fmt.Errorf("outbox: open: %q is not a file path (pass a plain path; an outbox needs a file for WAL)", path)
 	}
+	// What is wrong with the path is said before anything is created.
+	var checkErr error
 	if opts.MustExist {
-		if err := probeExisting(path); err != nil {
-			return nil, fmt.Errorf("outbox: open %s: %w", path, err)
-		}
+		checkErr = probeExisting(path)
+	} else {
+		checkErr = checkPath(path, false)
+	}
+	if checkErr != nil {
+		return nil, fmt.Errorf("outbox: open %s: %w", path, checkErr)
 	}
 	created, err := createPrivate(path)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
+		return nil, fmt.Errorf("outbox: open %s: %w", path, withoutPath(err))
 	}
 	if created {
 		// auto_vacuum only takes on a new file, before WAL mode or a table
@@ -152,15 +159,61 @@ func createPrivate(path string) (bool, error) {
 	return true, f.Close()
 }
 
+// checkPath says what makes path unusable as a database file, before
+// anything is created, in words that leave naming path to the caller's
+// error: a directory where the file should be (SQLite says "unable to open
+// database file"), the directory it should be in missing (the system says
+// "no such file", which is not what is missing), and, when it must exist,
+// the file missing.
+func checkPath(path string, mustExist bool) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return &reasonError{"is a directory, not a database file: give the path of a file, e.g. " + filepath.Join(path, "outbox.db"), syscall.EISDIR}
+	case err == nil:
+		return nil
+	case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+		return withoutPath(err)
+	}
+	dir := filepath.Dir(path)
+	di, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &reasonError{"the directory " + dir + " does not exist: create it first", fs.ErrNotExist}
+	case err == nil && !di.IsDir():
+		return &reasonError{dir + " is not a directory", syscall.ENOTDIR}
+	case mustExist:
+		return &reasonError{"no such file", fs.ErrNotExist}
+	}
+	return nil
+}
+
+// reasonError is an error in words of its own that errors.Is matches with
+// err, whose text it leaves out.
+type reasonError struct {
+	msg string
+	err error // fs.ErrNotExist, syscall.EISDIR, ErrForeignTable, ...
+}
+
+func (e *reasonError) Error() string { return e.msg }
+func (e *reasonError) Unwrap() error { return e.err }
+
+// withoutPath is err without the path an *fs.PathError repeats ("open
+// PATH: permission denied" becomes "open: permission denied"), for an
+// error that names the path already.
+func withoutPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return &reasonError{pe.Op + ": " + pe.Err.Error(), pe.Err}
+	}
+	return err
+}
+
 // probeExisting checks, without writing anything (see readOnlyDSN), that
 // path is a SQLite file with an outbox schema.
 func probeExisting(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
+	if err := checkPath(path, true); err != nil {
 		return err
-	}
-	if fi.IsDir() {
-		return fmt.Errorf("is a directory")
 	}
 	db, err := sql.Open("sqlite", readOnlyDSN(path, 0))
 	if err != nil {
@@ -175,6 +228,9 @@ func probeExisting(path string) error {
 	case err != nil:
 		return err
 	case n < 2:
+		if err := foreignTable(context.Background(), db); err != nil {
+			return err
+		}
 		return ErrNoSchema
 	}
 	return nil

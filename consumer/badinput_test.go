@@ -58,3 +58,23 @@ func TestBadInputRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Applied+st.Quarantined, "nothing was written")
 }
+
+// TestSubscriberBrokerURLChecked: NewSubscriber checks its broker URLs with
+// the publisher's rule and says what a good one looks like; a port out of
+// range and a path were accepted, and the port retried for ever.
+func TestSubscriberBrokerURLChecked(t *testing.T) {
+	db, err := outbox.OpenDB(filepath.Join(t.TempDir(), "c.db"), outbox.DBOptions{})
+	require.NoError(t, err)
+	defer db.Close()
+	in, err := NewInbox(context.Background(), db, InboxOptions{})
+	require.NoError(t, err)
+	noop := func(context.Context, *sql.Tx, outbox.Event) error { return nil }
+	for url, want := range map[string]string{
+		"127.0.0.1:1883":        "has no scheme: write tcp://127.0.0.1:1883",
+		"tcp://127.0.0.1:99999": "port 99999 is not 1 to 65535",
+		"mqtt://host:1883/path": "MQTT takes no path, query or fragment: write mqtt://host:1883",
+	} {
+		_, err := NewSubscriber(in, noop, SubscriberOptions{Brokers: []string{"tcp://127.0.0.1:1883", url}, ClientID: "c", Topics: []string{"t"}})
+		require.ErrorContains(t, err, want, url)
+	}
+}

@@ -86,9 +86,21 @@ func (f *dbFlags) openStats(ctx context.Context, a *cli.App, mode openMode) (*ou
 // act on.
 func (f *dbFlags) explain(err error) error {
 	msg := err.Error()
+	dir := filepath.Dir(f.path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		if _, derr := os.Stat(dir); errors.Is(derr, os.ErrNotExist) {
+			return fmt.Errorf("%s: the directory %s does not exist (create it first, or give another --db)", f.path, dir)
+		}
 		return fmt.Errorf("%s: no such file", f.path)
+	case errors.Is(err, syscall.EISDIR):
+		return fmt.Errorf("%s is a directory: --db takes the database file, e.g. %s", f.path, filepath.Join(f.path, "till.db"))
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%s: %s is not a directory", f.path, dir)
+	case errors.Is(err, outbox.ErrForeignTable):
+		// The library's words, which name the table, without its prefix.
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg, "outbox: open "+f.path+": "), "outbox: ")
+		return fmt.Errorf("%s: %s", f.path, msg)
 	case errors.Is(err, outbox.ErrNoSchema):
 		return fmt.Errorf("%s has no outbox (create one with: outboxctl init --db %s)", f.path, f.path)
 	case strings.Contains(msg, "not a SQLite database"), strings.Contains(msg, "file is not a database"):

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,6 +133,58 @@ func TestBadDatabases(t *testing.T) {
 	require.Equal(t, "delete", mode, "a foreign file is left as it was")
 }
 
+// TestPathErrorsSayWhatToDo: init, status and relay say what is wrong with
+// --db and what to do: the directory missing (init said "no such file"), a
+// directory (init and relay said "cannot be written: open DIR: is a
+// directory"), a table named outbox that is not an outbox's (status said
+// "create one with: outboxctl init", and init then failed with "SQL logic
+// error: table outbox already exists"). Nothing is created.
+func TestPathErrorsSayWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "foreign.db")
+	db, err := sql.Open("sqlite", foreign)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE outbox (id INTEGER PRIMARY KEY, body TEXT)`)
+	require.NoError(t, err)
+	db.Close()
+	missing := filepath.Join(dir, "nonexistent", "x.db")
+	for _, cmd := range [][]string{{"init"}, {"status"}, {"relay", "--broker", "tcp://127.0.0.1:1", "--stats-interval", "0"}} {
+		for _, c := range []struct{ path, want string }{
+			{missing, missing + ": the directory " + filepath.Dir(missing) + " does not exist (create it first, or give another --db)"},
+			{dir, dir + " is a directory: --db takes the database file, e.g. " + filepath.Join(dir, "till.db")},
+			{foreign, foreign + ": this database has a table named outbox that is not an outbox's (no outbox_schema table): use another file, or rename that table"},
+		} {
+			args := append(append([]string{}, cmd...), "--db", c.path)
+			r := ctl(t, args...)
+			require.Equal(t, 1, r.Code, "%v: %s", args, r.Stderr)
+			require.Equal(t, "outboxctl: "+c.want+"\n", r.Stderr, "%v", args)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing created beside foreign.db")
+}
+
+// TestUnknownCommandNamed: an unknown command is named, with the
+// suggestion, on one line that reads as a sentence, even when a command's
+// flag follows it ("stat --db x" said "unknown flag: --db"; "statuss" said
+// `unknown command "statuss" for "outboxctl" Did you mean this? status`).
+func TestUnknownCommandNamed(t *testing.T) {
+	for args, want := range map[string]string{
+		"stat --db x":                  `unknown command "stat" (did you mean status?); see outboxctl --help`,
+		"statuss":                      `unknown command "statuss" (did you mean status?); see outboxctl --help`,
+		"--log-level debug lst --db x": `unknown command "lst" (did you mean list?); see outboxctl --help`,
+		"bogus --db x":                 `unknown command "bogus"; see outboxctl --help`,
+		"--bogus":                      `unknown flag: --bogus`,
+		"status --db x --bogus":        `unknown flag: --bogus`,
+		"help statuss":                 `unknown command "statuss" (did you mean status?); see outboxctl --help`,
+	} {
+		r := ctl(t, strings.Fields(args)...)
+		require.Equal(t, 2, r.Code, args)
+		require.Equal(t, "outboxctl: "+want+"\n", r.Stderr, args)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	path, _ := newOutbox(t)
 	for _, args := range [][]string{
@@ -179,6 +232,38 @@ func TestRelayMQTTVersionFlag(t *testing.T) {
 	require.Contains(t, r.Stderr, "auto, 5 or 3.1.1")
 	_, err := os.Stat(path)
 	require.True(t, os.IsNotExist(err), "nothing written")
+	// "4", 3.1.1's protocol level, is accepted: the help says so.
+	r = ctl(t, "relay", "--help")
+	require.Contains(t, r.Stdout, "3.1.1 (also written 4, its protocol level)")
+}
+
+// TestFailedStartCreatesNothing: a relay that cannot start (the metrics
+// port in use, a TLS file missing, a bad broker URL) says why and leaves no
+// file behind; it created the database and its 1 MiB -reserve before
+// finding the port in use.
+func TestFailedStartCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "till.db")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--broker", "tcp://127.0.0.1:1", "--metrics-listen", busy.Addr().String()}, 1, "--metrics-listen: listen tcp " + busy.Addr().String() + ": bind: address already in use"},
+		{[]string{"--broker", "ssl://127.0.0.1:1", "--ca-file", filepath.Join(dir, "missing-ca.pem")}, 2, "missing-ca.pem: no such file or directory"},
+		{[]string{"--broker", "127.0.0.1:1883"}, 2, "has no scheme: write tcp://127.0.0.1:1883"},
+		{[]string{"--broker", "tcp://127.0.0.1:99999"}, 2, "port 99999 is not 1 to 65535"},
+	} {
+		r := ctl(t, append([]string{"relay", "--db", path, "--stats-interval", "0"}, c.args...)...)
+		require.Equal(t, c.code, r.Code, "%v: %s", c.args, r.Stderr)
+		require.Contains(t, r.Stderr, c.want, c.args)
+		left, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, left, "%v: a failed start leaves no file", c.args)
+	}
 }
 
 func TestStatusListRequeuePurge(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -118,6 +119,17 @@ without one it is read-only.`,
 				return cli.UsageError{Err: err}
 			}
 			defer pub.Close()
+			// Everything that can fail is tried before the database is
+			// opened, which creates the file and its disk reserve: a
+			// relay that cannot start leaves nothing behind. (The
+			// publisher has read the URLs and TLS files.)
+			var ln net.Listener
+			if f.metricsListen != "" {
+				if ln, err = monitor.Listen(f.metricsListen); err != nil {
+					return fmt.Errorf("--metrics-listen: %w", err)
+				}
+				defer ln.Close()
+			}
 			ob, err := f.db.open(cmd.Context(), a, create)
 			if err != nil {
 				return err
@@ -141,12 +153,8 @@ without one it is read-only.`,
 			if f.statsInterval > 0 {
 				go logStats(cmd, a, relay, f.statsInterval)
 			}
-			if f.metricsListen != "" {
-				stop, err := serveMetrics(a, f.metricsListen, ob, relay, token)
-				if err != nil {
-					return err
-				}
-				defer stop()
+			if ln != nil {
+				defer serveMetrics(a, ln, ob, relay, token)()
 			}
 			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
 			return relay.Run(cmd.Context())
@@ -166,7 +174,7 @@ without one it is read-only.`,
 	fl.StringVar(&f.keyFile, "key-file", "", "PEM private key of the client certificate")
 	fl.StringVar(&f.serverName, "tls-server-name", "", "name to verify in the broker's certificate (default: the URL's host)")
 	fl.StringVar(&f.envelope, "envelope", "cloudevents", "cloudevents (structured), binary (CloudEvents binary mode: attributes as MQTT 5 user properties, the payload untouched; structured on 3.1.1) or raw (raw puts no id on the wire)")
-	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5 or 3.1.1")
+	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5, or 3.1.1 (also written 4, its protocol level)")
 	fl.IntVar(&f.window, "window", 64, "publishes awaiting PUBACK at once (1-65535)")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "cap on the wait between connection attempts")
 	fl.DurationVar(&f.pollInterval, "poll-interval", 2*time.Millisecond, "how often to check for other processes' commits")
@@ -252,14 +260,10 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 	}
 }
 
-// serveMetrics serves the monitor's endpoints on addr until stop: the same
+// serveMetrics serves the monitor's endpoints on ln until stop: the same
 // as outboxprom's Handler, with /metrics written without Prometheus's
 // client, which would be the heaviest thing a till links after the library.
-func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func(), err error) {
-	ln, err := monitor.Listen(addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen: %w", err)
-	}
+func serveMetrics(a *cli.App, ln net.Listener, ob *outbox.Outbox, relay *outbox.Relay, token string) (stop func()) {
 	mon := monitor.New(ob, monitor.Options{Relay: relay, Version: version, AdminToken: token, Logger: a.Logger})
 	srv := monitor.NewServer(mon.Handler(mon.TextMetrics()), a.Logger)
 	done := make(chan struct{})
@@ -276,5 +280,5 @@ func serveMetrics(a *cli.App, addr string, ob *outbox.Outbox, relay *outbox.Rela
 		_ = srv.Shutdown(ctx)
 		<-done
 		mon.Close()
-	}, nil
+	}
 }

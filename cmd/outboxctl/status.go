@@ -109,7 +109,9 @@ otherwise), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 			fmt.Fprintf(w, "sent (kept)\t%d\n", out.Sent)
 			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
 			if out.LeaseOwner != "" {
-				if out.LeaseExpiresAt.Before(time.Now()) {
+				if out.LeaseExpiresAt == nil {
+					fmt.Fprintf(w, "relay lease\t%s\n", out.LeaseOwner)
+				} else if out.LeaseExpiresAt.Before(time.Now()) {
 					// An idle relay that watches its WAL renews only when a
 					// message comes or another relay waits for the lease.
 					fmt.Fprintf(w, "relay lease\t%s, lapsed at %s (the relay is idle, or gone)\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))

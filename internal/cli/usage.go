@@ -37,7 +37,15 @@ func NoArgs(_ *cobra.Command, args []string) error {
 // the argument checks of every command, cobra's completion commands
 // included. root must have Args: unknownCommand and be runnable.
 func typeUsageErrors(root *cobra.Command) {
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return UsageError{err} })
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		// The root parses the flags of a command it does not know ("stat
+		// --db x") and fails on the first, before its Args check could
+		// name the command: the words before that flag say it.
+		if args := cmd.Flags().Args(); cmd == root && len(args) > 0 {
+			return unknownCommand(cmd, args)
+		}
+		return UsageError{err}
+	})
 	// cobra's suggestion distance, which SuggestionsFor does not default.
 	root.SuggestionsMinimumDistance = 2
 	// Created now rather than in Execute, so that their argument checks can
@@ -57,11 +65,13 @@ func unknownCommand(cmd *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		return nil
 	}
-	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	msg := fmt.Sprintf("unknown command %q", args[0])
 	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-		msg += " Did you mean this? " + strings.Join(s, " ")
+		// One line, as every error: cobra's own suggestion is a paragraph
+		// that reads as one run-on line once joined.
+		msg += " (did you mean " + strings.Join(s, " or ") + "?)"
 	}
-	return UsageError{errors.New(msg)}
+	return UsageError{fmt.Errorf("%s; see %s --help", msg, cmd.CommandPath())}
 }
 
 // helpArgs is the help command's argument check. cobra's help says "Unknown

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,8 +17,24 @@ import (
 var ErrCredentialsInURL = errors.New("credentials in a broker URL are not used: give them as Username and Password (outboxctl: --username and --password-file)")
 
 // ParseURL checks a broker URL: scheme tcp, mqtt, ssl, tls or mqtts, a
-// host and a port.
+// host and a port from 1 to 65535, and nothing else (no user, path, query
+// or fragment). A client checks its URLs once, at start: what is wrong
+// with one is said there, with what a good one looks like, instead of
+// being retried for ever.
 func ParseURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, fmt.Errorf("outbox: broker URL is empty; %s", urlExample)
+	}
+	if !strings.Contains(s, "://") {
+		// "127.0.0.1:1883" fails url.Parse ("first path segment in URL
+		// cannot contain colon") and "localhost:1883" parses with the
+		// scheme "localhost": both are a host and port without a scheme.
+		if strings.Contains(s, "@") {
+			// Not quoted: what is before the @ may be a password.
+			return nil, fmt.Errorf("outbox: broker URL has no scheme; %s", urlExample)
+		}
+		return nil, fmt.Errorf("outbox: broker URL %q has no scheme: write tcp://%s (or ssl://%s for TLS)", s, s, s)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		// Not err itself: url.Error quotes the whole text, and a password
@@ -26,7 +43,7 @@ func ParseURL(s string) (*url.URL, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("outbox: broker URL: %w", err)
+		return nil, fmt.Errorf("outbox: broker URL: %w; %s", err, urlExample)
 	}
 	if u.User != nil {
 		// CONNECT takes its user name and password from the options, never
@@ -38,13 +55,27 @@ func ParseURL(s string) (*url.URL, error) {
 	switch strings.ToLower(u.Scheme) {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts":
 	default:
-		return nil, fmt.Errorf("outbox: broker URL %q: scheme must be tcp, mqtt, ssl, tls or mqtts", Redact(u))
+		return nil, fmt.Errorf("outbox: broker URL %q: scheme %q: want tcp or mqtt (plain), or ssl, tls or mqtts (TLS); %s", Redact(u), u.Scheme, urlExample)
 	}
-	if u.Hostname() == "" || u.Port() == "" {
-		return nil, fmt.Errorf("outbox: broker URL %q: needs host and port", Redact(u))
+	switch {
+	case u.Hostname() == "":
+		return nil, fmt.Errorf("outbox: broker URL %q has no host; %s", Redact(u), urlExample)
+	case u.Port() == "":
+		return nil, fmt.Errorf("outbox: broker URL %q has no port: write %s://%s:1883 (8883 for TLS, or the broker's port)", Redact(u), u.Scheme, u.Host)
+	}
+	if p, err := strconv.Atoi(u.Port()); err != nil || p < 1 || p > 65535 {
+		return nil, fmt.Errorf("outbox: broker URL %q: port %s is not 1 to 65535; %s", Redact(u), u.Port(), urlExample)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		// MQTT has no use for them: the topic is the message's, not the
+		// URL's. Silently dropped, a path would look like it chose one.
+		return nil, fmt.Errorf("outbox: broker URL %q: MQTT takes no path, query or fragment: write %s://%s", Redact(u), u.Scheme, u.Host)
 	}
 	return u, nil
 }
+
+// urlExample says what a good broker URL looks like.
+const urlExample = "want SCHEME://HOST:PORT, e.g. tcp://127.0.0.1:1883 or ssl://broker.example.com:8883"
 
 // ParseBrokers checks a client's broker addresses, given as one (broker)
 // or several (brokers, a cluster's nodes), and parses them in order; what

@@ -161,3 +161,34 @@ func TestFallbackRule(t *testing.T) {
 	require.ErrorIs(t, b.Connect(ctx, Auto, open), ErrClosedAfterConnect)
 	require.Equal(t, []try{{host(2), true}}, tries, "the first bare close that counts: no fallback")
 }
+
+// TestParseURLSaysWhatIsWrong: each way a broker URL can be wrong is
+// refused at once, saying what is wrong and what a good one looks like;
+// none was retried for ever or failed with url.Parse's words.
+func TestParseURLSaysWhatIsWrong(t *testing.T) {
+	for _, c := range []struct{ url, want string }{
+		{"127.0.0.1:1883", `broker URL "127.0.0.1:1883" has no scheme: write tcp://127.0.0.1:1883 (or ssl://127.0.0.1:1883 for TLS)`},
+		{"localhost:1883", `broker URL "localhost:1883" has no scheme: write tcp://localhost:1883`},
+		{"", "broker URL is empty; want SCHEME://HOST:PORT, e.g. tcp://127.0.0.1:1883"},
+		{"tcp://127.0.0.1:99999", `broker URL "tcp://127.0.0.1:99999": port 99999 is not 1 to 65535; want SCHEME://HOST:PORT, e.g. tcp://127.0.0.1:1883`},
+		{"tcp://127.0.0.1:0", "port 0 is not 1 to 65535"},
+		{"tcp://h:x", "want SCHEME://HOST:PORT, e.g. tcp://127.0.0.1:1883"},
+		{"tcp://h", `broker URL "tcp://h" has no port: write tcp://h:1883 (8883 for TLS, or the broker's port)`},
+		{"tcp://:1883", `broker URL "tcp://:1883" has no host; want SCHEME://HOST:PORT`},
+		{"mqtt://host:1883/path", `broker URL "mqtt://host:1883/path": MQTT takes no path, query or fragment: write mqtt://host:1883`},
+		{"tcp://host:1883?x=1", "MQTT takes no path, query or fragment: write tcp://host:1883"},
+		{"tcp://host:1883#f", "MQTT takes no path, query or fragment: write tcp://host:1883"},
+		{"http://host:80", `scheme "http": want tcp or mqtt (plain), or ssl, tls or mqtts (TLS)`},
+		{"tcp://u:secret@host:1883", "credentials in a broker URL are not used"},
+		{"u:secret@host:1883", "broker URL has no scheme; want SCHEME://HOST:PORT"},
+	} {
+		_, err := ParseURL(c.url)
+		require.Error(t, err, c.url)
+		require.Contains(t, err.Error(), c.want, c.url)
+		require.NotContains(t, err.Error(), "secret", c.url)
+	}
+	for _, s := range []string{"tcp://127.0.0.1:1883", "mqtt://h:1", "ssl://h:8883/", "tls://[::1]:65535", "MQTTS://h:8883"} {
+		_, err := ParseURL(s)
+		require.NoError(t, err, s)
+	}
+}

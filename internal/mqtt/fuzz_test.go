@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -147,6 +149,31 @@ func FuzzConnack(f *testing.F) {
 				props.ReceiveMaximum != nil && *props.ReceiveMaximum == 0) {
 				t.Fatalf("CONNACK % X accepted", stream)
 			}
+		}
+	})
+}
+
+// FuzzParseURL: whatever an operator types as a broker URL, ParseURL
+// either refuses it or returns one a connection can dial: a known scheme,
+// a host, a port from 1 to 65535, and no user, path, query or fragment.
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"tcp://127.0.0.1:1883", "127.0.0.1:1883", "localhost:1883", "tcp://h:99999", "mqtt://h:1883/p", "ssl://u:p@h:8883", "tls://[::1]:8883", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseURL(s)
+		if err != nil {
+			return
+		}
+		port, perr := strconv.Atoi(u.Port())
+		if u.Hostname() == "" || perr != nil || port < 1 || port > 65535 || u.User != nil ||
+			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			t.Fatalf("%q accepted as %#v", s, u)
+		}
+		switch strings.ToLower(u.Scheme) {
+		case "tcp", "mqtt", "ssl", "tls", "mqtts":
+		default:
+			t.Fatalf("%q accepted with scheme %q", s, u.Scheme)
 		}
 	})
 }

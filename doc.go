@@ -28,8 +28,10 @@
 // that inserts a row with a topic and a payload into the same file, in a
 // transaction of its own, has its event relayed like one from Enqueue. Every
 // other column has a default written in SQL (the id, a UUIDv7, among them),
-// a CHECK refuses an empty topic and one with an MQTT wildcard or a NUL, and
-// a trigger holds every writer to the pending limits. The README lists the columns a writer may set.
+// and the schema refuses what can never be delivered — a topic that is
+// empty, has an MQTT wildcard, a control character or a leading '$', a
+// payload over the stored limit — and holds every writer to the pending
+// limits. docs/schema.md lists the columns a writer may set.
 //
 // The whole schema, as SQL, is schema/outbox.sql in this module: what a new
 // database gets. Each step from one version to the next is a file of its own
@@ -50,19 +52,16 @@
 // gives up; [Relay.ReconnectNow] cuts the wait short.
 //
 // Outages are not failures. A refused connection, a timeout, a lost
-// connection or a missing acknowledgement never counts against a message,
-// and neither does a slow link. After a lost connection the first message
-// that was in flight goes alone on the next connection, and only if that one
-// fails too before its acknowledgement is the message charged an attempt;
-// a Publisher error wrapping [ErrRejected] (a [Refusal]; under MQTT 5, a
-// PUBACK reason code of 0x80 or more) charges it at once, on a connection
-// kept. A [RetryPolicy] (RelayOptions.Retry; [DefaultRetryPolicy]: 5
-// attempts) then decides when it goes again and when it is parked as dead —
-// kept, listed ([Outbox.List]) and requeueable ([Outbox.Requeue]), never
-// dropped — and the queue flows on; one wrapping [ErrUndeliverable], and a
-// row that can never be published (a topic that is not UTF-8, a message over
-// the Publisher's [SizeLimiter]), is dead at once. The whole contract
-// between the relay and a transport is in publisher.go ([Publisher]).
+// connection, a slow link or a broker that says it is busy
+// ([ErrBrokerUnavailable]) never counts against a message; the isolation
+// rule (docs/delivery.md) finds a message that a broker refuses by closing
+// the connection. A message the broker refuses for itself ([ErrRejected], a
+// [Refusal]) is charged, and a [RetryPolicy] (RelayOptions.Retry) decides
+// when it goes again and when it is parked as dead — kept, listed
+// ([Outbox.List]) and requeueable ([Outbox.Requeue]) — while the queue flows
+// on; one that can never be delivered ([ErrUndeliverable]) is dead at once.
+// The whole contract between the relay and a transport, and whose fault
+// each failure is, is in publisher.go ([Publisher], [Token]).
 // A message whose Message.Expiry ran out before its turn is parked as
 // expired ([StateExpired]), not published; expiry is measured on a stored
 // outbox clock that only monotonic time moves, so a wall-clock jump cannot
@@ -113,10 +112,11 @@
 // back; [ErrClosed], [ErrReadOnly] and [ErrNilTx] that the call could not
 // write at all. Opening reports a schema it will not use with
 // [ErrSchemaTooNew], [ErrSchemaTooOld] or [ErrNoSchema], a table of the
-// outbox's name that is someone else's with [ErrForeignTable], and a *sql.DB set
-// up wrongly with [ErrUnsupportedDB]; [ErrNotFound] is a message that is not
+// outbox's name that is someone else's with [ErrForeignTable], and a
+// *sql.DB set up wrongly with [ErrUnsupportedDB]; [ErrNotFound] is a message that is not
 // there. [Relay.Run] fails with [ErrLeaseLost] when another relay took over;
 // a Publisher wraps [ErrRejected] (a [Refusal]), [ErrUndeliverable],
-// [ErrNotConnected] or [ErrStalled] in its errors; and the consumer's
+// [ErrBrokerUnavailable], [ErrNotConnected] or [ErrStalled] in its errors;
+// and the consumer's
 // Inbox.Apply says that it skipped an event with [ErrDuplicate].
 package outbox

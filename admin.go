@@ -49,6 +49,13 @@ type Stats struct {
 	// LeaseBrokerUnavailableSince since when; empty and zero otherwise.
 	LeaseBrokerUnavailable      string
 	LeaseBrokerUnavailableSince time.Time
+	// LeaseNoSubscribers counts the messages the broker took with no
+	// subscriber since the lease holder started (RelayStats.NoSubscribers),
+	// as it last recorded them (at most once a minute per topic), the
+	// last topic and when.
+	LeaseNoSubscribers      int64
+	LeaseNoSubscribersTopic string
+	LeaseNoSubscribersAt    time.Time
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
@@ -99,8 +106,10 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 		}
 	}
 	if s.SchemaVersion >= 8 && s.LeaseOwner != "" {
-		err := q.QueryRowContext(ctx, `SELECT coalesce(broker_says, ''), broker_says_since FROM outbox_lease WHERE name = 'relay'`).Scan(
-			&s.LeaseBrokerUnavailable, nullMillis{&s.LeaseBrokerUnavailableSince})
+		err := q.QueryRowContext(ctx, `SELECT coalesce(broker_says, ''), broker_says_since,
+			coalesce(no_subscribers, 0), coalesce(no_subscribers_topic, ''), no_subscribers_at FROM outbox_lease WHERE name = 'relay'`).Scan(
+			&s.LeaseBrokerUnavailable, nullMillis{&s.LeaseBrokerUnavailableSince},
+			&s.LeaseNoSubscribers, &s.LeaseNoSubscribersTopic, nullMillis{&s.LeaseNoSubscribersAt})
 		if err != nil {
 			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 		}

@@ -49,7 +49,8 @@ func (r *Relay) noteOutcome(err error) bool {
 }
 
 // saidChanged asks keepLease to record what the broker says in the lease,
-// for `outboxctl status`: once per change, not per message or session.
+// for `outboxctl status`: once per change, not per message or session (and
+// for messages taken with no subscriber, once per warning).
 func (r *Relay) saidChanged() {
 	select {
 	case r.saidNew <- struct{}{}:
@@ -57,12 +58,23 @@ func (r *Relay) saidChanged() {
 	}
 }
 
-// recordSaid writes what the broker says into the lease.
+// recordSaid writes what the broker says, and what it took with no
+// subscriber, into the lease.
 func (r *Relay) recordSaid(ctx context.Context, l *lease.Lease) {
-	says, since := r.brokerSays()
-	if err := l.SetBrokerSays(ctx, says, since); err != nil && ctx.Err() == nil {
-		r.log.Warn("outbox relay could not record in the lease what the broker says", "err", err)
+	var n lease.Notes
+	n.BrokerSays, n.BrokerSince = r.brokerSays()
+	n.NoSubscribers, n.NoSubscribersTopic, n.NoSubscribersAt = r.noSubscribers.read()
+	r.own.Started.Add(1)
+	err := l.SetNotes(ctx, n)
+	if err != nil {
+		r.own.Started.Add(-1)
+		if ctx.Err() == nil {
+			r.log.Warn("outbox relay could not record in the lease what the broker says", "err", err)
+		}
+		return
 	}
+	r.own.Done.Add(1)
+	r.noSubscribers.recorded.Store(n.NoSubscribers)
 }
 
 // brokerTakes ends what the broker said of itself: it acknowledged a

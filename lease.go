@@ -167,6 +167,11 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 		default:
 			lastMsg = ""
 			r.metrics.writeFailed.Store(false)
+			if r.noSubscribers.unrecorded() {
+				// Riding on the renewal too: the count the lease shows
+				// lags by a renewal at most while messages flow.
+				r.recordSaid(ctx, l)
+			}
 		}
 		quick, parked = next == 0, false
 		t.Reset(next)

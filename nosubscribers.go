@@ -24,7 +24,8 @@ const (
 )
 
 type noSubscribers struct {
-	total atomic.Int64
+	total    atomic.Int64
+	recorded atomic.Int64 // total as the lease last recorded it
 
 	mu     sync.Mutex
 	topic  string    // the last one
@@ -42,6 +43,8 @@ func (r *Relay) heardByNobody(topic string) {
 	warn := n.due(topic, time.Now())
 	n.mu.Unlock()
 	if warn {
+		// The lease tells `outboxctl status`, as often as the log does.
+		r.saidChanged()
 		r.log.Warn("outbox relay: the broker had no subscriber for the topic (PUBACK 0x10): the message reached nobody unless a persistent session held it; is the consumer subscribed, and is the topic right?",
 			"topic", topic, "no_subscribers_total", total)
 	}
@@ -76,3 +79,6 @@ func (n *noSubscribers) read() (total int64, topic string, at time.Time) {
 	defer n.mu.Unlock()
 	return n.total.Load(), n.topic, n.at
 }
+
+// unrecorded reports whether the count moved since the lease recorded it.
+func (n *noSubscribers) unrecorded() bool { return n.total.Load() != n.recorded.Load() }

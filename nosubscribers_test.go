@@ -90,6 +90,13 @@ func TestNoSubscribers(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 14, st.NoSubscribers)
 	require.Equal(t, "stores/3/orders", st.NoSubscribersTopic)
+	// The lease tells another process's outboxctl status: at the warnings,
+	// and at the renewals while the count moves.
+	eventually(t, 10*time.Second, "the lease has the count", func() bool {
+		s, err := ob.Stats(context.Background())
+		require.NoError(t, err)
+		return s.LeaseNoSubscribers == 14 && s.LeaseNoSubscribersTopic == "stores/3/orders" && !s.LeaseNoSubscribersAt.IsZero()
+	})
 
 	var warned []string
 	for _, line := range strings.Split(logs.String(), "\n") {

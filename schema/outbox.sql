@@ -78,7 +78,9 @@ CREATE TABLE outbox_sent_log (
 -- (another boot, or its process gone) instead of waiting a whole TTL;
 -- protocol is the MQTT version its connection speaks (NULL: not known);
 -- broker_says is what the broker says of itself while it cannot take
--- messages, since broker_says_since (Unix ms; NULL: it takes them).
+-- messages, since broker_says_since (Unix ms; NULL: it takes them);
+-- no_subscribers counts the messages the broker took with no subscriber
+-- since the holder started, the last topic and when.
 -- The row named 'relay.waiting' is a contender's announcement: its owner is
 -- the last relay that waited for the lease, its token counts announcements.
 CREATE TABLE outbox_lease (
@@ -94,7 +96,10 @@ CREATE TABLE outbox_lease (
 	pid_ns     TEXT    NOT NULL DEFAULT '',
 	protocol   TEXT,
 	broker_says       TEXT,
-	broker_says_since INTEGER
+	broker_says_since INTEGER,
+	no_subscribers       INTEGER,
+	no_subscribers_topic TEXT,
+	no_subscribers_at    INTEGER
 );
 
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;

@@ -776,7 +776,8 @@ func TestRelaySeveralBrokers(t *testing.T) {
 
 // TestStatusSaysWhatTheBrokerSays: while the lease holder records that the
 // broker says it cannot take messages, status says it, since when, in text
-// and JSON; null otherwise.
+// and JSON; null otherwise. The same for the messages the broker took with
+// no subscriber.
 func TestStatusSaysWhatTheBrokerSays(t *testing.T) {
 	path, ob := newOutbox(t)
 	db := ob.DB()
@@ -801,4 +802,20 @@ func TestStatusSaysWhatTheBrokerSays(t *testing.T) {
 	r = ctl(t, "status", "--db", path)
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "broker          the broker says quota exceeded (0x97), since "+since.UTC().Format(time.RFC3339)+" (3m")
+	require.NotContains(t, r.Stdout, "no subscriber")
+	require.EqualValues(t, 0, st["no_subscribers"])
+	require.Nil(t, st["no_subscribers_topic"])
+
+	// And what the broker took with no subscriber.
+	_, err = db.Exec(`UPDATE outbox_lease SET no_subscribers = 12, no_subscribers_topic = 'stores/42/orders', no_subscribers_at = ?`, since.UnixMilli())
+	require.NoError(t, err)
+	r = ctl(t, "status", "--db", path, "--json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
+	require.EqualValues(t, 12, st["no_subscribers"])
+	require.Equal(t, "stores/42/orders", st["no_subscribers_topic"])
+	require.Equal(t, since.UTC().Format(time.RFC3339Nano), st["no_subscribers_at"])
+	r = ctl(t, "status", "--db", path)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "no subscriber   12 messages reached the broker with no subscriber, last on stores/42/orders at "+since.UTC().Format(time.RFC3339))
 }

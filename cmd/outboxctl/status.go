@@ -33,8 +33,14 @@ type statusJSON struct {
 	// does not say so.
 	BrokerUnavailable      *string    `json:"broker_unavailable"`
 	BrokerUnavailableSince *time.Time `json:"broker_unavailable_since"`
-	FileBytes              int64      `json:"file_bytes"`
-	WALBytes               int64      `json:"wal_bytes"`
+	// NoSubscribers counts the messages the broker took with no subscriber
+	// since the lease holder started, as it last recorded them; the last
+	// topic and when (null when none).
+	NoSubscribers      int64      `json:"no_subscribers"`
+	NoSubscribersTopic *string    `json:"no_subscribers_topic"`
+	NoSubscribersAt    *time.Time `json:"no_subscribers_at"`
+	FileBytes          int64      `json:"file_bytes"`
+	WALBytes           int64      `json:"wal_bytes"`
 }
 
 func statusCmd(a *cli.App) *cobra.Command {
@@ -57,7 +63,9 @@ max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
 mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
 null), broker_unavailable and broker_unavailable_since (what the broker
 says of itself while it says it cannot take messages, and since when; null
-otherwise), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
+otherwise), no_subscribers, no_subscribers_topic and no_subscribers_at
+(messages the broker took with no subscriber since the relay started, the
+last topic and when), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: cli.NoArgs,
@@ -92,6 +100,10 @@ otherwise), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				v, t := st.LeaseBrokerUnavailable, st.LeaseBrokerUnavailableSince.UTC()
 				out.BrokerUnavailable, out.BrokerUnavailableSince = &v, &t
 			}
+			if st.LeaseOwner != "" && st.LeaseNoSubscribers > 0 {
+				topic, at := st.LeaseNoSubscribersTopic, st.LeaseNoSubscribersAt.UTC()
+				out.NoSubscribers, out.NoSubscribersTopic, out.NoSubscribersAt = st.LeaseNoSubscribers, &topic, &at
+			}
 			if asJSON {
 				return writeJSON(a.Stdout, out)
 			}
@@ -120,6 +132,10 @@ otherwise), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				}
 				if out.MQTTVersion != nil {
 					fmt.Fprintf(w, "mqtt version\t%s\n", *out.MQTTVersion)
+				}
+				if out.NoSubscribers > 0 {
+					fmt.Fprintf(w, "no subscriber\t%d messages reached the broker with no subscriber, last on %s at %s (%s ago): is the consumer subscribed, is the topic right?\n",
+						out.NoSubscribers, *out.NoSubscribersTopic, out.NoSubscribersAt.Format(time.RFC3339), ageText(time.Since(*out.NoSubscribersAt).Seconds()))
 				}
 				if out.BrokerUnavailable != nil {
 					fmt.Fprintf(w, "broker\t%s, since %s (%s ago); nothing is charged while it does\n", *out.BrokerUnavailable,

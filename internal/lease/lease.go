@@ -258,7 +258,7 @@ func (l *Lease) try(ctx context.Context, w *watch, now time.Time) (took bool, ho
 	}
 	// Free, ours, dead, or the holder has not renewed for a whole TTL: it
 	// is gone.
-	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?, protocol = NULL, broker_says = NULL, broker_says_since = NULL,
+	took, err = l.exec(ctx, `UPDATE outbox_lease SET owner = ?, token = token + 1, expires_at = ?, protocol = NULL, broker_says = NULL, broker_says_since = NULL, no_subscribers = NULL, no_subscribers_topic = NULL, no_subscribers_at = NULL,
 			host = ?, machine_id = ?, boot_id = ?, pid = ?, pid_start = ?, pid_ns = ?
 		WHERE name = ? AND owner = ? AND token = ?`,
 		l.owner, l.expiresMillis(), l.self.Host, l.self.MachineID, l.self.BootID, l.self.PID, l.self.PIDStart, l.self.PIDNS,
@@ -330,16 +330,32 @@ func (l *Lease) Renew(ctx context.Context, also func(context.Context, sqlconn.Pr
 	return alsoErr, nil
 }
 
-// SetBrokerSays records what the broker says of itself while it says it
-// cannot take messages, and since when ("": nothing), for another
-// process's `outboxctl status`.
-func (l *Lease) SetBrokerSays(ctx context.Context, says string, since time.Time) error {
-	var at any
-	if says != "" {
-		at = since.UnixMilli()
+// Notes are what the holder tells another process's `outboxctl status`
+// through the lease.
+type Notes struct {
+	// BrokerSays is what the broker says of itself while it says it
+	// cannot take messages ("": nothing), since BrokerSince.
+	BrokerSays  string
+	BrokerSince time.Time
+	// NoSubscribers counts the messages the broker took with no
+	// subscriber since the holder started; the last topic and when.
+	NoSubscribers      int64
+	NoSubscribersTopic string
+	NoSubscribersAt    time.Time
+}
+
+// SetNotes records n in the lease.
+func (l *Lease) SetNotes(ctx context.Context, n Notes) error {
+	var since, at any
+	if n.BrokerSays != "" {
+		since = n.BrokerSince.UnixMilli()
 	}
-	_, err := l.exec(ctx, `UPDATE outbox_lease SET broker_says = nullif(?, ''), broker_says_since = ? WHERE name = ? AND owner = ?`,
-		says, at, Name, l.owner)
+	if n.NoSubscribers > 0 {
+		at = n.NoSubscribersAt.UnixMilli()
+	}
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET broker_says = nullif(?, ''), broker_says_since = ?,
+		no_subscribers = nullif(?, 0), no_subscribers_topic = nullif(?, ''), no_subscribers_at = ? WHERE name = ? AND owner = ?`,
+		n.BrokerSays, since, n.NoSubscribers, n.NoSubscribersTopic, at, Name, l.owner)
 	return err
 }
 
@@ -391,7 +407,7 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Release hands the lease back so that a successor need not wait a TTL.
 func (l *Lease) Release(ctx context.Context) error {
-	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0, protocol = NULL, broker_says = NULL, broker_says_since = NULL WHERE name = ? AND owner = ?`, Name, l.owner)
+	_, err := l.exec(ctx, `UPDATE outbox_lease SET owner = '', token = token + 1, expires_at = 0, protocol = NULL, broker_says = NULL, broker_says_since = NULL, no_subscribers = NULL, no_subscribers_topic = NULL, no_subscribers_at = NULL WHERE name = ? AND owner = ?`, Name, l.owner)
 	l.renewed(time.Time{})
 	return err
 }

@@ -40,9 +40,19 @@ type SubscriberOptions struct {
 	// and be applied in either order. To scale out and keep each device's
 	// order, partition devices across consumers by topic filter instead
 	// (stores/1/# to one, stores/2/# to another).
-	Topics   []string
-	Username string
-	Password string
+	Topics []string
+	// CleanSession gives the subscriber a session that ends with its
+	// connection (3.1.1's clean session; 5's Clean Start with a Session
+	// Expiry Interval of 0) instead of the persistent one: what is
+	// published while it is away does not wait for it. For a member of a
+	// shared subscription, whose broker may keep a member's share for it
+	// while it is away (docs/consumer.md, "a member that goes away"): the
+	// share goes to the members still connected. The cost: what is
+	// published while no member is connected is dropped, and a message
+	// in flight to a member whose connection breaks may be lost.
+	CleanSession bool
+	Username     string
+	Password     string
 	// TLSConfig and TLSFiles as for MQTTOptions.
 	TLSConfig *tls.Config
 	TLSFiles  *outbox.TLSFiles
@@ -194,7 +204,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	s := &Subscriber{in: in, h: h, opts: opts, log: log, brokers: mqtt.NewBrokers(urls, opts.ClientID, log, "outbox subscriber: ")}
 	s.conf = mqtt.SessionOptions{
 		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password, Topics: opts.Topics,
-		TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
+		CleanSession: opts.CleanSession, TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
 		ConnectTimeout: opts.ConnectTimeout, KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
 		Logger: log,
 		Connected: func(protocol string) {

@@ -43,13 +43,15 @@ type SubscriberOptions struct {
 	Topics []string
 	// CleanSession gives the subscriber a session that ends with its
 	// connection (3.1.1's clean session; 5's Clean Start with a Session
-	// Expiry Interval of 0) instead of the persistent one: what is
-	// published while it is away does not wait for it. For a member of a
-	// shared subscription, whose broker may keep a member's share for it
-	// while it is away (docs/consumer.md, "a member that goes away"): the
-	// share goes to the members still connected. The cost: what is
-	// published while no member is connected is dropped, and a message
-	// in flight to a member whose connection breaks may be lost.
+	// Expiry Interval of 0) instead of the persistent one, so nothing is
+	// kept for it while it is away. For members of a shared subscription:
+	// with persistent sessions a member that is away keeps its share until
+	// it returns; with clean ones the share goes to the members still
+	// connected, but the messages in flight to a member whose connection
+	// breaks are lost, and so is what is published while no member is
+	// connected (docs/consumer.md, "Shared subscriptions: a member that
+	// goes away"). Connecting once with it also retires a client id: its
+	// persistent session, and what that held, is discarded.
 	CleanSession bool
 	Username     string
 	Password     string
@@ -72,9 +74,10 @@ type SubscriberOptions struct {
 	HandlerBackoff outbox.Backoff
 	// Protocol is the MQTT version, as for MQTTOptions: ProtocolAuto (the
 	// default) speaks 5 and falls back to 3.1.1 for a broker without 5.
-	// Both keep a persistent session (3.1.1's clean session false; 5's
-	// Clean Start false with a session that never expires) and acknowledge
-	// a message only after its transaction committed.
+	// Both keep a persistent session unless CleanSession (3.1.1's clean
+	// session false; 5's Clean Start false with a session that never
+	// expires) and acknowledge a message only after its transaction
+	// committed.
 	Protocol outbox.MQTTProtocol
 	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
 	// MQTTOptions.

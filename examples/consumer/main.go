@@ -39,10 +39,14 @@
 //
 //   - A shared subscription, --share GROUP: every consumer subscribes to
 //     $share/GROUP/<topic> and the broker hands each message to one member
-//     of the group. Any number of consumers, no configuration per consumer,
-//     and a consumer that is away leaves its share to the others, but it
-//     gives up order: two events of one till may go to two consumers and
-//     be applied in either order.
+//     of the group. Any number of consumers, nothing to configure per
+//     consumer but its client id. It gives up order: two events of one
+//     till may go to two consumers and be applied in either order. And
+//     each consumer's session is persistent, so the broker gives it its
+//     share even while it is away: a consumer that is away (killed, or
+//     stopped) holds its share back until it returns, nothing lost; one
+//     removed for good must be retired (docs/consumer.md, "Shared
+//     subscriptions: a member that goes away").
 //
 //   - Partitioning by topic, --topics given per consumer: each consumer
 //     subscribes to its own tills' topics (stores/1/#,stores/2/# to one,

@@ -74,9 +74,9 @@ type SubscriberOptions struct {
 	HandlerBackoff outbox.Backoff
 	// Protocol is the MQTT version, as for MQTTOptions: ProtocolAuto (the
 	// default) speaks 5 and falls back to 3.1.1 for a broker without 5.
-	// Both keep a persistent session unless CleanSession (3.1.1's clean
-	// session false; 5's Clean Start false with a session that never
-	// expires) and acknowledge a message only after its transaction
+	// Both keep a persistent session (3.1.1's clean session false; 5's
+	// Clean Start false with a session that never expires), unless
+	// CleanSession, and acknowledge a message only after its transaction
 	// committed.
 	Protocol outbox.MQTTProtocol
 	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for

@@ -47,11 +47,11 @@ type SubscriberOptions struct {
 	// kept for it while it is away. For members of a shared subscription:
 	// with persistent sessions a member that is away keeps its share until
 	// it returns; with clean ones the share goes to the members still
-	// connected, but the messages in flight to a member whose connection
-	// breaks are lost, and so is what is published while no member is
-	// connected (docs/consumer.md, "Shared subscriptions: a member that
-	// goes away"). Connecting once with it also retires a client id: its
-	// persistent session, and what that held, is discarded.
+	// connected, but what a member whose connection breaks had been given
+	// and had not acknowledged is lost, and so is what is published while
+	// no member is connected (docs/consumer.md, "Shared subscriptions: a
+	// member that goes away"). Connecting once with it also retires a
+	// client id: its persistent session, and what that held, is discarded.
 	CleanSession bool
 	Username     string
 	Password     string

@@ -40,9 +40,21 @@ type SubscriberOptions struct {
 	// and be applied in either order. To scale out and keep each device's
 	// order, partition devices across consumers by topic filter instead
 	// (stores/1/# to one, stores/2/# to another).
-	Topics   []string
-	Username string
-	Password string
+	Topics []string
+	// CleanSession gives the subscriber a session that ends with its
+	// connection (3.1.1's clean session; 5's Clean Start with a Session
+	// Expiry Interval of 0) instead of the persistent one, so nothing is
+	// kept for it while it is away. For members of a shared subscription:
+	// with persistent sessions a member that is away keeps its share until
+	// it returns; with clean ones the share goes to the members still
+	// connected, but what a member whose connection breaks had been given
+	// and had not acknowledged is lost, and so is what is published while
+	// no member is connected (docs/consumer.md, "Shared subscriptions: a
+	// member that goes away"). Connecting once with it also retires a
+	// client id: its persistent session, and what that held, is discarded.
+	CleanSession bool
+	Username     string
+	Password     string
 	// TLSConfig and TLSFiles as for MQTTOptions.
 	TLSConfig *tls.Config
 	TLSFiles  *outbox.TLSFiles
@@ -63,8 +75,9 @@ type SubscriberOptions struct {
 	// Protocol is the MQTT version, as for MQTTOptions: ProtocolAuto (the
 	// default) speaks 5 and falls back to 3.1.1 for a broker without 5.
 	// Both keep a persistent session (3.1.1's clean session false; 5's
-	// Clean Start false with a session that never expires) and acknowledge
-	// a message only after its transaction committed.
+	// Clean Start false with a session that never expires), unless
+	// CleanSession, and acknowledge a message only after its transaction
+	// committed.
 	Protocol outbox.MQTTProtocol
 	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
 	// MQTTOptions.
@@ -194,7 +207,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	s := &Subscriber{in: in, h: h, opts: opts, log: log, brokers: mqtt.NewBrokers(urls, opts.ClientID, log, "outbox subscriber: ")}
 	s.conf = mqtt.SessionOptions{
 		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password, Topics: opts.Topics,
-		TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
+		CleanSession: opts.CleanSession, TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
 		ConnectTimeout: opts.ConnectTimeout, KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
 		Logger: log,
 		Connected: func(protocol string) {

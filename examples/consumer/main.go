@@ -39,10 +39,14 @@
 //
 //   - A shared subscription, --share GROUP: every consumer subscribes to
 //     $share/GROUP/<topic> and the broker hands each message to one member
-//     of the group. Any number of consumers, no configuration per consumer,
-//     and a consumer that is away leaves its share to the others, but it
-//     gives up order: two events of one till may go to two consumers and
-//     be applied in either order.
+//     of the group. Any number of consumers, nothing to configure per
+//     consumer but its client id. It gives up order: two events of one
+//     till may go to two consumers and be applied in either order. And
+//     each consumer's session is persistent, so the broker gives it its
+//     share even while it is away: a consumer that is away (killed, or
+//     stopped) holds its share back until it returns, nothing lost; one
+//     removed for good must be retired (docs/consumer.md, "Shared
+//     subscriptions: a member that goes away").
 //
 //   - Partitioning by topic, --topics given per consumer: each consumer
 //     subscribes to its own tills' topics (stores/1/#,stores/2/# to one,
@@ -50,8 +54,8 @@
 //     the order the till committed them; the price is that the partition
 //     is configuration, and a consumer that is away holds its tills back.
 //
-//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --share backend --client-id consumer-1
-//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --topics 'stores/1/#,stores/2/#' --client-id consumer-a
+//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --share backend --client-id consumer-pg-1
+//     go run ./examples/consumer --broker tcp://127.0.0.1:1883 --postgres postgres://app@db/backend --topics 'stores/1/#,stores/2/#' --client-id consumer-pg-a
 //
 // On PostgreSQL orders_seen also records which consumer applied the event,
 // and each consumer prints only its own.
@@ -80,6 +84,11 @@ import (
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
+// sqliteClientID is the client id of a consumer on its own SQLite file,
+// unless --client-id says otherwise: not one a PostgreSQL consumer of the
+// README's commands uses.
+const sqliteClientID = "consumer-sqlite"
+
 type config struct {
 	db       string // SQLite file; empty = a file in a new temporary directory
 	postgres string // PostgreSQL DSN; set, it is used instead of db
@@ -100,15 +109,25 @@ func main() {
 	flag.StringVar(&cfg.topic, "topic", "stores/#", "MQTT topic filter to subscribe to")
 	flag.StringVar(&cfg.topics, "topics", "", "comma-separated topic filters, instead of --topic: this consumer's partition of the tills (keeps each till's order)")
 	flag.StringVar(&cfg.share, "share", "", "shared subscription group: subscribe to $share/GROUP/<filter>, so that the group's consumers split the events (gives up each till's order)")
-	flag.StringVar(&cfg.clientID, "client-id", "consumer-1", "MQTT client id; keep it fixed so the broker keeps this consumer's session")
+	flag.StringVar(&cfg.clientID, "client-id", "", "MQTT client id, one per consumer; keep it fixed so the broker keeps this consumer's session (default "+sqliteClientID+" on SQLite; required with --postgres)")
 	flag.IntVar(&cfg.count, "count", 0, "exit after this many events applied (0 = run until SIGINT/SIGTERM)")
 	flag.BoolVar(&cfg.demo, "demo", false, "start an embedded broker and publish a few demo events to it")
 	flag.Parse()
-	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" || cfg.clientID == "" ||
+	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" ||
 		(cfg.broker == "") == !cfg.demo || (cfg.db != "" && cfg.postgres != "") {
 		fmt.Fprintln(os.Stderr, "consumer: give either --broker URL or --demo, and at most one of --db and --postgres")
 		flag.Usage()
 		os.Exit(2)
+	}
+	// One id per role: a broker keeps one session per client id, so two
+	// consumers under one id take each other's subscriptions and events.
+	// Consumers sharing PostgreSQL are several: each names itself.
+	if cfg.clientID == "" {
+		if cfg.postgres != "" {
+			fmt.Fprintln(os.Stderr, "consumer: with --postgres give each consumer its own --client-id (e.g. consumer-pg-1, consumer-pg-2)")
+			os.Exit(2)
+		}
+		cfg.clientID = sqliteClientID
 	}
 	if cfg.demo && cfg.count > len(demoEvents) {
 		fmt.Fprintf(os.Stderr, "consumer: --demo publishes %d unique events; --count %d would never be reached\n", len(demoEvents), cfg.count)

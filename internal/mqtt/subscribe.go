@@ -19,6 +19,10 @@ type SessionOptions struct {
 	Password string
 	// Topics are the filters subscribed to, at QoS 1.
 	Topics []string
+	// CleanSession asks for a session that ends with its connection
+	// (3.1.1's clean session true; 5's Clean Start true, Session Expiry
+	// Interval 0) instead of the persistent one.
+	CleanSession bool
 	// TLSConfig is used for a TLS URL; TLSFiles, if set, replaces it and
 	// is read again for every session.
 	TLSConfig *tls.Config
@@ -58,9 +62,10 @@ func (m Message) Ack() { m.ack.Ack() }
 
 // Subscribe runs one session of a subscriber for the attempt a, in the
 // version it says, until the connection is lost or fails (an error) or ctx
-// ends (nil). The session persists on the broker (3.1.1's clean session
-// false; 5's Clean Start false, with a session that never expires), so
-// that what is published while the subscriber is away waits for it.
+// ends (nil). Unless o.CleanSession, the session persists on the broker
+// (3.1.1's clean session false; 5's Clean Start false, with a session that
+// never expires), so that what is published while the subscriber is away
+// waits for it.
 //
 // handle gets each message in arrival order, one at a time, and
 // acknowledges it when it is done with it; it returns false when ctx ended

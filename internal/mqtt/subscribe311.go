@@ -49,7 +49,7 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 	po.SetConnectTimeout(o.ConnectTimeout)
 	po.SetKeepAlive(o.KeepAlive)
 	po.SetPingTimeout(o.PingTimeout)
-	po.SetCleanSession(false)
+	po.SetCleanSession(o.CleanSession)
 	po.SetAutoAckDisabled(true)
 	po.SetOrderMatters(true)
 	handler := func(_ paho311.Client, m paho311.Message) {

@@ -121,11 +121,16 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 	cp := &paho.Connect{
 		ClientID:   o.ClientID,
 		KeepAlive:  uint16(min(o.KeepAlive/time.Second, 65535)),
-		CleanStart: false,
+		CleanStart: o.CleanSession,
 		// RequestProblemInfo true is MQTT's default (paho would send 0):
 		// mochi, told 0, strips the user properties from every PUBLISH
 		// it delivers, and CloudEvents binary mode's attributes with them.
 		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, RequestProblemInfo: true},
+	}
+	if o.CleanSession {
+		// No Session Expiry Interval is 0: the session ends with the
+		// connection.
+		cp.Properties.SessionExpiryInterval = nil
 	}
 	if o.Username != "" {
 		cp.UsernameFlag, cp.Username = true, o.Username

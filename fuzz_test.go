@@ -49,7 +49,8 @@ func FuzzEnvelope(f *testing.F) {
 			m := &outgoing{seq: seq, id: id, topic: topic, payload: payload, text: text, typ: typ, contentType: ct, createdAt: 1_700_000_000_123}
 			out, err := enc.encode(nil, m)
 			if err != nil {
-				if ValidateTopic(topic) == nil && id != "" && utf8.ValidString(id) && utf8.ValidString(typ) && utf8.ValidString(ct) {
+				if ValidateTopic(topic) == nil && id != "" && len(id) <= MaxIDBytes && len(typ) <= maxTypeBytes && len(ct) <= maxTypeBytes &&
+					utf8.ValidString(id) && utf8.ValidString(typ) && utf8.ValidString(ct) {
 					t.Fatalf("encode refused a valid message: %v", err)
 				}
 				return

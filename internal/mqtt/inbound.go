@@ -101,7 +101,7 @@ func decodeInbound(v311 bool, first byte, body []byte) (inbound, error) {
 		// A code below 0x80 is a success (some brokers send 0x01, the
 		// QoS): only those of 0x80 or more refuse.
 		in.code = body[2]
-		props, err := readProperties(body[3:], true)
+		props, err := readProperties(body[3:], true, pubackProperties)
 		if err != nil {
 			return bad("malformed PUBACK: %v", err)
 		}
@@ -124,7 +124,7 @@ func decodeInbound(v311 bool, first byte, body []byte) (inbound, error) {
 			return in, nil
 		}
 		in.code = body[0]
-		props, err := readProperties(body[1:], true)
+		props, err := readProperties(body[1:], true, disconnectProperties)
 		if err != nil {
 			return bad("malformed DISCONNECT: %v", err)
 		}
@@ -177,7 +177,7 @@ func decodePublish(v311 bool, first byte, body []byte) (inbound, error) {
 		if err != nil || plen > len(body)-n-w {
 			return bad("malformed PUBLISH: its properties run past its end")
 		}
-		if _, err := readProperties(body[n:n+w+plen], false); err != nil {
+		if _, err := readProperties(body[n:n+w+plen], false, publishProperties); err != nil {
 			return bad("malformed PUBLISH: %v", err)
 		}
 	}
@@ -190,10 +190,19 @@ type inboundProperties struct {
 	ref    string // Server Reference
 }
 
+// The properties each packet may carry (MQTT 5, 3.4.2.2, 3.14.2.2,
+// 3.3.2.3): any other is a malformed packet.
+const (
+	pubackProperties     = "\x1F\x26"                         // Reason String, User Property
+	disconnectProperties = "\x11\x1F\x26\x1C"                 // and Session Expiry Interval, Server Reference
+	publishProperties    = "\x01\x02\x23\x08\x09\x0B\x26\x03" // Payload Format … Content Type
+)
+
 // readProperties reads an MQTT 5 property block (its length, then the
-// properties), checking that each property is well formed and that the
-// block fills b exactly. With optional, an empty b is no properties.
-func readProperties(b []byte, optional bool) (inboundProperties, error) {
+// properties), checking that each property is well formed, one the packet
+// may carry (allowed), and that the block fills b exactly. With optional,
+// an empty b is no properties.
+func readProperties(b []byte, optional bool, allowed string) (inboundProperties, error) {
 	var p inboundProperties
 	if len(b) == 0 && optional {
 		return p, nil
@@ -238,6 +247,9 @@ func readProperties(b []byte, optional bool) (inboundProperties, error) {
 		}
 		if size > len(b) {
 			return p, fmt.Errorf("property 0x%02X runs past the end", id)
+		}
+		if !strings.ContainsRune(allowed, rune(id)) {
+			return p, fmt.Errorf("property 0x%02X, which this packet may not carry", id)
 		}
 		switch id {
 		case 0x1F:

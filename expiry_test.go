@@ -52,15 +52,25 @@ func intervals(h *publishSeen) map[string]uint32 {
 	return out
 }
 
-// publishedSeqs decodes the events a fakePublisher was given.
-func publishedSeqs(t *testing.T, p *fakePublisher) []int64 {
+// publishedEvents decodes the events a fakePublisher was given, in order.
+func publishedEvents(t *testing.T, p *fakePublisher) []Event {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var seqs []int64
+	var evs []Event
 	for _, payload := range p.published {
 		ev, err := DecodeEvent([]byte(payload))
 		require.NoError(t, err)
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// publishedSeqs is the sequence numbers of the events p was given.
+func publishedSeqs(t *testing.T, p *fakePublisher) []int64 {
+	t.Helper()
+	var seqs []int64
+	for _, ev := range publishedEvents(t, p) {
 		seqs = append(seqs, ev.Sequence)
 	}
 	return seqs

@@ -344,7 +344,8 @@ func TestInsertPathCost(t *testing.T) {
 		require.Equal(t, 1, perRow, "trigger programs every insert runs: %s", q.sql)
 		// 90: its WHEN also refuses, for every writer, topics no broker
 		// takes (a GLOB that runs in full only outside printable ASCII)
-		// and payloads over the stored limit, for about 0.6 µs a row.
+		// and payloads over the stored limit (its cost: BENCHMARKS.md,
+		// "The insert path after the input checks").
 		require.LessOrEqual(t, sizes["outbox_inserted"], 90, "opcodes of the program every insert runs (%v)", sizes)
 	}
 }

@@ -105,12 +105,8 @@ func openV6(t *testing.T) string {
 // publishedIDs is the event ids pub received, in order.
 func publishedIDs(t *testing.T, pub *fakePublisher) []string {
 	t.Helper()
-	pub.mu.Lock()
-	defer pub.mu.Unlock()
 	var ids []string
-	for _, p := range pub.published {
-		ev, err := DecodeEvent([]byte(p))
-		require.NoError(t, err)
+	for _, ev := range publishedEvents(t, pub) {
 		ids = append(ids, ev.ID)
 	}
 	return ids

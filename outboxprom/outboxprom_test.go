@@ -93,20 +93,6 @@ func deadOne(t *testing.T, ob *outbox.Outbox, reason string) {
 // token, refused from another origin or with a wrong token, done with the
 // right one from the page's own origin.
 func TestRequeueButton(t *testing.T) {
-	post := func(t *testing.T, r *rig, origin, token string) *http.Response {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, r.srv.URL+"/requeue", strings.NewReader(url.Values{"token": {token}}.Encode()))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		if origin != "" {
-			req.Header.Set("Origin", origin)
-		}
-		c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		resp, err := c.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp
-	}
 	dead := func(t *testing.T, r *rig) int64 {
 		g, err := r.ob.Gauges(context.Background())
 		require.NoError(t, err)
@@ -118,7 +104,7 @@ func TestRequeueButton(t *testing.T) {
 		_, page := r.get(t, "/")
 		require.NotContains(t, page, `action="/requeue"`)
 		require.Contains(t, page, "Read-only")
-		require.Equal(t, http.StatusForbidden, post(t, r, r.srv.URL, "").StatusCode)
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/requeue", r.srv.URL, "").StatusCode)
 		require.Equal(t, int64(1), dead(t, r))
 	})
 	t.Run("token", func(t *testing.T) {
@@ -127,13 +113,13 @@ func TestRequeueButton(t *testing.T) {
 		_, page := r.get(t, "/")
 		require.Contains(t, page, `action="/requeue"`)
 		require.Contains(t, page, "the broker said: not authorized")
-		require.Equal(t, http.StatusForbidden, post(t, r, "http://evil.example", "s3cret-token").StatusCode, "another site")
-		require.Equal(t, http.StatusForbidden, post(t, r, "", "s3cret-token").StatusCode, "no origin, no referer")
-		resp := post(t, r, r.srv.URL, "wrong")
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/requeue", "http://evil.example", "s3cret-token").StatusCode, "another site")
+		require.Equal(t, http.StatusForbidden, postForm(t, r, "/requeue", "", "s3cret-token").StatusCode, "no origin, no referer")
+		resp := postForm(t, r, "/requeue", r.srv.URL, "wrong")
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 		require.Equal(t, "/?requeue=denied", resp.Header.Get("Location"))
 		require.Equal(t, int64(1), dead(t, r))
-		resp = post(t, r, r.srv.URL, "s3cret-token")
+		resp = postForm(t, r, "/requeue", r.srv.URL, "s3cret-token")
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 		require.Equal(t, "/?requeued=1", resp.Header.Get("Location"))
 		require.Equal(t, int64(0), dead(t, r))

@@ -31,10 +31,13 @@ func TestSubscriptionsShareOneInstance(t *testing.T) {
 	}
 	quiet, err := Subscribe(filepath.Join(dir, "quiet.db-wal"))
 	require.NoError(t, err)
+	last := filepath.Join(dir, "last.db-wal")
+	barrier, err := Subscribe(last)
+	require.NoError(t, err)
 	watchers.mu.Lock()
 	w := watchers.w
 	require.NotNil(t, w)
-	require.Equal(t, 5, w.subs)
+	require.Equal(t, 6, w.subs)
 	require.Len(t, w.dirs, 3, "one watch per directory")
 	watchers.mu.Unlock()
 	for i, path := range paths {
@@ -45,11 +48,18 @@ func TestSubscriptionsShareOneInstance(t *testing.T) {
 			t.Fatalf("no event for %s", path)
 		}
 	}
-	// Events for the others are dispatched by name, and a late one would
-	// come within this long.
-	time.Sleep(100 * time.Millisecond)
+	// One goroutine dispatches the instance's events in the kernel's
+	// order: once the last file's event has come, every event of the
+	// writes before it has been dispatched.
+	require.NoError(t, os.WriteFile(last, []byte("frame"), 0o600))
+	select {
+	case <-barrier.C:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no event for %s", last)
+	}
 	require.Empty(t, quiet.C, "a subscriber heard another file's writes")
 	quiet.Close()
+	barrier.Close()
 	for _, s := range subs {
 		s.Close()
 	}

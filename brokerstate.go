@@ -1,11 +1,8 @@
 package outbox
 
 import (
-	"context"
 	"errors"
 	"time"
-
-	"github.com/edgeoutbox/outbox/internal/lease"
 )
 
 // The broker's own state, as the relay last heard it: a broker that says
@@ -43,38 +40,9 @@ func (r *Relay) noteOutcome(err error) bool {
 	r.unavailable.Store(true)
 	r.mu.Unlock()
 	if changed {
-		r.saidChanged()
+		r.notesChanged()
 	}
 	return true
-}
-
-// saidChanged asks keepLease to record what the broker says in the lease,
-// for `outboxctl status`: once per change, not per message or session (and
-// for messages taken with no subscriber, once per warning).
-func (r *Relay) saidChanged() {
-	select {
-	case r.saidNew <- struct{}{}:
-	default:
-	}
-}
-
-// recordSaid writes what the broker says, and what it took with no
-// subscriber, into the lease.
-func (r *Relay) recordSaid(ctx context.Context, l *lease.Lease) {
-	var n lease.Notes
-	n.BrokerSays, n.BrokerSince = r.brokerSays()
-	n.NoSubscribers, n.NoSubscribersTopic, n.NoSubscribersAt = r.noSubscribers.read()
-	r.own.Started.Add(1)
-	err := l.SetNotes(ctx, n)
-	if err != nil {
-		r.own.Started.Add(-1)
-		if ctx.Err() == nil {
-			r.log.Warn("outbox relay could not record in the lease what the broker says", "err", err)
-		}
-		return
-	}
-	r.own.Done.Add(1)
-	r.noSubscribers.recorded.Store(n.NoSubscribers)
 }
 
 // brokerTakes ends what the broker said of itself: it acknowledged a
@@ -90,7 +58,7 @@ func (r *Relay) brokerTakes() {
 	r.said = brokerSaid{}
 	r.unavailable.Store(false)
 	r.mu.Unlock()
-	r.saidChanged()
+	r.notesChanged()
 }
 
 // brokerSays returns what the broker says of itself and since when; ""

@@ -71,8 +71,8 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 				t.Reset(l.TTL() / 4)
 				continue
 			}
-		case <-r.saidNew:
-			r.recordSaid(ctx, l)
+		case <-r.notesNew:
+			r.recordNotes(ctx, l)
 			continue
 		case <-r.working:
 			// Rows after an idle spell, or the session ended: renew as a
@@ -170,7 +170,7 @@ func (r *Relay) keepLease(ctx context.Context, l *lease.Lease, stop context.Canc
 			if r.noSubscribers.unrecorded() {
 				// Riding on the renewal too: the count the lease shows
 				// lags by a renewal at most while messages flow.
-				r.recordSaid(ctx, l)
+				r.recordNotes(ctx, l)
 			}
 		}
 		quick, parked = next == 0, false
@@ -192,4 +192,33 @@ func (r *Relay) leaseGone(ctx context.Context, c *sql.Conn) error {
 	}
 	r.lease.Lose()
 	return ErrLeaseLost
+}
+
+// notesChanged asks keepLease to record the lease.Notes in the lease,
+// for `outboxctl status`: once per change, not per message or session (and
+// for messages taken with no subscriber, once per warning).
+func (r *Relay) notesChanged() {
+	select {
+	case r.notesNew <- struct{}{}:
+	default:
+	}
+}
+
+// recordNotes writes what the broker says, and what it took with no
+// subscriber, into the lease.
+func (r *Relay) recordNotes(ctx context.Context, l *lease.Lease) {
+	var n lease.Notes
+	n.BrokerSays, n.BrokerSince = r.brokerSays()
+	n.NoSubscribers, n.NoSubscribersTopic, n.NoSubscribersAt = r.noSubscribers.read()
+	r.own.Started.Add(1)
+	err := l.SetNotes(ctx, n)
+	if err != nil {
+		r.own.Started.Add(-1)
+		if ctx.Err() == nil {
+			r.log.Warn("outbox relay could not record in the lease what the broker says", "err", err)
+		}
+		return
+	}
+	r.own.Done.Add(1)
+	r.noSubscribers.recorded.Store(n.NoSubscribers)
 }

@@ -44,7 +44,7 @@ func (r *Relay) heardByNobody(topic string) {
 	n.mu.Unlock()
 	if warn {
 		// The lease tells `outboxctl status`, as often as the log does.
-		r.saidChanged()
+		r.notesChanged()
 		r.log.Warn("outbox relay: the broker had no subscriber for the topic (PUBACK 0x10): the message reached nobody unless a persistent session held it; is the consumer subscribed, and is the topic right?",
 			"topic", topic, "no_subscribers_total", total)
 	}

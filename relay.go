@@ -186,7 +186,7 @@ type Relay struct {
 	said     brokerSaid
 
 	unavailable atomic.Bool   // said.says != "": checked at every acknowledgement
-	saidNew     chan struct{} // said changed: keepLease records it in the lease
+	notesNew    chan struct{} // what the lease tells status changed: keepLease records it (lease.Notes)
 
 	connected atomic.Bool
 	diskFull  atomic.Bool   // a write failed for lack of space: purge now
@@ -267,7 +267,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		purgeNow: make(chan struct{}, 1),
 		nudge:    make(chan struct{}, 1),
 		working:  make(chan struct{}, 1),
-		saidNew:  make(chan struct{}, 1),
+		notesNew: make(chan struct{}, 1),
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)

@@ -216,8 +216,9 @@ func FuzzDecodeEventMQTT(f *testing.F) {
 		if !bytes.Equal(ev.Data, payload) || ev.DataContentType != ct {
 			t.Fatalf("binary mode data %q (%q), want %q (%q)", ev.Data, ev.DataContentType, payload, ct)
 		}
-		if ev.Sequence < 0 || !utf8.ValidString(ev.ID+ev.Source+ev.Type+ct) || strings.ContainsRune(ev.ID+ev.Source+ev.Type+ct, 0) {
-			return // the relay never writes these
+		if ev.Sequence < 0 || !utf8.ValidString(ev.ID+ev.Source+ev.Type+ct) || strings.ContainsRune(ev.ID+ev.Source+ev.Type+ct, 0) ||
+			len(ev.ID) > MaxIDBytes || len(ev.Type) > maxTypeBytes || len(ct) > maxTypeBytes {
+			return // the relay never writes these: Enqueue and the schema refuse them
 		}
 		enc := encoder{source: ev.Source, defaultType: DefaultEventType, mode: EnvelopeCloudEventsBinary}
 		m := &outgoing{seq: ev.Sequence, id: ev.ID, topic: "t", payload: ev.Data, typ: ev.Type, contentType: ct, createdAt: ev.Time.UnixMilli()}

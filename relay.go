@@ -103,6 +103,15 @@ type RelayOptions struct {
 	// broker had its event: a phantom. NewRelay refuses it on an Outbox
 	// that Open opened at SyncNormal.
 	WritersAtFull bool
+	// Batch publishes many events of one topic per MQTT message; off by
+	// default. See BatchOptions.
+	Batch BatchOptions
+	// Compress compresses batches, and single events of 256 bytes or more,
+	// where that makes them smaller: over MQTT 5 a content-encoding user
+	// property says so; over 3.1.1 only structured CloudEvents can be
+	// compressed, told by the payload's magic bytes (docs/batching.md).
+	// Default CompressNone.
+	Compress Compression
 }
 
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
@@ -159,6 +168,13 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 		if len(a.v) > maxTypeBytes || !utf8.ValidString(a.v) || strings.IndexByte(a.v, 0) >= 0 {
 			return o, fmt.Errorf("outbox: relay: %s %.64q must be valid UTF-8 without NUL, of at most %d bytes", a.name, a.v, maxTypeBytes)
 		}
+	}
+	var err error
+	if o.Batch, err = o.Batch.check(); err != nil {
+		return o, err
+	}
+	if o.Compress < CompressNone || o.Compress > CompressZstd {
+		return o, fmt.Errorf("outbox: relay: unknown Compression %d", o.Compress)
 	}
 	if o.Owner == "" {
 		o.Owner = host + ":" + strconv.Itoa(os.Getpid()) + ":" + NewID()[24:]

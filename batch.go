@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -129,4 +130,22 @@ func (o BatchOptions) check() (BatchOptions, error) {
 		return o, fmt.Errorf("outbox: relay: Batch.MaxDelay %s over %s", o.MaxDelay, maxBatchDelay)
 	}
 	return o, nil
+}
+
+// propertyless is a Publisher that will never carry MQTT 5 properties
+// (an MQTTPublisher, or a type embedding one, set to Protocol311).
+type propertyless interface{ onlyMQTT311() bool }
+
+// unmarkedPayloads refuses raw payloads batched or compressed on a
+// Publisher that carries no properties: a raw batch, or a compressed raw
+// payload, is told from one event's bytes only by its Content Type or
+// content-encoding, and a raw payload may begin with any bytes, even a
+// compression frame's magic.
+func unmarkedPayloads(pub Publisher, o RelayOptions) error {
+	p, ok := pub.(propertyless)
+	if !ok || !p.onlyMQTT311() || o.Envelope != EnvelopeRaw || (!o.Batch.on() && o.Compress == CompressNone) {
+		return nil
+	}
+	return errors.New("outbox: relay: EnvelopeRaw with Batch or Compress needs MQTT 5: over 3.1.1 (Protocol311) nothing marks a raw batch " +
+		"or a compressed raw payload; use Protocol5 or ProtocolAuto, or EnvelopeCloudEvents")
 }

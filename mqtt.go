@@ -168,6 +168,11 @@ type MQTTPublisher struct {
 	control func(network, address string, c syscall.RawConn) error
 }
 
+// onlyMQTT311 says that every connection speaks 3.1.1, which carries no
+// properties: the relay then refuses what only a property could mark
+// (unmarkedPayloads).
+func (p *MQTTPublisher) onlyMQTT311() bool { return p.opts.Protocol == Protocol311 }
+
 // NewMQTTPublisher checks opts and returns a publisher; it connects only
 // when the relay asks.
 func NewMQTTPublisher(opts MQTTOptions) (*MQTTPublisher, error) {

@@ -69,6 +69,46 @@ func TestMQTTCheckSize(t *testing.T) {
 	require.ErrorContains(t, pub.CheckSize(topic, limit-2-len(topic)-2-19, props), "exceeds MQTT's limit")
 }
 
+// TestRawBatchNeedsMQTT5: over 3.1.1 nothing marks a raw batch or a
+// compressed raw payload (no Content Type, no user property, and a raw
+// payload may begin with any bytes), so NewRelay refuses either with a raw
+// envelope on a publisher that speaks only 3.1.1, or a type embedding one;
+// structured events, MQTT 5, auto and other transports are let through.
+func TestRawBatchNeedsMQTT5(t *testing.T) {
+	ob := openTest(t, Options{})
+	mqttPub := func(proto MQTTProtocol) Publisher {
+		pub, err := NewMQTTPublisher(MQTTOptions{Broker: "tcp://127.0.0.1:1", Protocol: proto})
+		require.NoError(t, err)
+		t.Cleanup(func() { pub.Close() })
+		return pub
+	}
+	type wrapped struct{ *MQTTPublisher }
+	batch := BatchOptions{MaxEvents: 16}
+	for _, c := range []struct {
+		name    string
+		pub     Publisher
+		opts    RelayOptions
+		refused bool
+	}{
+		{"raw batched on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Batch: batch}, true},
+		{"raw compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Compress: CompressZstd}, true},
+		{"raw gzip on 3.1.1, embedded", wrapped{mqttPub(Protocol311).(*MQTTPublisher)}, RelayOptions{Envelope: EnvelopeRaw, Compress: CompressGzip}, true},
+		{"raw unbatched on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Batch: BatchOptions{MaxEvents: 1}}, false},
+		{"structured batched and compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Batch: batch, Compress: CompressZstd}, false},
+		{"raw batched and compressed on 5", mqttPub(Protocol5), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
+		{"raw batched and compressed on auto", mqttPub(ProtocolAuto), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
+		{"raw batched and compressed, another transport", &fakePublisher{}, RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
+	} {
+		_, err := ob.NewRelay(c.pub, c.opts)
+		if c.refused {
+			require.ErrorContains(t, err, "EnvelopeRaw with Batch or Compress needs MQTT 5", c.name)
+			require.ErrorContains(t, err, "use Protocol5 or ProtocolAuto, or EnvelopeCloudEvents", c.name)
+		} else {
+			require.NoError(t, err, c.name)
+		}
+	}
+}
+
 // BenchmarkMQTTPublish is MQTTPublisher's own cost per message: publishes
 // kept 64 deep, as the relay's window does, to a broker in this process
 // that only acknowledges (ackBroker), over loopback TCP. Its allocs/op are

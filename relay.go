@@ -270,6 +270,9 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := unmarkedPayloads(pub, opts); err != nil {
+		return nil, err
+	}
 	if opts.WritersAtFull && o.ownsDB && !o.durable.Full {
 		return nil, errors.New("outbox: relay: WritersAtFull on an Outbox opened at SyncNormal: its own commits are not synced")
 	}

@@ -42,6 +42,10 @@ type relayFlags struct {
 	metricsListen string
 	tokenFile     string
 	writersFull   bool
+	batchEvents   int
+	batchBytes    int
+	batchDelay    time.Duration
+	compress      string
 }
 
 func relayCmd(a *cli.App) *cobra.Command {
@@ -92,6 +96,10 @@ without one it is read-only.`,
 				return cli.Usagef("--backoff-max, --poll-interval and --shutdown-timeout must be positive")
 			}
 			envelope, err := outbox.ParseEnvelope(f.envelope)
+			if err != nil {
+				return cli.UsageError{Err: err}
+			}
+			batch, compression, err := f.batching(envelope, mopts.Protocol)
 			if err != nil {
 				return cli.UsageError{Err: err}
 			}
@@ -146,6 +154,8 @@ without one it is read-only.`,
 				ShutdownTimeout: f.shutdown,
 				TopicPrefix:     f.topicPrefix,
 				WritersAtFull:   f.writersFull,
+				Batch:           batch,
+				Compress:        compression,
 			})
 			if err != nil {
 				return cli.UsageError{Err: err}
@@ -184,6 +194,10 @@ without one it is read-only.`,
 	fl.DurationVar(&f.statsInterval, "stats-interval", time.Minute, "log the relay's counters this often (0: never)")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz, /readyz and the status page on this address, e.g. 127.0.0.1:9464 (default: off)")
 	fl.BoolVar(&f.writersFull, "writers-full", false, "declare that every program writing the database commits at synchronous=FULL: publish without an fsync of the relay's first (declared wrongly, a power cut can undo a commit whose event went out)")
+	fl.IntVar(&f.batchEvents, "batch-max-events", 0, "publish up to N events of one topic in one MQTT message (0 or 1: one event a message)")
+	fl.IntVar(&f.batchBytes, "batch-max-bytes", 0, "bytes of a batch at most, before compression (0: 65536)")
+	fl.DurationVar(&f.batchDelay, "batch-max-delay", 0, "how long a batch may wait for more events of its topic (0: never; what is pending goes at once)")
+	fl.StringVar(&f.compress, "compress", "none", "compress batches and single events of 256 bytes or more: none, gzip or zstd")
 	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's buttons (requeue, try to connect now), with the token in this file (default: read-only page)")
 	return cmd
 }
@@ -240,6 +254,30 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 		o.TLSFiles = &outbox.TLSFiles{CAFile: f.caFile, CertFile: f.certFile, KeyFile: f.keyFile, ServerName: f.serverName}
 	}
 	return o, nil
+}
+
+// batching reads the batch and compression flags. They are checked here,
+// before anything is opened or connects, as NewRelay would check them: a
+// relay that cannot start leaves no file behind.
+func (f *relayFlags) batching(env outbox.Envelope, proto outbox.MQTTProtocol) (outbox.BatchOptions, outbox.Compression, error) {
+	b := outbox.BatchOptions{MaxEvents: f.batchEvents, MaxBytes: f.batchBytes, MaxDelay: f.batchDelay}
+	switch {
+	case b.MaxEvents < 0 || b.MaxEvents > 65535:
+		return b, 0, fmt.Errorf("--batch-max-events %d: want 0 to 65535", b.MaxEvents)
+	case b.MaxBytes < 0 || b.MaxBytes > outbox.MaxBatchBytesLimit:
+		return b, 0, fmt.Errorf("--batch-max-bytes %d: want 0 to %d (16 MiB)", b.MaxBytes, outbox.MaxBatchBytesLimit)
+	case b.MaxDelay < 0 || b.MaxDelay > time.Minute:
+		return b, 0, fmt.Errorf("--batch-max-delay %s: want 0 to 1m", b.MaxDelay)
+	}
+	c, err := outbox.ParseCompression(f.compress)
+	if err != nil {
+		return b, 0, fmt.Errorf("--compress: %w", err)
+	}
+	if env == outbox.EnvelopeRaw && proto == outbox.Protocol311 && (b.MaxEvents > 1 || c != outbox.CompressNone) {
+		return b, 0, errors.New("--envelope raw with --batch-max-events or --compress needs MQTT 5: 3.1.1 has no properties, so nothing could tell a raw batch " +
+			"or a compressed raw payload from one event's bytes; use --mqtt-version 5 (or auto), or --envelope cloudevents")
+	}
+	return b, c, nil
 }
 
 func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Duration) {

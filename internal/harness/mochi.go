@@ -21,6 +21,10 @@ type Message struct {
 	Topic   string
 	Payload []byte
 	Client  string // the client that published it
+	// ContentType and User are the MQTT 5 properties the publisher gave
+	// (none over 3.1.1): a batch's or a compressed payload's marks.
+	ContentType string
+	User        []packets.UserProperty
 }
 
 // MochiOptions shape an in-process broker.
@@ -106,7 +110,8 @@ func (m *Mochi) Subscribe(filter string, fn func(Message)) error {
 func (m *Mochi) subscribe(srv *mochi.Server, i int) error {
 	s := m.subs[i]
 	return srv.Subscribe(s.filter, i+1, func(_ *mochi.Client, _ packets.Subscription, pk packets.Packet) {
-		s.fn(Message{Topic: pk.TopicName, Payload: pk.Payload, Client: pk.Origin})
+		s.fn(Message{Topic: pk.TopicName, Payload: pk.Payload, Client: pk.Origin,
+			ContentType: pk.Properties.ContentType, User: pk.Properties.User})
 	})
 }
 

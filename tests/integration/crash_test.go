@@ -35,7 +35,7 @@ const (
 	// runs them.
 	crashEnvChild = "OUTBOX_CRASH_CHILD"
 
-	crashTopic    = "crash/orders"
+	crashTopic    = "crash/orders" // a batched child's first topic of crashTopics
 	crashSource   = "/crash/till"
 	crashWindow   = 32
 	crashBatch    = 64 // RelayOptions.BatchSize
@@ -54,14 +54,23 @@ const (
 	// still on the wire when the child dies are lost with it, as a device
 	// that loses power loses what it had not yet sent.
 	crashLinkDelay = 20 * time.Millisecond
+	// crashBatchEvents is the most events in one MQTT message of a
+	// batched run (RelayOptions.Batch.MaxEvents).
+	crashBatchEvents = 16
 )
+
+// crashTopics are the topics of a batched child's events: batches hold one
+// topic each, so order is checked per topic, and a batch of one topic may
+// overtake an earlier event of another.
+var crashTopics = []string{crashTopic, "crash/refunds", "crash/voids"}
 
 // crashRelayOptions make every phase happen often: purges every 20 ms of
 // rows sent 50 ms ago (and with them incremental vacuum), small read
 // batches, a short lease (in case a killed child's lease is not judged dead,
 // as off Linux, it blocks the next one for a TTL), fast reconnects.
-func crashRelayOptions(owner string) outbox.RelayOptions {
-	return outbox.RelayOptions{
+// batched adds batches of up to crashBatchEvents, compressed with zstd.
+func crashRelayOptions(owner string, batched bool) outbox.RelayOptions {
+	o := outbox.RelayOptions{
 		Source:          crashSource,
 		Window:          crashWindow,
 		BatchSize:       crashBatch,
@@ -74,6 +83,11 @@ func crashRelayOptions(owner string) outbox.RelayOptions {
 		ShutdownTimeout: time.Second,
 		Owner:           owner,
 	}
+	if batched {
+		o.Batch = outbox.BatchOptions{MaxEvents: crashBatchEvents}
+		o.Compress = outbox.CompressZstd
+	}
+	return o
 }
 
 func crashMQTTOptions(brokerURL, clientID string, proto outbox.MQTTProtocol) outbox.MQTTOptions {
@@ -86,13 +100,15 @@ func childProtocol(n int) outbox.MQTTProtocol {
 	return []outbox.MQTTProtocol{outbox.Protocol5, outbox.Protocol311}[n%2]
 }
 
-// crashPayload is the event data: the event's own id (so a delivery can be
-// checked against its envelope) and padding of a random size, up to more
-// than a page, so purges free pages for incremental vacuum and some rows
-// use overflow pages.
+// crashPayload is the event data: the event's own id and topic (so a
+// delivery can be checked against its envelope and the message that
+// carried it) and padding of a random size, up to more than a page, so
+// purges free pages for incremental vacuum and some rows use overflow
+// pages.
 type crashPayload struct {
-	ID  string `json:"id"`
-	Pad string `json:"pad"`
+	ID    string `json:"id"`
+	Topic string `json:"topic"`
+	Pad   string `json:"pad"`
 }
 
 var errCrashRollback = errors.New("rolled back on purpose")
@@ -103,10 +119,11 @@ func TestCrashChild(t *testing.T) {
 	runOrdersChild(t, crashEnvChild, "the child of TestCrashKill9; runs only when started by it")
 }
 
-// crashDelivery is one message the broker routed, with the client that
-// published it (which child, or the final relay).
+// crashDelivery is one event the broker routed, with the message's topic
+// and the client that published it (which child, or the final relay).
 type crashDelivery struct {
 	origin string
+	topic  string
 	ev     outbox.Event
 	evErr  error
 }
@@ -159,6 +176,7 @@ type crashRun struct {
 	rng      *rand.Rand
 	path     string // the database
 	sidePath string // rolled-back event ids, one a line
+	batched  bool   // the children batch and compress (ordersChild.Batched)
 
 	early, relayed int // kills before the relay connected, and after
 	// lost counts, per client, connections its relay lost while it ran:
@@ -176,7 +194,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	t := c.t
 	client := fmt.Sprintf("crash-child-%d", n)
 	child := startKilledChild(t, fmt.Sprintf("child %d", n), "TestCrashChild", crashEnvChild, ordersChild{
-		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64(), Protocol: childProtocol(n)})
+		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64(), Protocol: childProtocol(n), Batched: c.batched})
 	defer child.done(verbose)
 
 	// Most kills land while the child relays: the random delay starts once
@@ -200,13 +218,26 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 // TestCrashKill9 kills a writing, relaying process with SIGKILL at random
 // moments, many times, then lets a relay finish and checks every promise.
 func TestCrashKill9(t *testing.T) {
+	testCrashKill9(t, 30, false)
+}
+
+// TestCrashKill9Batched is TestCrashKill9 with batches of up to
+// crashBatchEvents events, compressed with zstd, over three topics: the
+// same promises per event, first deliveries in commit order per topic, a
+// crash duplicating at most the bound's messages of crashBatchEvents each.
+// OUTBOX_CRASH_CYCLES sets its cycles too.
+func TestCrashKill9Batched(t *testing.T) {
+	testCrashKill9(t, 10, true)
+}
+
+func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 	if testing.Short() {
 		t.Skip("-short: the crash test re-executes the test binary (not possible under qemu-user)")
 	}
-	cycles := int(crashEnvInt(t, "OUTBOX_CRASH_CYCLES", 30))
+	cycles := int(crashEnvInt(t, "OUTBOX_CRASH_CYCLES", defaultCycles))
 	require.Positive(t, cycles, "OUTBOX_CRASH_CYCLES")
 	seed := crashEnvInt(t, "OUTBOX_CRASH_SEED", uint64(time.Now().UnixNano()))
-	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays)", cycles, seed, seed)
+	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays), batched %v", cycles, seed, seed, batched)
 	began := time.Now()
 
 	b := harness.StartMochi(t, harness.MochiOptions{})
@@ -219,6 +250,7 @@ func TestCrashKill9(t *testing.T) {
 		lost:     map[string]int{},
 		path:     filepath.Join(dir, "till.db"),
 		sidePath: filepath.Join(dir, "rolledback.txt"),
+		batched:  batched,
 	}
 	createOrders(t, run.path)
 
@@ -228,14 +260,14 @@ func TestCrashKill9(t *testing.T) {
 		orders, pending := run.cycle(n, childLog)
 		backlog = pending
 		if testing.Verbose() && (n%10 == 0 || n == cycles) {
-			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, rec.Count())
+			t.Logf("  after kill %d: %d orders committed, %d events pending, %d deliveries so far", n, orders, pending, len(rec.events()))
 		}
 	}
 	killing := time.Since(began)
 
 	// Let one relay finish the job, in this process, until nothing is
 	// pending and the broker has routed every committed event.
-	ob, stop, finalLog := drainRest(t, run.path, outbox.SyncFull, b.URL(), "crash-final", backlog)
+	ob, stop, finalLog := drainRest(t, run.path, outbox.SyncFull, b.URL(), "crash-final", backlog, batched)
 	drained := time.Since(began) - killing
 
 	// What was committed, in commit order, and what was rolled back.
@@ -249,8 +281,8 @@ func TestCrashKill9(t *testing.T) {
 	run.lost["crash-final"] += strings.Count(finalLog.String(), crashLostConn)
 
 	// Every delivery: well formed, committed, never rolled back; first
-	// deliveries in commit order.
-	deliveries := rec.All()
+	// deliveries in commit order (per topic: an unbatched run has one).
+	deliveries := rec.events()
 	chk := checkDeliveries(deliveries, committed, rolledBack)
 	require.NoError(t, chk.bad)
 	require.Empty(t, chk.rolledBackSent, "rolled-back events were published")
@@ -269,17 +301,24 @@ func TestCrashKill9(t *testing.T) {
 
 	// A crash duplicates what was in flight and what was acknowledged but
 	// not yet recorded; a lost connection only what was in flight.
-	// The bound docs/guarantees.md gives: Window + max(Window, 256).
-	perKill := crashWindow + max(crashWindow, 256)
-	t.Logf("crash test figures (seed %d, window %d):", seed, crashWindow)
+	// The bound docs/guarantees.md gives: Window + max(Window, 256)
+	// messages, each of up to MaxEvents events when batched.
+	perMsg := 1
+	if batched {
+		perMsg = crashBatchEvents
+	}
+	perKill, perLost := (crashWindow+max(crashWindow, 256))*perMsg, crashWindow*perMsg
+	shape := rec.shape()
+	t.Logf("crash test figures (seed %d, window %d, batched %v):", seed, crashWindow, batched)
 	t.Logf("  kill -9 cycles            %7d  (%d while relaying, 30-400 ms after it connected; %d at 0-400 ms after start)", cycles, run.relayed, run.early)
 	t.Logf("  integrity_check           %7s  after every kill", "ok")
 	t.Logf("  orders committed          %7d", len(committed))
 	t.Logf("  orders rolled back        %7d  delivered: 0", len(rolledBack))
 	t.Logf("  events delivered, unique  %7d  of %d committed; first deliveries in commit order", len(first), len(committed))
 	t.Logf("  deliveries in all         %7d", len(deliveries))
-	t.Logf("  duplicates                %7d  total, bound kills x %d + connections lost x window = %d", dups, perKill, perKill*cycles+crashWindow*lostConns)
-	t.Logf("  duplicates after one kill %7d  at most (sent again by %s), bound window + mark slots = %d", maxDups, maxBy, perKill)
+	t.Logf("  MQTT messages             %7d  %s", shape.messages, shape)
+	t.Logf("  duplicates                %7d  total, bound kills x %d + connections lost x %d = %d", dups, perKill, perLost, perKill*cycles+perLost*lostConns)
+	t.Logf("  duplicates after one kill %7d  at most (sent again by %s), bound (window + mark slots) x events a message = %d", maxDups, maxBy, perKill)
 	t.Logf("  dead / pending / charged  %3d / %d / %d", dead, pending, attempts)
 	t.Logf("  connections lost          %7d  (none is caused on purpose; each may add a window of duplicates)", lostConns)
 	t.Logf("  final drain               %7d  pending after the last kill, drained in %s", backlog, drained.Round(100*time.Millisecond))
@@ -287,10 +326,11 @@ func TestCrashKill9(t *testing.T) {
 
 	require.Equal(t, len(committed), len(first), "every committed event delivered")
 	for origin, n := range dupsBy {
-		require.LessOrEqual(t, n, perKill+crashWindow*run.lost[origin],
+		require.LessOrEqual(t, n, perKill+perLost*run.lost[origin],
 			"duplicates sent again by %s, after one crash and %d lost connections, exceed the bound", origin, run.lost[origin])
 	}
-	require.LessOrEqual(t, dups, perKill*cycles+crashWindow*lostConns, "duplicates exceed kills x (window + mark slots) + lost connections x window")
+	require.LessOrEqual(t, dups, perKill*cycles+perLost*lostConns, "duplicates exceed kills x (window + mark slots) + lost connections x window")
+	shape.check(t, batched)
 	require.Zero(t, dead, "dead messages")
 	require.Zero(t, pending, "pending messages")
 	require.Zero(t, attempts, "attempts charged: a crash must never count against a message")

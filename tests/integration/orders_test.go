@@ -60,6 +60,12 @@ type ordersChild struct {
 	// tell, and declare RelayOptions.WritersAtFull: at FULL its relay then
 	// publishes with no fsync before, and a cut must still find no phantom.
 	OwnTx bool
+	// Batched has the child's relay batch and compress
+	// (crashRelayOptions), and each of its transactions commit one to four
+	// orders, each event on one of crashTopics: so that batches hold
+	// events of several transactions and form while it runs, not only
+	// from the backlog a killed child left.
+	Batched bool
 }
 
 const (
@@ -119,7 +125,7 @@ func (c ordersChild) run() {
 	if err != nil {
 		die("publisher: %v", err)
 	}
-	ropts := crashRelayOptions(c.Client)
+	ropts := crashRelayOptions(c.Client, c.Batched)
 	ropts.WritersAtFull = c.OwnTx
 	relay, err := ob.NewRelay(pub, ropts)
 	if err != nil {
@@ -153,23 +159,36 @@ func (c ordersChild) run() {
 	pace := time.NewTicker(crashCommitEvery)
 	for n := 1; ; n++ {
 		<-pace.C
-		id := outbox.NewID()
-		rollback := n%crashRollbackEvery == 0
-		pad := rng.IntN(3000)
-		if rng.IntN(20) == 0 {
-			pad = 4000 + rng.IntN(4000) // overflow pages
+		orders := 1
+		if c.Batched {
+			orders = 1 + rng.IntN(4)
 		}
-		payload, _ := json.Marshal(crashPayload{ID: id, Pad: strings.Repeat("x", pad)})
+		msgs := make([]outbox.Message, orders)
+		for i := range msgs {
+			m := &msgs[i]
+			m.ID, m.Topic, m.Type = outbox.NewID(), crashTopic, "order.created"
+			if c.Batched {
+				m.Topic = crashTopics[rng.IntN(len(crashTopics))]
+			}
+			pad := rng.IntN(3000)
+			if rng.IntN(20) == 0 {
+				pad = 4000 + rng.IntN(4000) // overflow pages
+			}
+			m.Payload, _ = json.Marshal(crashPayload{ID: m.ID, Topic: m.Topic, Pad: strings.Repeat("x", pad)})
+		}
+		rollback := n%crashRollbackEvery == 0
 		commit := ob.Transact
 		if c.OwnTx {
 			commit = ownTx(ob)
 		}
 		err := commit(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, id, c.Client); err != nil {
-				return err
-			}
-			if err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: crashTopic, Type: "order.created", Payload: payload}); err != nil {
-				return err
+			for _, m := range msgs {
+				if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, m.ID, c.Client); err != nil {
+					return err
+				}
+				if err := ob.Enqueue(ctx, tx, m); err != nil {
+					return err
+				}
 			}
 			if !rollback {
 				return nil
@@ -178,8 +197,10 @@ func (c ordersChild) run() {
 			// id on file that was never committed, which is what the
 			// file claims. Recorded after it, a crash could leave a
 			// rolled-back id unlisted.
-			if _, err := side.WriteString(id + "\n"); err != nil {
-				return err
+			for _, m := range msgs {
+				if _, err := side.WriteString(m.ID + "\n"); err != nil {
+					return err
+				}
 			}
 			if err := side.Sync(); err != nil {
 				return err
@@ -192,8 +213,10 @@ func (c ordersChild) run() {
 		case !rollback && err != nil:
 			die("order %d: %v", n, err)
 		case !rollback && c.Report:
-			if _, err := fmt.Fprintln(os.Stdout, committedPrefix+id); err != nil {
-				die("report: %v", err)
+			for _, m := range msgs {
+				if _, err := fmt.Fprintln(os.Stdout, committedPrefix+m.ID); err != nil {
+					die("report: %v", err)
+				}
 			}
 		}
 	}
@@ -328,16 +351,89 @@ func (c *killedChild) done(verbose bool) {
 	}
 }
 
-// recordEvents records, decoded, every event b routes.
-func recordEvents(t *testing.T, b *harness.Mochi) *harness.Recorder[crashDelivery] {
+// crashMessage is one MQTT message the broker routed, decoded.
+type crashMessage struct {
+	origin, topic string
+	wire          wireMessage
+	err           error
+}
+
+// crashRecord is what the broker routed, in order.
+type crashRecord struct {
+	*harness.Recorder[crashMessage]
+}
+
+// recordEvents records, decoded, every message b routes.
+func recordEvents(t *testing.T, b *harness.Mochi) crashRecord {
 	t.Helper()
-	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashDelivery {
-		d := crashDelivery{origin: m.Client}
-		d.ev, d.evErr = outbox.DecodeEvent(m.Payload)
-		return d
+	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashMessage {
+		w, err := decodeWire(m)
+		return crashMessage{origin: m.Client, topic: m.Topic, wire: w, err: err}
 	})
 	require.NoError(t, err)
-	return rec
+	return crashRecord{rec}
+}
+
+// events are the events delivered, in order: a batch's one by one, and a
+// message that could not be decoded as one delivery with its error.
+func (r crashRecord) events() []crashDelivery {
+	var ds []crashDelivery
+	for _, m := range r.All() {
+		if m.err != nil {
+			ds = append(ds, crashDelivery{origin: m.origin, topic: m.topic, evErr: m.err})
+			continue
+		}
+		for _, ev := range m.wire.events {
+			ds = append(ds, crashDelivery{origin: m.origin, topic: m.topic, ev: ev})
+		}
+	}
+	return ds
+}
+
+// wireShape is how the events went: in how many MQTT messages, how many
+// of those batches, and compressed.
+type wireShape struct {
+	messages, batches, batched, most, compressed int
+}
+
+func (r crashRecord) shape() wireShape {
+	var s wireShape
+	for _, m := range r.All() {
+		s.messages++
+		n := len(m.wire.events)
+		if n > 1 {
+			s.batches++
+			s.batched += n
+		}
+		s.most = max(s.most, n)
+		if m.wire.compressed {
+			s.compressed++
+		}
+	}
+	return s
+}
+
+func (s wireShape) String() string {
+	mean := 0.0
+	if s.batches > 0 {
+		mean = float64(s.batched) / float64(s.batches)
+	}
+	return fmt.Sprintf("%d of them batches (%d events, %.1f a batch, at most %d), %d compressed", s.batches, s.batched, mean, s.most, s.compressed)
+}
+
+// check says whether the events went as the relay was asked: batched
+// (some batches, none over crashBatchEvents, some compressed) or one a
+// message, uncompressed.
+func (s wireShape) check(t *testing.T, batched bool) {
+	t.Helper()
+	if !batched {
+		require.Zero(t, s.batches, "batches from an unbatched relay")
+		require.Zero(t, s.compressed, "compressed messages from a relay that does not compress")
+		return
+	}
+	require.Positive(t, s.batches, "no batch: the relay published every event alone")
+	require.LessOrEqual(t, s.most, crashBatchEvents, "a batch over Batch.MaxEvents")
+	require.Positive(t, s.compressed, "nothing compressed")
 }
 
 // createOrders creates the database with its orders table.
@@ -364,7 +460,7 @@ func openReadOnly(t *testing.T, path string) *sql.DB {
 // what the children left straight to the broker (not through their link)
 // until nothing is pending. The test's end closes ob and stops the relay,
 // if the caller has not; log has what the relay logged.
-func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, client string, backlog int) (ob *outbox.Outbox, stop func(), log *harness.LogBuffer) {
+func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, client string, backlog int, batched bool) (ob *outbox.Outbox, stop func(), log *harness.LogBuffer) {
 	t.Helper()
 	log = &harness.LogBuffer{}
 	ob, err := outbox.Open(context.Background(), path, outbox.Options{Synchronous: sync,
@@ -374,7 +470,7 @@ func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, cl
 	pub, err := outbox.NewMQTTPublisher(crashMQTTOptions(brokerURL, client, outbox.ProtocolAuto))
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
-	relay, err := ob.NewRelay(pub, crashRelayOptions(client))
+	relay, err := ob.NewRelay(pub, crashRelayOptions(client, batched))
 	require.NoError(t, err)
 	stop = startRelay(t, relay)
 	harness.Eventually(t, time.Minute+time.Duration(backlog)*10*time.Millisecond, "the final relay drains the outbox",
@@ -429,11 +525,11 @@ func readRolledBack(t *testing.T, path string, committed map[string]crashOrder) 
 // undelivered waits a little for every committed order's event to be
 // delivered (mochi acknowledges a publish before it routes it) and returns
 // those that were not, in commit order.
-func undelivered(rec *harness.Recorder[crashDelivery], committed map[string]crashOrder) []string {
+func undelivered(rec crashRecord, committed map[string]crashOrder) []string {
 	var missing []string
 	harness.WaitFor(10*time.Second, func() bool {
 		seen := map[string]bool{}
-		for _, d := range rec.All() {
+		for _, d := range rec.events() {
 			seen[d.ev.ID] = true
 		}
 		missing = missing[:0]
@@ -458,19 +554,21 @@ type deliveryCheck struct {
 	phantom, rolledBackSent []string
 	seqReused               int    // first deliveries of a sequence number an earlier event was delivered with
 	seqChanged              int    // duplicates with another sequence than their first delivery's
-	disorder                string // the first delivery out of commit order, described
+	disorder                string // the first delivery out of commit order within its topic, described
 	bad                     error  // the first malformed delivery
 }
 
 // checkDeliveries goes through every delivery, in the order the broker
 // routed them. A duplicate is counted against the process that sent it
 // again, i.e. against the crash (or cut) before it. First deliveries of
-// committed events must come in commit order, by the envelope's sequence
-// and by the orders' own row order.
+// committed events must come in commit order within their topic, by the
+// envelope's sequence and by the orders' own row order (a batch of one
+// topic may overtake an earlier event of another).
 func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolledBack map[string]bool) deliveryCheck {
 	c := deliveryCheck{first: map[string]int64{}, dupsBy: map[string]int{}}
 	bySeq := map[int64]string{} // sequence -> the first event delivered with it
-	var lastSeq, lastRow int64
+	type last struct{ seq, row int64 }
+	lastOf := map[string]last{} // topic -> its last first delivery
 	for i, d := range ds {
 		if err := wellFormed(d); err != nil {
 			if c.bad == nil {
@@ -501,11 +599,12 @@ func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolled
 			}
 			continue
 		}
-		if c.disorder == "" && (seq <= lastSeq || o.rowid <= lastRow) {
-			c.disorder = fmt.Sprintf("delivery %d (by %s): sequence %d after %d, order row %d after %d",
-				i, d.origin, seq, lastSeq, o.rowid, lastRow)
+		l := lastOf[d.topic]
+		if c.disorder == "" && (seq <= l.seq || o.rowid <= l.row) {
+			c.disorder = fmt.Sprintf("delivery %d (by %s) on %s: sequence %d after %d, order row %d after %d",
+				i, d.origin, d.topic, seq, l.seq, o.rowid, l.row)
 		}
-		lastSeq, lastRow = seq, o.rowid
+		lastOf[d.topic] = last{seq, o.rowid}
 	}
 	return c
 }
@@ -524,6 +623,9 @@ func wellFormed(d crashDelivery) error {
 	}
 	if p.ID != d.ev.ID {
 		return fmt.Errorf("payload of %s in the envelope of %s", p.ID, d.ev.ID)
+	}
+	if p.Topic != d.topic {
+		return fmt.Errorf("event %s of topic %s in a message to %s", p.ID, p.Topic, d.topic)
 	}
 	return nil
 }

@@ -67,6 +67,7 @@ type powerRun struct {
 	rng      *rand.Rand
 	path     string // the database, on the mount
 	sidePath string // rolled-back event ids, one a line, outside the mount
+	batched  bool   // the children batch and compress (ordersChild.Batched)
 
 	reported   map[string]string // every id a child reported committed -> that child
 	undone     int               // of those, the ones a cut took away
@@ -99,7 +100,7 @@ func (p *powerRun) cycle(n int, verbose bool) (pending int) {
 	child := startKilledChild(t, client, "TestPowerLossChild", powerEnvChild, ordersChild{
 		DB: p.path, Broker: p.link.URL(), Client: client, RolledBack: p.sidePath, Seed: p.rng.Uint64(),
 		Sync: p.sync, Report: true, Checkpoint: true, Protocol: childProtocol(n),
-		OwnTx: p.sync == outbox.SyncFull && n%2 == 0})
+		OwnTx: p.sync == outbox.SyncFull && n%2 == 0, Batched: p.batched})
 	defer child.done(verbose)
 	switch kind {
 	case cutAtStart:
@@ -163,6 +164,17 @@ var cutNames = [cutKinds]string{"at start", "draining", "broker away from the st
 // synchronous=FULL and at NORMAL, then lets a relay finish and checks every
 // promise.
 func TestPowerLoss(t *testing.T) {
+	testPowerLossModes(t, 20, false)
+}
+
+// TestPowerLossBatched is TestPowerLoss with batches of up to
+// crashBatchEvents events, compressed with zstd, over three topics (as
+// TestCrashKill9Batched). OUTBOX_POWERLOSS_CUTS sets its cuts too.
+func TestPowerLossBatched(t *testing.T) {
+	testPowerLossModes(t, 4, true)
+}
+
+func testPowerLossModes(t *testing.T, defaultCuts uint64, batched bool) {
 	if testing.Short() {
 		t.Skip("-short: the power-loss test re-executes the test binary (not possible under qemu-user)")
 	}
@@ -172,19 +184,19 @@ func TestPowerLoss(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skipf("no /dev/fuse on this host (%v): no power-loss test", err)
 	}
-	cuts := int(crashEnvInt(t, "OUTBOX_POWERLOSS_CUTS", 20))
+	cuts := int(crashEnvInt(t, "OUTBOX_POWERLOSS_CUTS", defaultCuts))
 	require.Positive(t, cuts, "OUTBOX_POWERLOSS_CUTS")
 	seed := crashEnvInt(t, "OUTBOX_POWERLOSS_SEED", uint64(time.Now().UnixNano()))
-	t.Logf("power-loss test: %d cuts per mode, seed %d (OUTBOX_POWERLOSS_SEED=%d replays the same schedule)", cuts, seed, seed)
+	t.Logf("power-loss test: %d cuts per mode, seed %d (OUTBOX_POWERLOSS_SEED=%d replays the same schedule), batched %v", cuts, seed, seed, batched)
 	for _, m := range []struct {
 		name string
 		sync outbox.Synchronous
 	}{{"FULL", outbox.SyncFull}, {"NORMAL", outbox.SyncNormal}} {
-		t.Run(m.name, func(t *testing.T) { testPowerLoss(t, m.name, m.sync, cuts, seed) })
+		t.Run(m.name, func(t *testing.T) { testPowerLoss(t, m.name, m.sync, cuts, seed, batched) })
 	}
 }
 
-func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int, seed uint64) {
+func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int, seed uint64, batched bool) {
 	began := time.Now()
 	backing := t.TempDir()
 	fs := powerfs.Start(t, backing)
@@ -197,6 +209,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 		sidePath:  filepath.Join(t.TempDir(), "rolledback.txt"),
 		reported:  map[string]string{},
 		lostConns: map[string]int{},
+		batched:   batched,
 	}
 	// The schema is durable before the first cut: the experiment is the
 	// orders, not a database that was never there.
@@ -211,13 +224,14 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	}
 	cutting := time.Since(began)
 
-	ob, stop, finalLog := drainRest(t, run.path, sync, b.URL(), "power-final", backlog)
+	ob, stop, finalLog := drainRest(t, run.path, sync, b.URL(), "power-final", backlog, batched)
 	committed := readOrders(t, ob.DB())
 	rolledBack := readRolledBack(t, run.sidePath, committed)
 	missing := undelivered(rec, committed)
 	stop()
 	run.lostConns["power-final"] += strings.Count(finalLog.String(), crashLostConn)
-	chk := checkDeliveries(rec.All(), committed, rolledBack)
+	chk := checkDeliveries(rec.events(), committed, rolledBack)
+	shape := rec.shape()
 	maxDups, maxBy := chk.mostDups()
 
 	// lost: commits that returned, still in the database, never delivered;
@@ -230,8 +244,9 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 			lost++
 		}
 	}
-	t.Logf("powerloss: sync=%s cuts=%d committed=%d lost=%d rolled_back=%d phantom=%d seq_reused=%d duplicates=%d max_dup_per_cut=%d integrity=ok dropped_bytes=%d",
-		mode, fs.Cuts(), len(run.reported), lost, gone, len(chk.phantom), chk.seqReused, chk.dups, maxDups, fs.DroppedBytes())
+	t.Logf("powerloss: sync=%s batched=%v cuts=%d committed=%d lost=%d rolled_back=%d phantom=%d seq_reused=%d duplicates=%d max_dup_per_cut=%d integrity=ok dropped_bytes=%d",
+		mode, batched, fs.Cuts(), len(run.reported), lost, gone, len(chk.phantom), chk.seqReused, chk.dups, maxDups, fs.DroppedBytes())
+	t.Logf("  %d MQTT messages, %s", shape.messages, shape)
 	lostConns := 0
 	for _, n := range run.lostConns {
 		lostConns += n
@@ -264,13 +279,19 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	}
 	// A cut undoes the relay's marks made since the WAL's last fsync, and
 	// the relay never lets more than a crash's bound run ahead of that (see
-	// TestPublishedAheadOfDurableMarkBounded).
-	perCut := crashWindow + max(crashWindow, 256)
+	// TestPublishedAheadOfDurableMarkBounded), in messages, each of up to
+	// MaxEvents events when batched.
+	perMsg := 1
+	if batched {
+		perMsg = crashBatchEvents
+	}
+	perCut, perLost := (crashWindow+max(crashWindow, 256))*perMsg, crashWindow*perMsg
 	for origin, n := range chk.dupsBy {
-		require.LessOrEqual(t, n, perCut+crashWindow*run.lostConns[origin],
+		require.LessOrEqual(t, n, perCut+perLost*run.lostConns[origin],
 			"duplicates sent again by %s, after one cut and %d lost connections, exceed the bound", origin, run.lostConns[origin])
 	}
 	require.Positive(t, fs.DroppedBytes(), "the cuts dropped nothing")
+	shape.check(t, batched)
 	require.Zero(t, countState(t, ob, "dead"), "dead messages")
 	var attempts int
 	require.NoError(t, ob.DB().QueryRow(`SELECT coalesce(max(attempts), 0) FROM outbox`).Scan(&attempts))

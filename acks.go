@@ -88,15 +88,16 @@ func (s *session) ackLoop() {
 	// longer than AckTimeout a missing PUBACK may take to be noticed. A
 	// PUBACK that comes sooner costs no look.
 	look := max(r.opts.AckTimeout/16, time.Millisecond)
-	var seqs, ready []int64
+	var seqs []int64
+	var ready []mark
 	// emit hands the rows the ledger says may be marked to the mark loop.
 	emit := func(f *flight, st settledAs) {
 		ready = s.ledger.settle(f.seqs(seqs[:0]), st, ready[:0])
-		for _, seq := range ready {
+		for _, m := range ready {
 			// Waits while markSlots acknowledged rows are not yet
 			// recorded: marks that lag hold back publishing.
 			s.unmarked <- struct{}{}
-			s.marks <- seq
+			s.marks <- m
 		}
 	}
 	for f := range s.flights {

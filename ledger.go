@@ -26,6 +26,7 @@ type settledAs uint8
 const (
 	rowPending settledAs = iota
 	rowAcked
+	rowAckedLast // acknowledged, the last row of its message
 	rowParked
 )
 
@@ -45,22 +46,26 @@ func (l *ledger) add(rows []row) {
 	}
 }
 
-// settle records seqs (of one message) as acknowledged, or parked, and
-// appends to ready the acknowledged rows that may now be marked, in order.
-func (l *ledger) settle(seqs []int64, st settledAs, ready []int64) []int64 {
+// settle records seqs (of one message, in order) as acknowledged, or
+// parked, and appends to ready the acknowledged rows that may now be
+// marked, in order.
+func (l *ledger) settle(seqs []int64, st settledAs, ready []mark) []mark {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, s := range seqs {
+	for k, s := range seqs {
 		if i := l.find(s); i >= 0 && l.states[i] == rowPending {
 			l.states[i] = st
 			if st == rowAcked {
 				l.held++
+				if k == len(seqs)-1 {
+					l.states[i] = rowAckedLast
+				}
 			}
 		}
 	}
 	for l.head < len(l.seqs) && l.states[l.head] != rowPending {
-		if l.states[l.head] == rowAcked {
-			ready = append(ready, l.seqs[l.head])
+		if st := l.states[l.head]; st != rowParked {
+			ready = append(ready, mark{seq: l.seqs[l.head], ends: st == rowAckedLast})
 			l.held--
 		}
 		l.head++

@@ -88,7 +88,7 @@ type session struct {
 	// in batches. unmarked holds one token per acknowledged message not yet
 	// recorded (markSlots of them at most). A crash can only duplicate a
 	// message that holds a token in slots or in unmarked.
-	marks    chan int64
+	marks    chan mark
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
@@ -136,12 +136,11 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		ctx: ctx, sctx: sctx, cancel: cancel, dctx: dctx, halt: halt,
 		flights:  make(chan flight, window),
 		slots:    make(chan struct{}, window),
-		marks:    make(chan int64, markSlots(r.opts.Window)),
+		marks:    make(chan mark, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
-		// The crash bound is in MQTT messages: Window in flight and
-		// markSlots awaiting their mark, each of up to MaxEvents events.
-		gate: durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))*int64(max(r.opts.Batch.MaxEvents, 1))),
+		// It counts MQTT messages: a batch is one (marks.go).
+		gate: durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
 	}
 	s.props = r.carrier()
 	var watcher sync.WaitGroup
@@ -406,7 +405,7 @@ func (s *session) dispatch() error {
 			case <-s.dctx.Done():
 				return nil
 			}
-			if !s.gate.Admit(s.dctx, int64(len(p.rows))) {
+			if !s.gate.Admit(s.dctx) {
 				return nil
 			}
 			if h := r.hooks.beforeHandOff; h != nil {

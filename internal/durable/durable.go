@@ -321,10 +321,10 @@ func (g *Gate) askIfAhead() {
 	}
 }
 
-// Admit waits until n more messages may be handed off within the bound,
-// and counts them. It returns false if ctx ends first.
-func (g *Gate) Admit(ctx context.Context, n int64) bool {
-	for g.ahead()+n > g.bound {
+// Admit waits until one more message may be handed off within the bound,
+// and counts it. It returns false if ctx ends first.
+func (g *Gate) Admit(ctx context.Context) bool {
+	for g.ahead()+1 > g.bound {
 		g.askIfAhead()
 		select {
 		case <-g.synced:
@@ -332,7 +332,7 @@ func (g *Gate) Admit(ctx context.Context, n int64) bool {
 			return false
 		}
 	}
-	g.handedOff.Add(n)
+	g.handedOff.Add(1)
 	g.askIfAhead()
 	return true
 }

@@ -34,7 +34,7 @@ func TestGateSyncsLate(t *testing.T) {
 				waits++ // dispatch would wait for the sync
 				g.askIfAhead()
 			} else {
-				require.True(t, g.Admit(ctx, 1))
+				require.True(t, g.Admit(ctx))
 				handed++
 			}
 		}

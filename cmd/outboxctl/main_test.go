@@ -243,44 +243,6 @@ func TestRelayMQTTVersionFlag(t *testing.T) {
 	require.Contains(t, r.Stdout, "3.1.1 (also written 4, its protocol level)")
 }
 
-// TestRelayRawBatchNeedsMQTT5: --envelope raw with batching or compression
-// on --mqtt-version 3.1.1 is a usage error that says why and what to use
-// instead, before anything is written or connects; on 5 the same flags
-// start a relay.
-func TestRelayRawBatchNeedsMQTT5(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "never.db")
-	for _, flags := range [][]string{
-		{"--batch-max-events", "16"},
-		{"--compress", "zstd"},
-		{"--batch-max-events", "16", "--compress", "gzip", "--batch-max-delay", "5ms"},
-	} {
-		args := append([]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--envelope", "raw", "--mqtt-version", "3.1.1"}, flags...)
-		r := ctl(t, args...)
-		require.Equal(t, 2, r.Code, "%v: %s", flags, r.Stderr)
-		require.Equal(t, "outboxctl: --envelope raw with --batch-max-events or --compress needs MQTT 5: 3.1.1 has no properties, "+
-			"so nothing could tell a raw batch or a compressed raw payload from one event's bytes; use --mqtt-version 5 (or auto), or --envelope cloudevents\n", r.Stderr, flags)
-		left, err := os.ReadDir(dir)
-		require.NoError(t, err)
-		require.Empty(t, left, "%v: nothing written", flags)
-	}
-	// Structured events can be batched and compressed on 3.1.1, and raw
-	// ones on 5: the relay starts (and waits for its broker).
-	b := startBroker(t)
-	for _, v := range []struct{ envelope, version string }{{"cloudevents", "3.1.1"}, {"raw", "5"}} {
-		cmd := exec.Command(binary, "relay", "--db", filepath.Join(t.TempDir(), "till.db"), "--broker", "tcp://"+b.addr,
-			"--envelope", v.envelope, "--mqtt-version", v.version, "--batch-max-events", "16", "--batch-max-bytes", "4096", "--compress", "zstd",
-			"--log-format", "json", "--stats-interval", "0")
-		var stderr harness.LogBuffer
-		cmd.Stderr = &stderr
-		require.NoError(t, cmd.Start())
-		harness.Eventually(t, 10*time.Second, "the relay connects", func() bool {
-			return strings.Contains(stderr.String(), `"msg":"outbox relay connected"`)
-		})
-		stopRelay(t, cmd, &stderr)
-	}
-}
-
 // TestFailedStartCreatesNothing: a relay that cannot start (the metrics
 // port in use, a TLS file missing, a bad broker URL) says why and leaves no
 // file behind; it created the database and its 1 MiB -reserve before

@@ -308,7 +308,7 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 		perMsg = crashBatchEvents
 	}
 	perKill, perLost := (crashWindow+max(crashWindow, 256))*perMsg, crashWindow*perMsg
-	shape := rec.shape()
+	shape := rec.shape("crash-final")
 	t.Logf("crash test figures (seed %d, window %d, batched %v):", seed, crashWindow, batched)
 	t.Logf("  kill -9 cycles            %7d  (%d while relaying, 30-400 ms after it connected; %d at 0-400 ms after start)", cycles, run.relayed, run.early)
 	t.Logf("  integrity_check           %7s  after every kill", "ok")

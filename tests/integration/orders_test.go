@@ -391,15 +391,20 @@ func (r crashRecord) events() []crashDelivery {
 }
 
 // wireShape is how the events went: in how many MQTT messages, how many
-// of those batches, and compressed.
+// of those batches, and compressed; how many the final relay sent (the
+// rest, the children: few when each is killed before its first read of a
+// backlog is out).
 type wireShape struct {
-	messages, batches, batched, most, compressed int
+	messages, batches, batched, most, compressed, byFinal int
 }
 
-func (r crashRecord) shape() wireShape {
+func (r crashRecord) shape(final string) wireShape {
 	var s wireShape
 	for _, m := range r.All() {
 		s.messages++
+		if m.origin == final {
+			s.byFinal++
+		}
 		n := len(m.wire.events)
 		if n > 1 {
 			s.batches++
@@ -418,7 +423,8 @@ func (s wireShape) String() string {
 	if s.batches > 0 {
 		mean = float64(s.batched) / float64(s.batches)
 	}
-	return fmt.Sprintf("%d of them batches (%d events, %.1f a batch, at most %d), %d compressed", s.batches, s.batched, mean, s.most, s.compressed)
+	return fmt.Sprintf("%d of them batches (%d events, %.1f a batch, at most %d), %d compressed, %d sent by the final relay",
+		s.batches, s.batched, mean, s.most, s.compressed, s.byFinal)
 }
 
 // check says whether the events went as the relay was asked: batched

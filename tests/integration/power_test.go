@@ -231,7 +231,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	stop()
 	run.lostConns["power-final"] += strings.Count(finalLog.String(), crashLostConn)
 	chk := checkDeliveries(rec.events(), committed, rolledBack)
-	shape := rec.shape()
+	shape := rec.shape("power-final")
 	maxDups, maxBy := chk.mostDups()
 
 	// lost: commits that returned, still in the database, never delivered;

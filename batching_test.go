@@ -287,7 +287,9 @@ var _ = packets.Packet{}
 
 // TestBatchRawOverMQTT5: a raw batch is each payload after its length,
 // marked by its Content Type; on a 3.1.1 connection raw events go one by
-// one, as they are.
+// one, as they are. (NewRelay refuses raw batching on a publisher set to
+// Protocol311, TestRawBatchNeedsMQTT5: auto, learning at its connection
+// that the broker has no 5, is how a relay comes to speak 3.1.1 with it.)
 func TestBatchRawOverMQTT5(t *testing.T) {
 	for _, proto := range []MQTTProtocol{Protocol5, Protocol311} {
 		t.Run(proto.String(), func(t *testing.T) {
@@ -303,7 +305,11 @@ func TestBatchRawOverMQTT5(t *testing.T) {
 			opts := fastRelay()
 			opts.Envelope = EnvelopeRaw
 			opts.Batch = BatchOptions{MaxEvents: 10}
-			r, err := ob.NewRelay(testPublisher(t, "tcp://"+m.Addr(), proto), opts)
+			url, speak := "tcp://"+m.Addr(), proto
+			if proto == Protocol311 {
+				url, speak = harness.StartVersionGate(t, m.Addr(), harness.GateConnack84).URL(), ProtocolAuto
+			}
+			r, err := ob.NewRelay(testPublisher(t, url, speak), opts)
 			require.NoError(t, err)
 			startRelay(t, r)
 			eventually(t, 10*time.Second, "drained", func() bool { return relayStats(t, r).SentSince == 20 })

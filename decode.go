@@ -222,7 +222,7 @@ func DecodeEventPartsMQTT(payload []byte, contentType string, user []UserPropert
 		}
 	}
 	if mt == batchContentType || mt == "" && len(p) > 0 && p[0] == '[' {
-		return decodeBatch(p)
+		return decodeBatch(p, maxBatchEvents)
 	}
 	ev, err := DecodeEvent(p)
 	if err != nil {
@@ -231,8 +231,9 @@ func DecodeEventPartsMQTT(payload []byte, contentType string, user []UserPropert
 	return []EventPart{{ev, p}}, nil
 }
 
-// decodeBatch decodes a structured batch; every event must decode.
-func decodeBatch(p []byte) ([]EventPart, error) {
+// decodeBatch decodes a structured batch of at most most events; every
+// event must decode.
+func decodeBatch(p []byte, most int) ([]EventPart, error) {
 	if len(p) > MaxBatchBytesLimit {
 		return nil, fmt.Errorf("outbox: decode batch: %d bytes, over MaxBatchBytesLimit", len(p))
 	}
@@ -242,8 +243,8 @@ func decodeBatch(p []byte) ([]EventPart, error) {
 	}
 	var parts []EventPart
 	for dec.More() {
-		if len(parts) == maxBatchEvents {
-			return nil, fmt.Errorf("outbox: decode batch: more than %d events", maxBatchEvents)
+		if len(parts) == most {
+			return nil, fmt.Errorf("outbox: decode batch: more than %d events", most)
 		}
 		var doc json.RawMessage
 		if err := dec.Decode(&doc); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/edgeoutbox/outbox/internal/compress"
 	"github.com/edgeoutbox/outbox/internal/durable"
 	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
@@ -42,9 +43,10 @@ type RelayOptions struct {
 	// two groups: at most Window + max(Window, 256) messages (320 by
 	// default).
 	Window int
-	// BatchSize is how many rows are read from the database at a time.
-	// Default 256.
-	BatchSize int
+	// ReadSize is how many rows are read from the database at a time.
+	// Default 256; with Batch on, at least 16 × Batch.MaxEvents (up to
+	// 4,096), so that a backlog is read, and made durable, in few reads.
+	ReadSize int
 	// AckTimeout is how long a publish may wait for its acknowledgement on
 	// a connection that is still up before the connection is deemed broken.
 	// With a Publisher whose tokens tell when their bytes have left (the
@@ -126,8 +128,8 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.Window < 1 || o.Window > 65535 {
 		return o, fmt.Errorf("outbox: relay: Window %d outside 1..65535", o.Window)
 	}
-	if o.BatchSize <= 0 {
-		o.BatchSize = 256
+	if o.ReadSize <= 0 {
+		o.ReadSize = 256
 	}
 	if o.AckTimeout <= 0 {
 		o.AckTimeout = 30 * time.Second
@@ -189,6 +191,7 @@ type Relay struct {
 	pub  Publisher
 	opts RelayOptions
 	enc  encoder
+	comp *compress.Compressor // nil: CompressNone
 	log  *slog.Logger
 	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
@@ -219,6 +222,9 @@ type Relay struct {
 	// aloneFirst: the last session ended as the broker said it is
 	// unavailable; the next sends its first message alone, uncharged.
 	aloneFirst bool
+	// singly: rows up to this seq were in a batch that failed; they go
+	// one by one (batch.go).
+	singly int64
 
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
@@ -254,6 +260,9 @@ type Relay struct {
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
+	// rawPlain: raw batching or compression was asked for, and the last
+	// session could not carry properties (said once per fallback).
+	rawPlain atomic.Bool
 
 	noSubscribers noSubscribers // taken with no subscriber (nosubscribers.go)
 }
@@ -285,6 +294,11 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		working:  make(chan struct{}, 1),
 		notesNew: make(chan struct{}, 1),
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
+	}
+	if opts.Compress != CompressNone {
+		if r.comp, err = compress.NewCompressor(opts.Compress.alg()); err != nil {
+			return nil, fmt.Errorf("outbox: relay: %w", err)
+		}
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
 	r.enc.topics, _ = pub.(TopicChecker)

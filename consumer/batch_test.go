@@ -321,3 +321,37 @@ func TestSubscriberRawBatches(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, []string{"a", "", "c", strings.Repeat("d", 300), "e", string(own)}, got)
 }
+
+// TestSubscriberAppliesRelayBatches: a till's backlog that its relay sends
+// in zstd batches of up to 50 (binary mode over MQTT 5, structured over
+// 3.1.1) is applied by the Subscriber every event once, in commit order,
+// from fewer MQTT messages than events.
+func TestSubscriberAppliesRelayBatches(t *testing.T) {
+	forProtocols(t, func(t *testing.T, proto outbox.MQTTProtocol) {
+		b, db, in := batchSetup(t)
+		s, _ := runSubscriber(t, in, recordApplied, SubscriberOptions{Broker: b.url(), ClientID: "consumer-rb", Topics: []string{"pos/#"}, Protocol: proto})
+		eventually(t, 10*time.Second, "connected", func() bool { return s.Stats().Connected })
+		ob := openTest(t, outbox.Options{})
+		const n = 200
+		for i := 0; i < n; i++ {
+			commitOrder(t, ob, "pos/orders", i)
+		}
+		var want []string
+		rows, err := ob.DB().Query(`SELECT id FROM outbox_messages ORDER BY seq`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			want = append(want, id)
+		}
+		require.NoError(t, rows.Close())
+		opts := fastRelay()
+		opts.Envelope, opts.Compress = outbox.EnvelopeCloudEventsBinary, outbox.CompressZstd
+		opts.Batch = outbox.BatchOptions{MaxEvents: 50}
+		startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
+		eventually(t, 10*time.Second, "every event applied", func() bool { return appliedCount(t, db) == n })
+		require.Equal(t, want, appliedIDs(t, db), "every id once, in commit order")
+		require.Less(t, b.rec.Count(), n/10, "batched")
+		require.Zero(t, s.Stats().Quarantined)
+	})
+}

@@ -348,6 +348,9 @@ func TestSubscriberAppliesRelayBatches(t *testing.T) {
 		opts := fastRelay()
 		opts.Envelope, opts.Compress = outbox.EnvelopeCloudEventsBinary, outbox.CompressZstd
 		opts.Batch = outbox.BatchOptions{MaxEvents: 50}
+		// A batch whose PUBACK is late is sent again event by event: on a
+		// loaded machine fastRelay's 2 s would be.
+		opts.AckTimeout = 10 * time.Second
 		startRelay(t, mqttRelayOn(t, ob, b.url(), opts, proto))
 		eventually(t, 10*time.Second, "every event applied", func() bool { return appliedCount(t, db) == n })
 		require.Equal(t, want, appliedIDs(t, db), "every id once, in commit order")

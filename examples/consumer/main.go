@@ -10,7 +10,7 @@
 // message only after that transaction committed; a message that is not an
 // event is quarantined in the database and counted as malformed, never
 // allowed to block the consumer. Batched and compressed messages (a relay
-// with --batch-max-events or --compress; docs/batching.md) need no flag:
+// with RelayOptions.Batch or Compress; docs/batching.md) need no flag:
 // the Subscriber applies each of their events once, in order, and
 // acknowledges the message after the last.
 //

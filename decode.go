@@ -216,7 +216,8 @@ func DecodeEventPartsMQTT(payload []byte, contentType string, user []UserPropert
 		return nil, errors.New("outbox: decode event: a raw batch holds no CloudEvents (DecodeRawMQTT reads it)")
 	}
 	if alg := compress.Sniff(p); !said && alg != compress.None {
-		// MQTT 3.1.1 has no properties: no JSON document begins so.
+		// No property (MQTT 3.1.1 has none): the magic bytes, with
+		// which no JSON document begins.
 		if p, err = compress.Decompress(alg, p, MaxBatchBytesLimit); err != nil {
 			return nil, fmt.Errorf("outbox: decode event: %w", err)
 		}

@@ -262,6 +262,14 @@ func (f *FS) Counts() (map[string]FileCounts, error) {
 	return c, nil
 }
 
+// SetFsyncDelay changes Options.FsyncDelay from now on.
+func (f *FS) SetFsyncDelay(d time.Duration) error {
+	if _, err := f.request("delay " + d.String()); err != nil {
+		return fmt.Errorf("powerfs: delay: %w", err)
+	}
+	return nil
+}
+
 // DroppedBytes is how many unsynced bytes all cuts so far dropped.
 func (f *FS) DroppedBytes() int64 { return f.dropped }
 

@@ -13,7 +13,7 @@ import (
 
 // TestFsyncDelay: with Options.FsyncDelay, an fsync, an fdatasync and a
 // directory's fsync through the mount each take at least the delay; a
-// write does not wait for it.
+// write does not wait for it. SetFsyncDelay changes it.
 func TestFsyncDelay(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: powerfs mounts a FUSE file system served by a helper process")
@@ -44,6 +44,13 @@ func TestFsyncDelay(t *testing.T) {
 		require.GreaterOrEqual(t, took, delay, sync.name)
 		t.Logf("%s took %s (delay %s)", sync.name, took, delay)
 	}
+
+	// Changed while mounted: from now on.
+	const longer = 2 * delay
+	require.NoError(t, fs.SetFsyncDelay(longer))
+	start = time.Now()
+	require.NoError(t, f.Sync())
+	require.GreaterOrEqual(t, time.Since(start), longer, "fsync after SetFsyncDelay")
 }
 
 // TestCounts: the mount counts, by file name, the bytes written,

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,7 +63,8 @@ type Mount struct {
 	// opened under, for the counts.
 	names map[uint64]string
 
-	opts Options
+	opts  Options
+	delay atomic.Int64 // Options.FsyncDelay, or what SetFsyncDelay set
 }
 
 // Options are a mount's settings beyond its place.
@@ -121,8 +123,12 @@ func Start(backing, mountpoint string, o Options) (*Mount, error) {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	m.server = srv
+	m.delay.Store(int64(o.FsyncDelay))
 	return m, nil
 }
+
+// SetFsyncDelay changes Options.FsyncDelay from now on.
+func (m *Mount) SetFsyncDelay(d time.Duration) { m.delay.Store(int64(d)) }
 
 // Cut pulls the plug: from now on no request reaches the backing
 // directory; the mount goes (the kernel's page cache of it with it), and

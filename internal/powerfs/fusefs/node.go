@@ -452,10 +452,11 @@ func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 // caller waits, as for a card busy programming its flash. A sync the
 // kernel interrupts (its caller killed) does not happen.
 func (m *Mount) fsyncDelay(ctx context.Context) syscall.Errno {
-	if m.opts.FsyncDelay <= 0 {
+	d := time.Duration(m.delay.Load())
+	if d <= 0 {
 		return 0
 	}
-	t := time.NewTimer(m.opts.FsyncDelay)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -9,6 +9,7 @@
 //	cut        ok DROPPED            a cut, and the mount is back
 //	torn SEED  ok DROPPED            a torn cut, seeded
 //	counts     ok JSON               fusefs.Counts by file name, since the start
+//	delay D    ok 0                  every fsync takes at least D from now on
 //	close      ok 0                  unmounted, unsynced data left as it is
 //	           error MESSAGE         and powerfs exits
 //
@@ -27,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/edgeoutbox/outbox/internal/powerfs/fusefs"
 )
@@ -96,6 +98,14 @@ func main() {
 				fail(fmt.Errorf("mount after the cut: %w", err))
 			}
 			fmt.Printf("ok %d\n", dropped)
+		case cmd == "delay":
+			d, err := time.ParseDuration(arg)
+			if err != nil {
+				fail(fmt.Errorf("delay %q: %w", arg, err))
+			}
+			opts.FsyncDelay = d // for the mounts after a cut too
+			m.SetFsyncDelay(d)
+			fmt.Println("ok 0")
 		case cmd == "counts":
 			b, err := json.Marshal(opts.Counter.Snapshot(m.Dirty()))
 			if err != nil {

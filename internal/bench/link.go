@@ -335,6 +335,13 @@ type linkRun struct {
 
 // linkDrain drains a copy of the template over the shaped link.
 func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int) (linkRun, error) {
+	path := filepath.Join(r.dir, "link-run.db")
+	return r.linkDrainAt(ctx, b, tmpl, path, path, n, enc, window)
+}
+
+// linkDrainAt is linkDrain with the copy made at copyTo and opened at
+// path: the same file, seen through a mount of it (section 10).
+func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int) (linkRun, error) {
 	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
 	if err != nil {
 		return linkRun{}, err
@@ -342,8 +349,7 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	defer p.Close()
 	p.SetLatency(harness.ToBroker, linkOneWay)
 	p.SetLatency(harness.ToClient, linkOneWay)
-	path := filepath.Join(r.dir, "link-run.db")
-	if err := copyDB(tmpl, path); err != nil {
+	if err := copyDB(tmpl, copyTo); err != nil {
 		return linkRun{}, err
 	}
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})

@@ -243,6 +243,7 @@ var keys = func() []keyDoc {
 		}
 	}
 	add(10, "flash_day_mb", fmt.Sprintf("a busy till's day, %s events: enqueue at FULL + drain, pages written back", thousands(flashDayEvents)), "MB", "")
+	add(10, "flash_day_batched_mb", fmt.Sprintf("a busy till's day, %s events: enqueue at FULL + drain in batches, pages written back", thousands(flashDayEvents)), "MB", "")
 	for _, d := range flashSlowDelays {
 		p := fmt.Sprintf("flash_slow%d_", d.Milliseconds())
 		name := fmt.Sprintf("fsync delay %d ms", d.Milliseconds())

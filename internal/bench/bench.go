@@ -84,9 +84,10 @@ type sizes struct {
 	linkAllDrains    bool
 	linkDay          bool
 	// Section 10: events of each enqueue and of the drain whose writes
-	// are counted, transactions of the enqueue on a slow card, and how
-	// many of the slow card's delays run.
-	flashEnqueue, flashDrain, flashSlowTx, flashSlowCases int
+	// are counted, transactions of the enqueue on a slow card, and
+	// whether every delay of the slow card runs (else 10 ms only).
+	flashEnqueue, flashDrain, flashSlowTx int
+	flashSlowAll                          bool
 }
 
 func sizesFor(m Mode) sizes {
@@ -103,7 +104,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
-			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowCases: 2,
+			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
 		}
 	case Smoke:
 		return sizes{
@@ -116,7 +117,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
 			linkBytesEvents: 50, linkDrainSeconds: 0.5,
-			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10, flashSlowCases: 1,
+			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
 		}
 	}
 	return sizes{
@@ -130,7 +131,7 @@ func sizesFor(m Mode) sizes {
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
-		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowCases: 2,
+		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
 	}
 }
 

@@ -101,7 +101,7 @@ func (r *runner) link(ctx context.Context) error {
 	// shaped one; only the time differs).
 	bytesOf := map[string]linkBytes{}
 	for _, enc := range linkEncodings {
-		lb, err := r.linkBytesOf(ctx, b, enc, sz.linkBytesEvents)
+		lb, err := r.linkBytesOf(ctx, b, "link-bytes-"+enc.key+".db", enc, sz.linkBytesEvents)
 		if err != nil {
 			return fmt.Errorf("bytes per event, %s: %w", enc.key, err)
 		}
@@ -258,14 +258,14 @@ func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, e
 }
 
 // linkBytesOf counts the bytes that n events take through a proxy once the
-// relay's connection is up, in each direction.
-func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncoding, n int) (linkBytes, error) {
+// relay's connection is up, in each direction, with a new database named db.
+func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, n int) (linkBytes, error) {
 	p, err := harness.LaunchFaultProxy(b.b.Addr())
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer p.Close()
-	ob, err := r.openBench(ctx, "link-bytes-"+enc.key+".db", outbox.SyncNormal)
+	ob, err := r.openBench(ctx, db, outbox.SyncNormal)
 	if err != nil {
 		return linkBytes{}, err
 	}

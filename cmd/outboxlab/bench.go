@@ -48,16 +48,17 @@ fast it empties, each beside the physical limit measured the same way:
      limit at windows 16, 64 and 256; how long a day offline (30,000
      events) takes to drain
   10. what the outbox writes to the flash, counted by powerfs (the
-     project's FUSE file system; needs /dev/fuse, skipped without): bytes,
-     4 KiB pages and fsyncs per event, for enqueue at FULL and NORMAL and
-     for a drain with its marks, checkpoints and purge; then a slow card
-     (every fsync 10 ms, then 50 ms): enqueue at FULL and the drain over
-     section 9's link
+     project's FUSE file system; needs /dev/fuse and the Go toolchain, which
+     builds its helper: skipped, saying why, without): bytes, 4 KiB pages
+     and fsyncs per event, for enqueue at FULL and NORMAL and for a drain
+     (one event per message, then batches of 100) with its marks,
+     checkpoints and purge; then a slow card (every fsync 10 ms, then
+     50 ms): enqueue at FULL and the drain over section 9's link
 
 It prints Markdown tables (with --json, one JSON object with one key per
 figure, listed by --keys), with the machine, Go and SQLite versions. Each
 target is marked met or MISSED. Quick by default (under 2 minutes; workloads
-scaled down and labelled so); --full runs the full sizes (about 17 minutes on 2 cores).
+scaled down and labelled so); --full runs the full sizes (about 18 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory. bench compare compares the JSON reports of runs.`,
 		Example: `  outboxlab bench
@@ -121,7 +122,7 @@ directory. bench compare compares the JSON reports of runs.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link (about 17 minutes on 2 cores)")
+	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link (about 18 minutes on 2 cores)")
 	cmd.Flags().BoolVar(&smoke, "smoke", false, "tiny sizes, only to check that everything runs (seconds)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of Markdown")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

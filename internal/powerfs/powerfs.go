@@ -134,14 +134,15 @@ func StartOptions(tb TB, backingDir string, opts Options) *FS {
 // Mount is Start for a program: it mounts over backingDir, keeping its
 // mountpoint, log and helper binary in dir, and the caller closes it. Cut
 // and CutTorn are for tests (Start). Where it cannot run, the error is
-// ErrUnavailable, saying why.
+// ErrUnavailable, saying why: so is a helper that cannot be built (no Go
+// toolchain, or not run from the module).
 func Mount(backingDir, dir string, opts Options) (*FS, error) {
 	if err := available(); err != nil {
 		return nil, err
 	}
 	bin, err := helperBinary(dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return launch(bin, backingDir, dir, opts)
 }

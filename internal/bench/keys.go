@@ -250,7 +250,7 @@ var keys = func() []keyDoc {
 			name = "the mount, no fsync delay"
 		}
 		target := ""
-		if d == flashSmokeDelay {
+		if d == flashTargetDelay {
 			target = "≥ 0.90"
 		}
 		add(10, p+"enqueue_full_tx_per_s", name+": enqueue at FULL", "tx/s", "")

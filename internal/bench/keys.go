@@ -261,6 +261,14 @@ var keys = func() []keyDoc {
 		add(10, p+"link_vs_limit", name+": drain rate / the link's limit", "ratio", target)
 		add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
 		add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
+		if d == flashTargetDelay {
+			p += "batched_"
+			name += ", in batches of up to 100 events, zstd"
+			add(10, p+"link_events", name+": events drained over the link (the drains' backlog above)", "count", "")
+			add(10, p+"link_seconds", name+": Run's start → the last delivery", "s", "")
+			add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+			add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
+		}
 	}
 	return k
 }()

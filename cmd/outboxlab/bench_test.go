@@ -110,6 +110,9 @@ func TestBenchSmoke(t *testing.T) {
 		}
 		vs, _ := rep["flash_slow10_link_vs_limit"].(float64)
 		require.Positive(t, vs, "the drain on a slow card")
+		require.EqualValues(t, 500, rep["flash_slow10_batched_link_events"], "the drains' backlog over the link in batches")
+		_, ok := rep["flash_slow10_batched_link_fsyncs_per_1000"].(float64)
+		require.True(t, ok, "the batched drain's fsyncs over the link")
 		require.Nil(t, rep["flash_slow50_link_vs_limit"], "smoke: 10 ms only")
 	}
 

@@ -229,7 +229,7 @@ func (r *runner) flash(ctx context.Context) error {
 		figs["drain"].shmBytes)
 	r.rep.note(10, "Enqueue: %s events, one order row and its event per `Transact`, after 20 unmeasured. Drain: a backlog of %s events (committed at NORMAL in transactions of 5,000, not counted) "+
 		"drained by a relay with the defaults (window 64, FULL) to the in-process mochi over loopback, until every event is delivered (order checked), marked sent and purged "+
-		"(`Retention` -1, `PurgeInterval` 200 ms: rows deleted as they are sent) and the free pages are reclaimed; its relay's fsyncs are `RelayStats.WALSyncs` (batch reads and marks), the rest are checkpoints'. "+
+		"(`Retention` -1, `PurgeInterval` 200 ms: rows deleted as they are sent) and the free pages are reclaimed; its relay's fsyncs are `RelayStats.WALSyncs` (reads and marks), the rest are checkpoints'. "+
 		"A day: %s events × (enqueue at FULL + drain), pages.",
 		thousands(int64(sz.flashEnqueue)), thousands(int64(sz.flashDrain)), thousands(flashDayEvents))
 	r.rep.note(10, "A slow card: every fsync, fdatasync and directory fsync through the mount takes at least the delay (`powerfs.Options.FsyncDelay`); with none, the mount alone. "+

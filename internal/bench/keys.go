@@ -238,7 +238,7 @@ var keys = func() []keyDoc {
 		case strings.HasPrefix(c.key, "enqueue_"):
 			add(10, p+"tx_per_s", c.name+": transactions per second on the mount (no fsync delay)", "tx/s", "")
 		default:
-			add(10, p+"relay_fsyncs_per_1000", c.name+": of which the relay's WAL fsyncs (RelayStats.WALSyncs: batch reads and marks)", "fsyncs", "")
+			add(10, p+"relay_fsyncs_per_1000", c.name+": of which the relay's WAL fsyncs (RelayStats.WALSyncs: reads and marks)", "fsyncs", "")
 		}
 	}
 	add(10, "flash_day_mb", fmt.Sprintf("a busy till's day, %s events: enqueue at FULL + drain, pages written back", thousands(flashDayEvents)), "MB", "")
@@ -260,14 +260,14 @@ var keys = func() []keyDoc {
 		add(10, p+"link_msgs_per_s", name+": drain rate over the link", "msg/s", "")
 		add(10, p+"link_vs_limit", name+": drain rate / the link's limit", "ratio", target)
 		add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
-		add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
+		add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (reads and marks)", "fsyncs", "")
 		if d == flashTargetDelay {
 			p += "batched_"
 			name += ", in batches of up to 100 events, zstd"
 			add(10, p+"link_events", name+": events drained over the link (the drains' backlog above)", "count", "")
 			add(10, p+"link_seconds", name+": Run's start → the last delivery", "s", "")
 			add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
-			add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (batch reads and marks)", "fsyncs", "")
+			add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (reads and marks)", "fsyncs", "")
 		}
 	}
 	return k

@@ -117,8 +117,8 @@ func (o BatchOptions) check() (BatchOptions, error) {
 	if !o.on() {
 		return BatchOptions{}, nil
 	}
-	if o.MaxEvents > 65535 {
-		return o, fmt.Errorf("outbox: relay: Batch.MaxEvents %d over 65,535", o.MaxEvents)
+	if o.MaxEvents > maxBatchEvents {
+		return o, fmt.Errorf("outbox: relay: Batch.MaxEvents %d over %d", o.MaxEvents, maxBatchEvents)
 	}
 	if o.MaxBytes == 0 {
 		o.MaxBytes = 64 << 10

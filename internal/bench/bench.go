@@ -3,8 +3,9 @@
 // business transaction, how fast a backlog drains compared with raw MQTT
 // publishing, latency, catch-up after an outage, memory, binary size, a
 // baseline (the polling dispatcher of the articles), what durable before
-// publish costs, and a drain over a slow cellular link beside that link's
-// limit. outboxlab bench runs it.
+// publish costs, a drain over a slow cellular link beside that link's
+// limit, and what the outbox writes to the flash, and how it does on a
+// slow card. outboxlab bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -38,7 +39,7 @@ const (
 // Config says what to run.
 type Config struct {
 	Mode Mode
-	// Sections to run, 1..9; empty means all.
+	// Sections to run, 1..10; empty means all.
 	Sections []int
 	// Self is the command line that runs this program's child entry point
 	// (Child): the sidecar writer and the relay whose memory is measured
@@ -82,6 +83,11 @@ type sizes struct {
 	linkDrainSeconds float64
 	linkAllDrains    bool
 	linkDay          bool
+	// Section 10: events of each enqueue and of the drain whose writes
+	// are counted, transactions of the enqueue on a slow card, and
+	// whether every delay of the slow card runs (else 10 ms only).
+	flashEnqueue, flashDrain, flashSlowTx int
+	flashSlowAll                          bool
 }
 
 func sizesFor(m Mode) sizes {
@@ -98,6 +104,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
+			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
 		}
 	case Smoke:
 		return sizes{
@@ -110,6 +117,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
 			linkBytesEvents: 50, linkDrainSeconds: 0.5,
+			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
 		}
 	}
 	return sizes{
@@ -123,6 +131,7 @@ func sizesFor(m Mode) sizes {
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
+		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
 	}
 }
 
@@ -167,7 +176,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		run func(context.Context) error
 	}{
 		{1, r.enqueue}, {2, r.drain}, {3, r.latency}, {4, r.catchup}, {5, r.memory}, {6, r.size}, {7, r.baseline},
-		{8, r.durable}, {9, r.link},
+		{8, r.durable}, {9, r.link}, {10, r.flash},
 	}
 	for _, s := range sections {
 		if !r.selected(s.n) {

@@ -101,7 +101,7 @@ func (r *runner) link(ctx context.Context) error {
 	// shaped one; only the time differs).
 	bytesOf := map[string]linkBytes{}
 	for _, enc := range linkEncodings {
-		lb, err := r.linkBytesOf(ctx, b, enc, sz.linkBytesEvents)
+		lb, err := r.linkBytesOf(ctx, b, "link-bytes-"+enc.key+".db", enc, sz.linkBytesEvents)
 		if err != nil {
 			return fmt.Errorf("bytes per event, %s: %w", enc.key, err)
 		}
@@ -233,14 +233,15 @@ func varintSize(n int) int {
 
 // linkRelay starts a relay that publishes through url with enc; stop ends
 // it and closes its publisher.
-func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
+func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int, opts outbox.RelayOptions) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
 	pub, err = outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: url, ClientID: "bench-link-" + strconv.FormatInt(time.Now().UnixNano(), 36),
 		Protocol: enc.proto, Logger: r.log})
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	relay, err = ob.NewRelay(pub, outbox.RelayOptions{Window: window, Source: benchSource, Envelope: enc.env,
-		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}})
+	opts.Window, opts.Source, opts.Envelope = window, benchSource, enc.env
+	opts.Reconnect = outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}
+	relay, err = ob.NewRelay(pub, opts)
 	if err != nil {
 		pub.Close()
 		return nil, nil, nil, err
@@ -258,14 +259,14 @@ func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, e
 }
 
 // linkBytesOf counts the bytes that n events take through a proxy once the
-// relay's connection is up, in each direction.
-func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncoding, n int) (linkBytes, error) {
+// relay's connection is up, in each direction, with a new database named db.
+func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, n int) (linkBytes, error) {
 	p, err := harness.LaunchFaultProxy(b.b.Addr())
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer p.Close()
-	ob, err := r.openBench(ctx, "link-bytes-"+enc.key+".db", outbox.SyncNormal)
+	ob, err := r.openBench(ctx, db, outbox.SyncNormal)
 	if err != nil {
 		return linkBytes{}, err
 	}
@@ -281,7 +282,7 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncodi
 		tr.handle(topic, pl)
 	})
 	defer b.setHandler(nil)
-	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64)
+	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, outbox.RelayOptions{})
 	if err != nil {
 		return linkBytes{}, err
 	}
@@ -335,6 +336,14 @@ type linkRun struct {
 
 // linkDrain drains a copy of the template over the shaped link.
 func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int) (linkRun, error) {
+	path := filepath.Join(r.dir, "link-run.db")
+	return r.linkDrainAt(ctx, b, tmpl, path, path, n, enc, window, outbox.RelayOptions{})
+}
+
+// linkDrainAt is linkDrain with the copy made at copyTo and opened at
+// path (the same file, seen through a mount of it: section 10), and the
+// relay's options besides the window, source and envelope (batching).
+func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int, opts outbox.RelayOptions) (linkRun, error) {
 	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
 	if err != nil {
 		return linkRun{}, err
@@ -342,8 +351,7 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	defer p.Close()
 	p.SetLatency(harness.ToBroker, linkOneWay)
 	p.SetLatency(harness.ToClient, linkOneWay)
-	path := filepath.Join(r.dir, "link-run.db")
-	if err := copyDB(tmpl, path); err != nil {
+	if err := copyDB(tmpl, copyTo); err != nil {
 		return linkRun{}, err
 	}
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
@@ -354,10 +362,10 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
 	tr.times = make([]time.Time, 0, n)
-	b.setHandler(tr.handle)
+	b.setHandler(eachEvent(tr.handle))
 	defer b.setHandler(nil)
 	start := time.Now()
-	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window)
+	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window, opts)
 	if err != nil {
 		return linkRun{}, err
 	}

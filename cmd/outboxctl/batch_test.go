@@ -2,7 +2,6 @@ package main
 
 import (
 	varint "encoding/binary"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -116,71 +115,40 @@ func TestRelayBatchFlags(t *testing.T) {
 	}
 }
 
-// wireBatch is one MQTT message read as the relay's wire format says
-// (docs/batching.md): its events' payloads, in order.
+// wireBatch is one MQTT message read as a consumer reads it
+// (DecodeEventsMQTT, DecodeRawMQTT): its events' payloads, in order.
 type wireBatch struct {
 	payloads   []string
 	compressed string // "" when not compressed
-	size       int    // bytes before compression
+	size       int    // a raw batch's bytes before compression
 	err        error
 }
 
-// readWireBatch reads msg, structured (an event or a JSON array of them)
-// or raw (a payload, or a raw batch marked by its Content Type).
 func readWireBatch(msg harness.Message, raw bool) (w wireBatch) {
-	payload := msg.Payload
-	var said string
-	for _, u := range msg.User {
+	user := make([]outbox.UserProperty, len(msg.User))
+	for i, u := range msg.User {
+		user[i] = outbox.UserProperty{Key: u.Key, Value: u.Val}
 		if u.Key == "content-encoding" {
-			said = u.Val
+			w.compressed = u.Val
 		}
 	}
-	alg := compress.Sniff(payload)
 	if raw {
-		// A raw payload may begin with any bytes: only the property says.
-		if alg, w.err = compress.Parse(said); w.err != nil {
-			return w
+		ps, err := outbox.DecodeRawMQTT(msg.Payload, msg.ContentType, user)
+		for _, p := range ps {
+			w.payloads = append(w.payloads, string(p))
+			w.size += len(varint.AppendUvarint(nil, uint64(len(p)))) + len(p)
 		}
-	} else if said != "" && said != alg.String() {
-		w.err = fmt.Errorf("content-encoding %q on a %s payload", said, alg)
+		w.err = err
 		return w
 	}
-	if alg != compress.None {
-		if payload, w.err = compress.Decompress(alg, payload, outbox.MaxBatchBytesLimit); w.err != nil {
-			return w
-		}
+	// Over 3.1.1 the magic bytes say it.
+	if alg := compress.Sniff(msg.Payload); alg != compress.None && w.compressed == "" {
 		w.compressed = alg.String()
 	}
-	w.size = len(payload)
-	switch {
-	case raw && msg.ContentType == "application/vnd.edgeoutbox.raw-batch":
-		for len(payload) > 0 {
-			n, k := varint.Uvarint(payload)
-			if k <= 0 || n > uint64(len(payload)-k) {
-				w.err = fmt.Errorf("raw batch: a length of %d at %d bytes from the end", n, len(payload))
-				return w
-			}
-			w.payloads = append(w.payloads, string(payload[k:k+int(n)]))
-			payload = payload[k+int(n):]
-		}
-	case raw:
-		w.payloads = []string{string(payload)}
-	case len(payload) > 0 && payload[0] == '[':
-		var docs []json.RawMessage
-		if w.err = json.Unmarshal(payload, &docs); w.err != nil {
-			return w
-		}
-		for _, d := range docs {
-			ev, err := outbox.DecodeEvent(d)
-			if err != nil {
-				w.err = err
-				return w
-			}
-			w.payloads = append(w.payloads, string(ev.Data))
-		}
-	default:
-		ev, err := outbox.DecodeEvent(payload)
-		w.payloads, w.err = []string{string(ev.Data)}, err
+	evs, err := outbox.DecodeEventsMQTT(msg.Payload, msg.ContentType, user)
+	for _, ev := range evs {
+		w.payloads = append(w.payloads, string(ev.Data))
 	}
+	w.err = err
 	return w
 }

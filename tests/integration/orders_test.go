@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/compress"
 	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
@@ -351,11 +352,32 @@ func (c *killedChild) done(verbose bool) {
 	}
 }
 
-// crashMessage is one MQTT message the broker routed, decoded.
+// crashMessage is one MQTT message the broker routed, decoded: its events
+// (a batch's, in order) and whether it came compressed.
 type crashMessage struct {
 	origin, topic string
-	wire          wireMessage
+	events        []outbox.Event
+	compressed    bool
 	err           error
+}
+
+// decodeMessage reads m as a consumer would (DecodeEventsMQTT), and holds
+// the relay to its marks: over MQTT 5 (where every structured message has
+// a Content Type) a compressed payload says its content-encoding.
+func decodeMessage(m harness.Message) crashMessage {
+	c := crashMessage{origin: m.Client, topic: m.Topic, compressed: compress.Sniff(m.Payload) != compress.None}
+	user := make([]outbox.UserProperty, len(m.User))
+	said := false
+	for i, u := range m.User {
+		user[i] = outbox.UserProperty{Key: u.Key, Value: u.Val}
+		said = said || u.Key == "content-encoding"
+	}
+	if m.ContentType != "" && c.compressed != said {
+		c.err = fmt.Errorf("over MQTT 5, compressed %v but content-encoding given %v", c.compressed, said)
+		return c
+	}
+	c.events, c.err = outbox.DecodeEventsMQTT(m.Payload, m.ContentType, user)
+	return c
 }
 
 // crashRecord is what the broker routed, in order.
@@ -366,10 +388,7 @@ type crashRecord struct {
 // recordEvents records, decoded, every message b routes.
 func recordEvents(t *testing.T, b *harness.Mochi) crashRecord {
 	t.Helper()
-	rec, err := harness.Record(b, "crash/#", func(m harness.Message) crashMessage {
-		w, err := decodeWire(m)
-		return crashMessage{origin: m.Client, topic: m.Topic, wire: w, err: err}
-	})
+	rec, err := harness.Record(b, "crash/#", decodeMessage)
 	require.NoError(t, err)
 	return crashRecord{rec}
 }
@@ -383,7 +402,7 @@ func (r crashRecord) events() []crashDelivery {
 			ds = append(ds, crashDelivery{origin: m.origin, topic: m.topic, evErr: m.err})
 			continue
 		}
-		for _, ev := range m.wire.events {
+		for _, ev := range m.events {
 			ds = append(ds, crashDelivery{origin: m.origin, topic: m.topic, ev: ev})
 		}
 	}
@@ -405,13 +424,13 @@ func (r crashRecord) shape(final string) wireShape {
 		if m.origin == final {
 			s.byFinal++
 		}
-		n := len(m.wire.events)
+		n := len(m.events)
 		if n > 1 {
 			s.batches++
 			s.batched += n
 		}
 		s.most = max(s.most, n)
-		if m.wire.compressed {
+		if m.compressed {
 			s.compressed++
 		}
 	}

@@ -1,0 +1,68 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/compress"
+)
+
+// TestOrderEvents: the generator gives the same events every run, each an
+// order of one to three lines whose total adds up, with every order
+// number found again by orderNumbers; the mean size is the one
+// BENCHMARKS.md gives.
+func TestOrderEvents(t *testing.T) {
+	a, b := orderPayloads(1, 30_000), orderPayloads(1, 30_000)
+	require.Equal(t, a, b, "a fixed seed")
+	require.Equal(t, a[:10], orderPayloads(1, 10))
+	lines := map[int]int{}
+	for i, p := range a[:3000] {
+		var e orderEvent
+		require.NoError(t, json.Unmarshal(p, &e))
+		require.Equal(t, i+1, e.Order)
+		require.Equal(t, []int{i + 1}, orderNumbers(p))
+		require.True(t, len(e.Lines) >= 1 && len(e.Lines) <= 3, string(p))
+		sum := 0
+		for _, l := range e.Lines {
+			require.Len(t, l.SKU, 13)
+			sum += l.Qty * l.PriceCents
+		}
+		require.Equal(t, sum, e.TotalCents)
+		lines[len(e.Lines)]++
+	}
+	require.Len(t, lines, 3)
+	t.Logf("first: %s", a[0])
+	t.Logf("mean %.1f B, lines %v", meanLen(a), lines)
+	require.InDelta(t, 178.9, meanLen(a), 0.05, "BENCHMARKS.md's mean size")
+}
+
+// TestSeqsOf: a subscriber's view of a message: one event, a batch, and
+// either compressed, by their sequences; anything else with several
+// events is refused.
+func TestSeqsOf(t *testing.T) {
+	batches := orderBatches(2, 3)
+	one := envelope(7, "id-7", time.Now(), orderPayloads(7, 1)[0])
+	c, err := compress.NewCompressor(compress.Zstd)
+	require.NoError(t, err)
+	defer c.Close()
+	for _, x := range []struct {
+		p    []byte
+		want []int64
+	}{
+		{one, []int64{7}},
+		{batches[1], []int64{4, 5, 6}},
+		{c.Append(nil, batches[0]), []int64{1, 2, 3}},
+	} {
+		got, err := seqsOf(x.p)
+		require.NoError(t, err)
+		require.Equal(t, x.want, got)
+	}
+	_, err = seqsOf(bytes.TrimPrefix(batches[0], []byte("[")))
+	require.Error(t, err)
+	_, err = seqsOf([]byte(`{"data":1}`))
+	require.Error(t, err)
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgeoutbox/outbox"
@@ -71,15 +72,28 @@ func linkDrainKey(enc string, window int) string {
 
 // linkBytes is what one event costs on the wire, in TCP payload bytes.
 type linkBytes struct {
-	payload         int     // the PUBLISH's payload: the envelope, or the data alone
+	payload         int     // the PUBLISH's payload: the envelope, or the data alone (the mean, rounded)
+	payloadSizes    int     // how many sizes of payload there were
 	publish, puback float64 // per event, each direction
+	// perMessage is the mean number of events in one MQTT message.
+	perMessage float64
 }
 
+// linkBatching is how the relay batches and compresses what it sends; the
+// zero value does neither (each event a message of its own, as before
+// batching).
+type linkBatching struct {
+	batch    outbox.BatchOptions
+	compress outbox.Compression
+}
+
+func (bt linkBatching) on() bool { return bt.batch.MaxEvents > 1 || bt.compress != outbox.CompressNone }
+
 // limit is the most events per second the link carries at window w: a
-// window per round trip, or what its bandwidth lets through in the
-// direction that fills first.
+// window of messages per round trip, or what its bandwidth lets through in
+// the direction that fills first.
 func (b linkBytes) limit(w int) (rate float64, bound string) {
-	byWindow := float64(w) / linkRTT.Seconds()
+	byWindow := float64(w) * max(b.perMessage, 1) / linkRTT.Seconds()
 	byBandwidth := linkRate / math.Max(b.publish, b.puback)
 	if byWindow <= byBandwidth {
 		return byWindow, "window"
@@ -100,8 +114,15 @@ func (r *runner) link(ctx context.Context) error {
 	// 1. Bytes per event, through a plain proxy (the bytes are those of a
 	// shaped one; only the time differs).
 	bytesOf := map[string]linkBytes{}
+	padded := make([][]byte, sz.linkBytesEvents)
+	for i := range padded {
+		padded[i] = payload(i+1, payloadLen)
+	}
 	for _, enc := range linkEncodings {
-		lb, err := r.linkBytesOf(ctx, b, enc, sz.linkBytesEvents)
+		lb, err := r.linkBytesOf(ctx, b, enc, linkBatching{}, padded)
+		if err == nil && lb.payloadSizes != 1 {
+			err = fmt.Errorf("payloads of %d different sizes", lb.payloadSizes)
+		}
 		if err != nil {
 			return fmt.Errorf("bytes per event, %s: %w", enc.key, err)
 		}
@@ -140,7 +161,10 @@ func (r *runner) link(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		res, err := r.linkDrain(ctx, b, tmpl, n, linkEncodingOf(d.enc), d.window)
+		res, err := r.linkDrain(ctx, b, tmpl, n, linkEncodingOf(d.enc), d.window, linkBatching{})
+		if err == nil {
+			err = res.faults()
+		}
 		if err != nil {
 			return fmt.Errorf("link drain %s window %d: %w", d.enc, d.window, err)
 		}
@@ -177,7 +201,10 @@ func (r *runner) link(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		res, err := r.linkDrain(ctx, b, tmpl, linkDayEvents, linkEncodingOf("structured5"), linkDayWindow)
+		res, err := r.linkDrain(ctx, b, tmpl, linkDayEvents, linkEncodingOf("structured5"), linkDayWindow, linkBatching{})
+		if err == nil {
+			err = res.faults()
+		}
 		if err != nil {
 			return fmt.Errorf("the day offline: %w", err)
 		}
@@ -217,7 +244,7 @@ func (r *runner) link(ctx context.Context) error {
 	if !sz.linkAllDrains {
 		r.rep.note(9, "%s mode drains only at window %d.", r.cfg.Mode, linkDayWindow)
 	}
-	return nil
+	return r.linkOrders(ctx, b)
 }
 
 func fmtDur(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -233,14 +260,14 @@ func varintSize(n int) int {
 
 // linkRelay starts a relay that publishes through url with enc; stop ends
 // it and closes its publisher.
-func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
+func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int, bt linkBatching) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
 	pub, err = outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: url, ClientID: "bench-link-" + strconv.FormatInt(time.Now().UnixNano(), 36),
 		Protocol: enc.proto, Logger: r.log})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	relay, err = ob.NewRelay(pub, outbox.RelayOptions{Window: window, Source: benchSource, Envelope: enc.env,
-		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}})
+		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}, Batch: bt.batch, Compress: bt.compress})
 	if err != nil {
 		pub.Close()
 		return nil, nil, nil, err
@@ -257,31 +284,38 @@ func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, e
 	return stop, relay, pub, nil
 }
 
-// linkBytesOf counts the bytes that n events take through a proxy once the
-// relay's connection is up, in each direction.
-func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncoding, n int) (linkBytes, error) {
+// linkBytesOf counts the bytes that events of the payloads take through a
+// proxy once the relay's connection is up, in each direction, committed in
+// one transaction.
+func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncoding, bt linkBatching, payloads [][]byte) (linkBytes, error) {
+	n := len(payloads)
 	p, err := harness.LaunchFaultProxy(b.b.Addr())
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer p.Close()
-	ob, err := r.openBench(ctx, "link-bytes-"+enc.key+".db", outbox.SyncNormal)
+	ob, err := r.openBench(ctx, fmt.Sprintf("link-bytes-%s-%d.db", enc.key, time.Now().UnixNano()), outbox.SyncNormal)
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer ob.Close()
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
+	mt := &messageTracker{tr: tr}
 	var mu sync.Mutex
 	payloadLens := map[int]int{}
 	b.setHandler(func(topic string, pl []byte) {
 		mu.Lock()
 		payloadLens[len(pl)]++
 		mu.Unlock()
-		tr.handle(topic, pl)
+		if bt.on() {
+			mt.handle(topic, pl)
+		} else {
+			tr.handle(topic, pl)
+		}
 	})
 	defer b.setHandler(nil)
-	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64)
+	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, bt)
 	if err != nil {
 		return linkBytes{}, err
 	}
@@ -292,7 +326,7 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncodi
 	up0, down0 := p.Moved(harness.ToBroker), p.Moved(harness.ToClient)
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
-		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: payload(i+1, payloadLen)}
+		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: payloads[i]}
 	}
 	if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 		return linkBytes{}, err
@@ -308,15 +342,22 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncodi
 	if err := stop(); err != nil {
 		return linkBytes{}, err
 	}
+	if err := tr.faults(); err != nil {
+		return linkBytes{}, err
+	}
+	if m := mt.malformed.Load(); m > 0 {
+		return linkBytes{}, fmt.Errorf("%d messages not decoded", m)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(payloadLens) != 1 {
-		return linkBytes{}, fmt.Errorf("payloads of %d different sizes: %v", len(payloadLens), payloadLens)
+	lb := linkBytes{publish: float64(up) / float64(n), puback: float64(down) / float64(n), payloadSizes: len(payloadLens)}
+	count, total := 0, 0
+	for l, c := range payloadLens {
+		count += c
+		total += l * c
 	}
-	lb := linkBytes{publish: float64(up) / float64(n), puback: float64(down) / float64(n)}
-	for l := range payloadLens {
-		lb.payload = l
-	}
+	lb.payload = int(math.Round(float64(total) / float64(max(count, 1))))
+	lb.perMessage = float64(n) / float64(max(count, 1))
 	return lb, nil
 }
 
@@ -331,10 +372,21 @@ type linkRun struct {
 	// markSyncs and walSyncs are the relay's fsyncs of the WAL per 1,000
 	// events: for its marks, and all of them.
 	markSyncs, walSyncs float64
+	// dups and disorder are events delivered again and out of order;
+	// messages the MQTT messages delivered (batched: each of many events).
+	dups, disorder, messages int
+}
+
+// faults is an error if an event came twice or out of commit order.
+func (r linkRun) faults() error {
+	if r.dups > 0 || r.disorder > 0 {
+		return fmt.Errorf("%d duplicates, %d out of order", r.dups, r.disorder)
+	}
+	return nil
 }
 
 // linkDrain drains a copy of the template over the shaped link.
-func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int) (linkRun, error) {
+func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int, bt linkBatching) (linkRun, error) {
 	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
 	if err != nil {
 		return linkRun{}, err
@@ -354,10 +406,19 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
 	tr.times = make([]time.Time, 0, n)
-	b.setHandler(tr.handle)
+	var plain atomic.Int64
+	mt := &messageTracker{tr: tr}
+	if bt.on() {
+		b.setHandler(mt.handle)
+	} else {
+		b.setHandler(func(topic string, pl []byte) {
+			plain.Add(1)
+			tr.handle(topic, pl)
+		})
+	}
 	defer b.setHandler(nil)
 	start := time.Now()
-	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window)
+	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window, bt)
 	if err != nil {
 		return linkRun{}, err
 	}
@@ -377,15 +438,18 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	if err := stop(); err != nil && werr == nil {
 		werr = err
 	}
+	if werr == nil && mt.malformed.Load() > 0 {
+		werr = fmt.Errorf("%d messages not decoded", mt.malformed.Load())
+	}
 	if werr != nil {
 		return linkRun{}, werr
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if tr.dups > 0 || tr.disorder > 0 {
-		return linkRun{}, fmt.Errorf("%d duplicates, %d out of order", tr.dups, tr.disorder)
-	}
 	return linkRun{
+		dups:      tr.dups,
+		disorder:  tr.disorder,
+		messages:  int(plain.Load() + mt.messages.Load()),
 		window:    eff,
 		recvMax:   recvMax,
 		rate:      slope(tr.times),

@@ -15,19 +15,55 @@ var (
 	errConnectionLost = errors.New("connection lost")
 )
 
-// flight is a publish awaiting its acknowledgement.
+// flight is a publish awaiting its acknowledgement: one row, or a batch.
+// A row parked dead at its turn passes through the ack loop too (parked),
+// so that the ledger learns of it in order.
 type flight struct {
-	seq   int64
+	seq   int64 // the first row's
 	id    string
 	topic string
 	tok   Token
 	sent  time.Time
 	probe bool
-	// created is the row's created_at (Unix ms), for the commit-to-PUBACK
-	// histogram.
+	// created is the first row's created_at (Unix ms), for the
+	// commit-to-PUBACK histogram.
 	created int64
-	// attempts is the row's failed attempts before this one.
+	// attempts is the first row's failed attempts before this one.
 	attempts int
+	// rows is a batch's rows, nil for one row.
+	rows   []*row
+	parked bool
+}
+
+func newFlight(p *parcel, tok Token, probe bool) flight {
+	m := p.first()
+	f := flight{seq: m.seq, id: m.id, topic: p.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
+	if len(p.rows) > 1 {
+		f.rows = p.rows
+	}
+	return f
+}
+
+// n is how many rows f carries.
+func (f *flight) n() int { return max(len(f.rows), 1) }
+
+// last is the seq of f's last row.
+func (f *flight) last() int64 {
+	if f.rows != nil {
+		return f.rows[len(f.rows)-1].seq
+	}
+	return f.seq
+}
+
+// seqs appends f's rows' seqs to dst.
+func (f *flight) seqs(dst []int64) []int64 {
+	if f.rows == nil {
+		return append(dst, f.seq)
+	}
+	for _, m := range f.rows {
+		dst = append(dst, m.seq)
+	}
+	return dst
 }
 
 // ackLoop waits for the acknowledgements in publish order.
@@ -52,9 +88,27 @@ func (s *session) ackLoop() {
 	// longer than AckTimeout a missing PUBACK may take to be noticed. A
 	// PUBACK that comes sooner costs no look.
 	look := max(r.opts.AckTimeout/16, time.Millisecond)
+	var seqs []int64
+	var ready []mark
+	// emit hands the rows the ledger says may be marked to the mark loop.
+	emit := func(f *flight, st settledAs) {
+		ready = s.ledger.settle(f.seqs(seqs[:0]), st, ready[:0])
+		for _, m := range ready {
+			// Waits while markSlots acknowledged rows are not yet
+			// recorded: marks that lag hold back publishing.
+			s.unmarked <- struct{}{}
+			s.marks <- m
+		}
+	}
 	for f := range s.flights {
+		if f.parked {
+			if !abandoned {
+				emit(&f, rowParked)
+			}
+			continue
+		}
 		if abandoned {
-			r.inFlight.Add(-1)
+			r.inFlight.Add(-int64(f.n()))
 			continue
 		}
 		var err error
@@ -91,7 +145,7 @@ func (s *session) ackLoop() {
 				if stalled {
 					flt = faultStalled
 				}
-				s.setFail(failure{seq: f.seq, err: cause, probe: f.probe, fault: flt})
+				s.setFail(failure{seq: f.seq, last: f.last(), err: cause, probe: f.probe, fault: flt})
 				// Disconnecting completes this token with an error.
 				r.pub.Disconnect()
 			case <-done:
@@ -109,30 +163,34 @@ func (s *session) ackLoop() {
 		if err == nil && !s.markable(f.seq) {
 			// Acknowledged after a message before it failed: it is sent
 			// again with that one (a duplicate after a failure).
-			r.inFlight.Add(-1)
+			r.inFlight.Add(-int64(f.n()))
 			<-s.slots
 			continue
 		}
 		if err == nil {
-			r.acked(f.sent, f.created)
+			if f.rows == nil {
+				r.acked(f.sent, f.created)
+			} else {
+				for _, m := range f.rows {
+					r.acked(f.sent, m.createdAt)
+				}
+			}
 			if nt, ok := f.tok.(NoSubscribersToken); ok && nt.NoSubscribers() {
 				r.heardByNobody(f.topic)
 			}
-			// Waits while markSlots acknowledged messages are not yet
-			// recorded: marks that lag hold back publishing.
-			s.unmarked <- struct{}{}
-			s.marks <- f.seq
+			emit(&f, rowAcked)
 			s.settled(f)
 			continue
 		}
 		flt := faultOf(err)
-		if !abandoned && flt == faultUndeliverable && s.markable(f.seq) {
+		if !abandoned && flt == faultUndeliverable && f.rows == nil && s.markable(f.seq) {
 			// Refused for good, on a connection that stays up: parked at
 			// once, and nothing behind it need wait or go again.
 			parked, perr := r.refusedForGood(s.conn, f.seq, f.id, f.topic, f.attempts, err)
 			if parked {
 				r.inFlight.Add(-1)
 				s.gate.Settle(1)
+				emit(&f, rowParked)
 				s.settled(f)
 				continue
 			}
@@ -142,10 +200,10 @@ func (s *session) ackLoop() {
 				r.writeFailed(perr)
 			}
 		}
-		r.inFlight.Add(-1)
+		r.inFlight.Add(-int64(f.n()))
 		<-s.slots
 		if !abandoned {
-			s.setFail(failure{seq: f.seq, err: err, probe: f.probe, fault: flt})
+			s.setFail(failure{seq: f.seq, last: f.last(), err: err, probe: f.probe, fault: flt})
 		}
 	}
 }

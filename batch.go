@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"time"
@@ -129,4 +130,168 @@ func (o BatchOptions) check() (BatchOptions, error) {
 		return o, fmt.Errorf("outbox: relay: Batch.MaxDelay %s over %s", o.MaxDelay, maxBatchDelay)
 	}
 	return o, nil
+}
+
+// parcel is what one publish carries: one row, or a batch of rows of one
+// topic, encoded and perhaps compressed.
+type parcel struct {
+	rows    []*row // in seq order
+	topic   string
+	payload []byte
+	props   PublishProperties
+	size    int // a batch's bytes before compression
+}
+
+func (p *parcel) first() *row { return p.rows[0] }
+func (p *parcel) last() *row  { return p.rows[len(p.rows)-1] }
+
+// parcelRules is how a session packs rows into parcels.
+type parcelRules struct {
+	batch   bool  // batches may be built on this connection
+	carries bool  // the connection carries MQTT 5 properties
+	singly  int64 // rows up to this seq go alone: they were in a batch that failed
+	probe   bool  // the first row goes alone
+}
+
+// pack packs rows (one read, in seq order) into parcels in the order they
+// are published: by their first row's seq. A batch holds rows of one topic
+// in seq order; a row that goes alone closes its topic's batch, so that a
+// later row of that topic never overtakes it.
+func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
+	out := make([]parcel, 0, len(rows))
+	open := map[string]int{}
+	for i := range rows {
+		m := &rows[i]
+		alone := !rules.batch || m.encErr != nil || m.expires.Valid || m.seq <= rules.singly || (rules.probe && i == 0) ||
+			r.member(m) == nil
+		if !alone {
+			if j, ok := open[m.topic]; ok && r.fits(&out[j], m, rules) {
+				out[j].rows = append(out[j].rows, m)
+				out[j].size += r.memberBytes(m)
+				continue
+			}
+		}
+		delete(open, m.topic)
+		out = append(out, parcel{rows: []*row{m}, topic: m.topic})
+		if !alone {
+			out[len(out)-1].size = r.frameBytes() + r.memberBytes(m)
+			open[m.topic] = len(out) - 1
+		}
+	}
+	for i := range out {
+		r.seal(&out[i], rules)
+	}
+	return out
+}
+
+// memberBytes is what m adds to a batch: its encoding as a member, and
+// its separator or length.
+func (r *Relay) memberBytes(m *row) int {
+	doc := r.member(m)
+	if r.opts.Envelope == EnvelopeRaw {
+		return len(doc) + uvarintLen(len(doc))
+	}
+	return len(doc) + 1
+}
+
+// member is m's encoding as a member of a batch: as fetch encoded it, but
+// for binary mode, whose encoding is the data alone and whose attributes
+// are properties: as a member it is a structured document (kept in m.doc).
+func (r *Relay) member(m *row) []byte {
+	if r.opts.Envelope != EnvelopeCloudEventsBinary || m.props.User == nil {
+		return m.encoded
+	}
+	if m.doc == nil {
+		o := m.outgoing
+		o.payload = m.encoded
+		// Nil if it cannot (it encoded in binary mode, whose checks are
+		// stricter, so it can): then it goes alone.
+		m.doc, _ = r.enc.encode(make([]byte, 0, len(m.encoded)*4/3+256+len(m.id)), &o)
+	}
+	return m.doc
+}
+
+// frameBytes is a batch's framing: "[" and "]" of a structured batch.
+func (r *Relay) frameBytes() int {
+	if r.opts.Envelope == EnvelopeRaw {
+		return 0
+	}
+	return 1
+}
+
+func uvarintLen(n int) int {
+	l := 1
+	for n >= 0x80 {
+		n >>= 7
+		l++
+	}
+	return l
+}
+
+// fits reports whether m may join the batch p.
+func (r *Relay) fits(p *parcel, m *row, rules parcelRules) bool {
+	b := r.opts.Batch
+	size := p.size + r.memberBytes(m)
+	if len(p.rows) >= b.MaxEvents || size > b.MaxBytes {
+		return false
+	}
+	if r.enc.sizes != nil {
+		props := &PublishProperties{ContentType: batchContentType}
+		if !rules.carries {
+			props = nil
+		}
+		if r.enc.sizes.CheckSize(p.topic, size, props) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// seal encodes p: a single row as fetch encoded it, a batch in the wire
+// format of docs/batching.md; then compresses it where that is asked for,
+// allowed on this connection and makes it smaller.
+func (r *Relay) seal(p *parcel, rules parcelRules) {
+	if len(p.rows) == 1 {
+		m := p.rows[0]
+		if m.encErr != nil {
+			return
+		}
+		p.payload, p.props = m.encoded, m.props
+	} else if r.opts.Envelope == EnvelopeRaw {
+		buf := make([]byte, 0, p.size)
+		for _, m := range p.rows {
+			buf = binary.AppendUvarint(buf, uint64(len(m.encoded)))
+			buf = append(buf, m.encoded...)
+		}
+		p.payload, p.props = buf, PublishProperties{ContentType: rawBatchContentType}
+	} else {
+		buf := make([]byte, 0, p.size)
+		buf = append(buf, '[')
+		for i, m := range p.rows {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, r.member(m)...)
+		}
+		p.payload = append(buf, ']')
+		p.props = PublishProperties{}
+		if rules.carries {
+			p.props.ContentType = batchContentType
+		}
+	}
+	if r.comp == nil || len(p.payload) < compressMinBytes || len(p.payload) > MaxBatchBytesLimit ||
+		(!rules.carries && r.opts.Envelope == EnvelopeRaw) {
+		return
+	}
+	z := r.comp.Append(make([]byte, 0, len(p.payload)/2), p.payload)
+	if len(z)+len(contentEncodingKey)+8 >= len(p.payload) {
+		// Not smaller by what the property saying so costs: the
+		// publisher's size limit was checked without it.
+		return
+	}
+	p.payload = z
+	if rules.carries {
+		user := make([]UserProperty, 0, len(p.props.User)+1)
+		p.props.User = append(append(user, p.props.User...), UserProperty{contentEncodingKey, r.comp.Alg().String()})
+	}
 }

@@ -67,13 +67,13 @@ func (r *Relay) expiryLeft(m *row) (left time.Duration, ok bool) {
 // instead and gives back the slot and the admission m had taken; ok false
 // means that failed and the session must end (m stays pending, and nothing
 // after it may be marked).
-func (s *session) atItsTurn(m *row) (publish, ok bool) {
+func (s *session) atItsTurn(m *row, p *parcel) (publish, ok bool) {
 	left, expires := s.r.expiryLeft(m)
 	if !expires {
 		return true, true
 	}
 	if left > 0 {
-		m.props.MessageExpiry = left
+		p.props.MessageExpiry = left
 		return true, true
 	}
 	err := s.r.park(s.conn, parking{seq: m.seq, id: m.id, topic: m.topic, expired: true,

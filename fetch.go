@@ -21,6 +21,7 @@ type row struct {
 	encoded []byte            // the message as it will be published
 	props   PublishProperties // given only when the session carries properties
 	encErr  error
+	doc     []byte // binary mode's row as a structured document, for a batch (member)
 	// expires is when the message expires, on the outbox clock (NULL:
 	// never).
 	expires sql.NullInt64
@@ -122,13 +123,34 @@ type batch struct {
 	wake    <-chan struct{} // taken before the read: closed by a later commit
 	version int64           // data_version before the read
 	rows    []row
+	parcels []parcel // rows as they are published
 	err     error
 }
 
-// fetch reads up to limit pending rows after cursor.
-func (s *session) fetch(cursor int64, limit int) batch {
+// fetch reads up to limit pending rows after cursor, and packs them.
+func (s *session) fetch(cursor int64, limit int, rules parcelRules) batch {
+	b := s.read(cursor, limit)
+	s.seal(&b, rules)
+	return b
+}
+
+// seal makes b's rows durable and packs them.
+func (s *session) seal(b *batch, rules parcelRules) {
+	s.makeDurable(b)
+	if b.err == nil {
+		b.parcels = s.r.pack(b.rows, rules)
+	}
+}
+
+// read reads up to limit pending rows after cursor.
+func (s *session) read(cursor int64, limit int) batch {
 	b := batch{wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
+	return b
+}
+
+// makeDurable makes b's rows durable before they are published.
+func (s *session) makeDurable(b *batch) {
 	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.Covers(rowBatch(b.rows)) && !s.r.opts.WritersAtFull {
 		// Durable before publish: a commit made at synchronous=NORMAL is
 		// in the WAL but not yet on the disk, and a power cut would undo
@@ -143,5 +165,4 @@ func (s *session) fetch(cursor int64, limit int) batch {
 			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 		}
 	}
-	return b
 }

@@ -149,9 +149,10 @@ func (b *broker) url() string { return "tcp://" + b.addr }
 type fakePublisher struct {
 	mu        sync.Mutex
 	connected bool
-	connErr   error                    // Connect fails with it while set
-	reject    func(topic string) error // per-message failure
-	hold      bool                     // tokens wait until release
+	connErr   error                      // Connect fails with it while set
+	reject    func(topic string) error   // per-message failure
+	refuse    func(payload []byte) error // per-message failure, by what it carries
+	hold      bool                       // tokens wait until release
 	held      []*fakeToken
 	published []string // payloads, in publish order
 	connects  int
@@ -190,6 +191,12 @@ func (p *fakePublisher) Publish(topic string, payload []byte) Token {
 	}
 	if p.reject != nil {
 		if err := p.reject(topic); err != nil {
+			t.complete(err)
+			return t
+		}
+	}
+	if p.refuse != nil {
+		if err := p.refuse(payload); err != nil {
 			t.complete(err)
 			return t
 		}

@@ -35,6 +35,14 @@ const (
 	markDelay = time.Millisecond
 )
 
+// mark is an acknowledged row for the mark loop; ends says it is the last
+// row of its MQTT message, which the mark then settles (durable.Gate
+// counts messages).
+type mark struct {
+	seq  int64
+	ends bool
+}
+
 // markSlots is how many acknowledged messages may wait for their mark.
 func markSlots(window int) int { return max(window, minMarkSlots) }
 
@@ -42,6 +50,7 @@ func markSlots(window int) int { return max(window, minMarkSlots) }
 func (s *session) markLoop() {
 	r := s.r
 	batch := make([]int64, 0, maxMarkBatch)
+	ends := int64(0) // messages the batch settles
 	// A mark costs about the same however many messages it records
 	// (BenchmarkMarkSent64): when few acknowledgements are queued, wait a
 	// moment for more, so that a fast stream is recorded in batches, not
@@ -50,17 +59,24 @@ func (s *session) markLoop() {
 	enough := max(cap(s.unmarked)/2, 1)
 	wait := time.NewTimer(0)
 	defer wait.Stop()
-	for seq := range s.marks {
-		batch = append(batch[:0], seq)
+	add := func(m mark) {
+		batch = append(batch, m.seq)
+		if m.ends {
+			ends++
+		}
+	}
+	for m := range s.marks {
+		batch, ends = batch[:0], 0
+		add(m)
 		wait.Reset(markDelay)
 	more:
 		for len(batch) < maxMarkBatch {
 			select {
-			case seq, ok := <-s.marks:
+			case m, ok := <-s.marks:
 				if !ok {
 					break more
 				}
-				batch = append(batch, seq)
+				add(m)
 				continue
 			default:
 			}
@@ -68,11 +84,11 @@ func (s *session) markLoop() {
 				break
 			}
 			select {
-			case seq, ok := <-s.marks:
+			case m, ok := <-s.marks:
 				if !ok {
 					break more
 				}
-				batch = append(batch, seq)
+				add(m)
 			case <-wait.C:
 				break more
 			}
@@ -83,7 +99,7 @@ func (s *session) markLoop() {
 			// before them failed: everything up to the last is settled.
 			err := r.markSent(s.conn, batch)
 			if err == nil {
-				s.gate.Settle(int64(len(batch)))
+				s.gate.Settle(ends)
 				if r.diskFull.Load() {
 					r.wakePurge()
 				}

@@ -92,9 +92,9 @@ func TestRelayPublishesPropertiesOnlyWhereCarried(t *testing.T) {
 		if carries {
 			s.props = pub
 		}
-		m := &row{outgoing: outgoing{topic: "t"}, encoded: []byte("w"), props: PublishProperties{ContentType: "text/plain"}}
+		m := &parcel{topic: "t", payload: []byte("w"), props: PublishProperties{ContentType: "text/plain"}}
 		<-s.publish(m).Done()
-		bare := &row{outgoing: outgoing{topic: "t"}, encoded: []byte("w")}
+		bare := &parcel{topic: "t", payload: []byte("w")}
 		<-s.publish(bare).Done()
 		require.Equal(t, 2, pub.publishedCount())
 		if carries {

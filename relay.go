@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/edgeoutbox/outbox/internal/compress"
 	"github.com/edgeoutbox/outbox/internal/durable"
 	"github.com/edgeoutbox/outbox/internal/lease"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
@@ -189,6 +190,7 @@ type Relay struct {
 	pub  Publisher
 	opts RelayOptions
 	enc  encoder
+	comp *compress.Compressor // nil: CompressNone
 	log  *slog.Logger
 	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
@@ -219,6 +221,9 @@ type Relay struct {
 	// aloneFirst: the last session ended as the broker said it is
 	// unavailable; the next sends its first message alone, uncharged.
 	aloneFirst bool
+	// singly: rows up to this seq were in a batch that failed; they go
+	// one by one (batch.go).
+	singly int64
 
 	// reader is the connection fetch and the data_version polls use: the
 	// relay's own, or a second one (see run).
@@ -254,6 +259,9 @@ type Relay struct {
 	// structured: binary mode was asked for, and the last session could
 	// not carry properties (said once per fallback: carrier).
 	structured atomic.Bool
+	// rawPlain: raw batching or compression was asked for, and the last
+	// session could not carry properties (said once per fallback).
+	rawPlain atomic.Bool
 
 	noSubscribers noSubscribers // taken with no subscriber (nosubscribers.go)
 }
@@ -285,6 +293,11 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		working:  make(chan struct{}, 1),
 		notesNew: make(chan struct{}, 1),
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
+	}
+	if opts.Compress != CompressNone {
+		if r.comp, err = compress.NewCompressor(opts.Compress.alg()); err != nil {
+			return nil, fmt.Errorf("outbox: relay: %w", err)
+		}
 	}
 	r.enc.sizes, _ = pub.(SizeLimiter)
 	r.enc.topics, _ = pub.(TopicChecker)

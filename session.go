@@ -51,6 +51,7 @@ import (
 // failure is the first thing that went wrong in a session.
 type failure struct {
 	seq   int64
+	last  int64 // a batch's last row's seq; seq for one row
 	err   error
 	probe bool
 	fault fault // whose fault it was (faultOf)
@@ -87,10 +88,11 @@ type session struct {
 	// in batches. unmarked holds one token per acknowledged message not yet
 	// recorded (markSlots of them at most). A crash can only duplicate a
 	// message that holds a token in slots or in unmarked.
-	marks    chan int64
+	marks    chan mark
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
+	ledger  ledger         // which acknowledged rows may be marked
 	readers sync.WaitGroup // batches read ahead
 	gate    *durable.Gate  // a power cut's duplicates within the crash bound
 	// props is the publisher's PropertiesPublisher if its connection
@@ -134,10 +136,11 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		ctx: ctx, sctx: sctx, cancel: cancel, dctx: dctx, halt: halt,
 		flights:  make(chan flight, window),
 		slots:    make(chan struct{}, window),
-		marks:    make(chan int64, markSlots(r.opts.Window)),
+		marks:    make(chan mark, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
-		gate:     durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
+		// It counts MQTT messages: a batch is one (marks.go).
+		gate: durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
 	}
 	s.props = r.carrier()
 	var watcher sync.WaitGroup
@@ -190,6 +193,9 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		r.pub.Disconnect()
 	}
 	wg.Wait()
+	// Rows acknowledged behind one that failed are sent again: no longer
+	// in flight.
+	r.inFlight.Add(-int64(s.ledger.waiting()))
 	res := s.result(fatal)
 	// The watcher may not yet have seen a connection the broker closed as
 	// it said it was unavailable: ask the publisher too.
@@ -211,6 +217,16 @@ func (s *session) result(fatal error) sessionResult {
 		return res
 	}
 	res.err = f.err
+	batch := f.last > f.seq
+	if batch && f.fault != faultNotSent && f.fault != faultStalled && f.fault != faultBroker {
+		// A batch that was refused, or in flight first when the
+		// connection was lost: its rows go again one by one, the first
+		// alone, so that only a row at fault is charged — the broker may
+		// have refused the batch for one of them, or for its size.
+		r.singly = max(r.singly, f.last)
+		r.suspect = f.seq
+		return res
+	}
 	switch {
 	case f.refused():
 		r.suspect = f.seq
@@ -310,11 +326,15 @@ func (s *session) dispatch() error {
 			// that the window in which a network fault is blamed on it is
 			// one round trip, not the time it takes to read and encode a
 			// whole batch.
-			limit := r.opts.BatchSize
+			limit := r.readSize()
 			if probe {
 				limit = 1
 			}
-			b = s.fetch(cursor, limit)
+			b = s.read(cursor, limit)
+			if !probe {
+				b = s.linger(b, cursor, limit)
+			}
+			s.seal(&b, s.rules(probe))
 		}
 		version, rows, err := b.version, b.rows, b.err
 		if err != nil {
@@ -349,17 +369,19 @@ func (s *session) dispatch() error {
 		}
 		woke = false
 		r.notIdle()
-		if !probe && len(rows) == r.opts.BatchSize {
+		if !probe && len(rows) == r.readSize() {
 			ahead = make(chan batch, 1)
 			s.readers.Add(1)
 			go func(after int64) {
 				defer s.readers.Done()
-				ahead <- s.fetch(after, r.opts.BatchSize)
+				ahead <- s.fetch(after, r.readSize(), s.rules(false))
 			}(rows[len(rows)-1].seq)
 		}
-		for i := range rows {
-			m := &rows[i]
-			cursor = m.seq
+		cursor = rows[len(rows)-1].seq
+		s.ledger.add(rows)
+		for i := range b.parcels {
+			p := &b.parcels[i]
+			m := p.first()
 			if m.encErr != nil {
 				parked, err := r.refusedForGood(s.conn, m.seq, m.id, m.topic, m.attempts, m.encErr)
 				switch {
@@ -375,6 +397,7 @@ func (s *session) dispatch() error {
 					s.setFail(failure{seq: m.seq, err: m.encErr, fault: faultOf(m.encErr)})
 					return nil
 				}
+				s.flights <- flight{seq: m.seq, parked: true}
 				continue
 			}
 			select {
@@ -398,14 +421,18 @@ func (s *session) dispatch() error {
 					return nil
 				}
 			}
-			if publish, ok := s.atItsTurn(m); !ok {
-				return nil
-			} else if !publish {
-				continue // parked expired (expiry.go)
+			if len(p.rows) == 1 {
+				// Only a row with an expiry has one, and it goes alone.
+				if publish, ok := s.atItsTurn(m, p); !ok {
+					return nil
+				} else if !publish {
+					s.flights <- flight{seq: m.seq, parked: true}
+					continue // parked expired (expiry.go)
+				}
 			}
-			tok := s.publish(m)
-			r.inFlight.Add(1)
-			s.flights <- flight{seq: m.seq, id: m.id, topic: m.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
+			tok := s.publish(p)
+			r.inFlight.Add(int64(len(p.rows)))
+			s.flights <- newFlight(p, tok, probe)
 			if probe {
 				select {
 				case <-s.probeOK:
@@ -417,6 +444,50 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
+}
+
+// linger waits, with Batch.MaxDelay, for more rows to join the batches
+// of a read that holds too few to fill one: until a batch would be full,
+// or MaxDelay after the read that first found rows. It reads again after
+// every commit meanwhile; rows are made durable only once, after.
+func (s *session) linger(b batch, cursor int64, limit int) batch {
+	r := s.r
+	bo := r.opts.Batch
+	if bo.MaxDelay <= 0 || !bo.on() || b.err != nil || len(b.rows) == 0 {
+		return b
+	}
+	deadline := time.Now().Add(bo.MaxDelay)
+	for len(b.rows) < limit && !s.fills(b.rows) {
+		ctx, cancel := context.WithDeadline(s.dctx, deadline)
+		woke := r.waitForWork(ctx, r.reader, b.wake, b.version)
+		cancel()
+		if s.dctx.Err() != nil {
+			return b
+		}
+		if nb := s.read(cursor, limit); nb.err == nil {
+			b = nb
+		}
+		if !woke {
+			break
+		}
+	}
+	return b
+}
+
+// fills reports whether rows fill a batch of one topic, or would make one
+// of more than half MaxBytes.
+func (s *session) fills(rows []row) bool {
+	bo := s.r.opts.Batch
+	n, size := map[string]int{}, map[string]int{}
+	for i := range rows {
+		m := &rows[i]
+		n[m.topic]++
+		size[m.topic] += len(m.encoded)
+		if n[m.topic] >= bo.MaxEvents || 2*size[m.topic] > bo.MaxBytes {
+			return true
+		}
+	}
+	return false
 }
 
 // idle waits for work (see waitForWork), saying so for keepLease. With
@@ -461,13 +532,36 @@ func (r *Relay) notIdle() {
 	}
 }
 
-// publish hands m to the publisher, with its properties if it has any and
+// publish hands p to the publisher, with its properties if it has any and
 // the connection carries them.
-func (s *session) publish(m *row) Token {
-	if s.props != nil && !m.props.empty() {
-		return s.props.PublishWithProperties(m.topic, m.encoded, m.props)
+func (s *session) publish(p *parcel) Token {
+	if s.props != nil && !p.props.empty() {
+		return s.props.PublishWithProperties(p.topic, p.payload, p.props)
 	}
-	return s.r.pub.Publish(m.topic, m.encoded)
+	return s.r.pub.Publish(p.topic, p.payload)
+}
+
+// rules are how this session packs rows into parcels (batch.go).
+func (s *session) rules(probe bool) parcelRules {
+	r := s.r
+	carries := s.props != nil
+	return parcelRules{
+		// A raw batch is told by its MQTT 5 Content Type alone.
+		batch:   r.opts.Batch.on() && (carries || r.opts.Envelope != EnvelopeRaw),
+		carries: carries,
+		singly:  r.singly,
+		probe:   probe,
+	}
+}
+
+// readSize is how many rows a read takes: with batching, enough for
+// several full batches, so that a backlog is read, and made durable, in
+// few reads.
+func (r *Relay) readSize() int {
+	if !r.opts.Batch.on() {
+		return r.opts.BatchSize
+	}
+	return max(r.opts.BatchSize, min(16*r.opts.Batch.MaxEvents, 4096))
 }
 
 // carrier returns the publisher as a PropertiesPublisher if its connection
@@ -487,6 +581,14 @@ func (r *Relay) carrier() PropertiesPublisher {
 				why = "the Publisher cannot send MQTT 5 properties"
 			}
 			r.log.Warn("outbox relay: CloudEvents binary mode needs MQTT 5 properties and "+why+"; publishing structured mode until a connection carries them",
+				"protocol", r.Protocol())
+		}
+	}
+	if r.opts.Envelope == EnvelopeRaw && (r.opts.Batch.on() || r.opts.Compress != CompressNone) {
+		if carries {
+			r.rawPlain.Store(false)
+		} else if !r.rawPlain.Swap(true) {
+			r.log.Warn("outbox relay: a raw batch or a compressed raw payload is told only by MQTT 5 properties; publishing raw events one by one, uncompressed, until a connection carries them",
 				"protocol", r.Protocol())
 		}
 	}

@@ -30,6 +30,7 @@ const latencyBatchWarmup = 50
 type orderTimedPublisher struct {
 	*outbox.MQTTPublisher
 	tr       *latTracker
+	u        *unpacker
 	messages atomic.Int64
 }
 
@@ -47,7 +48,7 @@ func (p *orderTimedPublisher) PublishWithProperties(topic string, payload []byte
 	go func() {
 		<-tok.Done()
 		acked := time.Now()
-		for _, n := range messageOrders(kept) {
+		for _, n := range p.u.orders(kept) {
 			p.tr.publishing(n, at)
 			if tok.Error() == nil {
 				p.tr.ack(n, acked)
@@ -55,16 +56,6 @@ func (p *orderTimedPublisher) PublishWithProperties(topic string, payload []byte
 		}
 	}()
 	return tok
-}
-
-// messageOrders returns the order numbers of the events a message
-// carries; none if it cannot be decompressed.
-func messageOrders(p []byte) []int {
-	p, err := unpack(p)
-	if err != nil {
-		return nil
-	}
-	return orderNumbers(p)
 }
 
 // latencyBatching measures commit → PUBACK and commit → subscriber of
@@ -148,9 +139,14 @@ func (r *runner) latencyBatching(ctx context.Context, b broker) error {
 // delivered.
 func (r *runner) latencyBatchRound(ctx context.Context, ob *outbox.Outbox, b broker, tr *latTracker, bt linkBatching, payloads [][]byte) (int64, error) {
 	per := len(tr.commit)
+	u, err := newUnpacker()
+	if err != nil {
+		return 0, err
+	}
+	defer u.close()
 	b.setHandler(func(_ string, p []byte) {
 		now := time.Now()
-		for _, n := range messageOrders(p) {
+		for _, n := range u.orders(p) {
 			tr.mark(tr.delivered, n, now)
 		}
 	})
@@ -160,7 +156,7 @@ func (r *runner) latencyBatchRound(ctx context.Context, ob *outbox.Outbox, b bro
 		return 0, err
 	}
 	defer pub.Close()
-	tp := &orderTimedPublisher{MQTTPublisher: pub, tr: tr}
+	tp := &orderTimedPublisher{MQTTPublisher: pub, tr: tr, u: u}
 	relay, err := ob.NewRelay(tp, outbox.RelayOptions{Source: benchSource, Batch: bt.batch, Compress: bt.compress})
 	if err != nil {
 		return 0, err

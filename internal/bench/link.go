@@ -301,7 +301,12 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncodi
 	defer ob.Close()
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
-	mt := &messageTracker{tr: tr}
+	u, err := newUnpacker()
+	if err != nil {
+		return linkBytes{}, err
+	}
+	defer u.close()
+	mt := &messageTracker{tr: tr, u: u}
 	var mu sync.Mutex
 	payloadLens := map[int]int{}
 	b.setHandler(func(topic string, pl []byte) {
@@ -407,7 +412,12 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	tr.seqOf = parseSeqOrN
 	tr.times = make([]time.Time, 0, n)
 	var plain atomic.Int64
-	mt := &messageTracker{tr: tr}
+	u, err := newUnpacker()
+	if err != nil {
+		return linkRun{}, err
+	}
+	defer u.close()
+	mt := &messageTracker{tr: tr, u: u}
 	if bt.on() {
 		b.setHandler(mt.handle)
 	} else {

@@ -88,8 +88,6 @@ type sizes struct {
 	linkOrdersBytesEvents int
 	linkOrdersDay         bool
 	compressTime          time.Duration
-	// Section 3's rounds of batching on and off, taking turns.
-	latBatchRounds int
 }
 
 func sizesFor(m Mode) sizes {
@@ -106,7 +104,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
-			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second, latBatchRounds: 10,
+			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second,
 		}
 	case Smoke:
 		return sizes{
@@ -119,7 +117,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
 			linkBytesEvents: 50, linkDrainSeconds: 0.5,
-			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond, latBatchRounds: 2,
+			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond,
 		}
 	}
 	return sizes{
@@ -133,7 +131,7 @@ func sizesFor(m Mode) sizes {
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
-		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond, latBatchRounds: 6,
+		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond,
 	}
 }
 

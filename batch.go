@@ -117,8 +117,8 @@ func (o BatchOptions) check() (BatchOptions, error) {
 	if !o.on() {
 		return BatchOptions{}, nil
 	}
-	if o.MaxEvents > 65535 {
-		return o, fmt.Errorf("outbox: relay: Batch.MaxEvents %d over 65,535", o.MaxEvents)
+	if o.MaxEvents > maxBatchEvents {
+		return o, fmt.Errorf("outbox: relay: Batch.MaxEvents %d over %d", o.MaxEvents, maxBatchEvents)
 	}
 	if o.MaxBytes == 0 {
 		o.MaxBytes = 64 << 10
@@ -136,6 +136,7 @@ func (o BatchOptions) check() (BatchOptions, error) {
 // topic, encoded and perhaps compressed.
 type parcel struct {
 	rows    []*row // in seq order
+	one     [1]*row
 	topic   string
 	payload []byte
 	props   PublishProperties
@@ -159,20 +160,30 @@ type parcelRules struct {
 // later row of that topic never overtakes it.
 func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
 	out := make([]parcel, 0, len(rows))
-	open := map[string]int{}
+	var open map[string]int
+	if rules.batch {
+		open = make(map[string]int, 4)
+	}
 	for i := range rows {
 		m := &rows[i]
 		alone := !rules.batch || m.encErr != nil || m.expires.Valid || m.seq <= rules.singly || (rules.probe && i == 0) ||
 			r.member(m) == nil
 		if !alone {
 			if j, ok := open[m.topic]; ok && r.fits(&out[j], m, rules) {
-				out[j].rows = append(out[j].rows, m)
+				out[j].rows = append(out[j].rows, m) // copied out of one: its capacity is 1
 				out[j].size += r.memberBytes(m)
 				continue
 			}
 		}
-		delete(open, m.topic)
-		out = append(out, parcel{rows: []*row{m}, topic: m.topic})
+		if open != nil {
+			delete(open, m.topic)
+		}
+		// out never grows past its capacity, one parcel a row at most:
+		// a parcel's first row may live in the parcel itself.
+		out = append(out, parcel{topic: m.topic})
+		q := &out[len(out)-1]
+		q.one[0] = m
+		q.rows = q.one[:1:1]
 		if !alone {
 			out[len(out)-1].size = r.frameBytes() + r.memberBytes(m)
 			open[m.topic] = len(out) - 1

@@ -55,7 +55,7 @@ func TestDurableBeforePublish(t *testing.T) {
 	log := &eventLog{}
 	pub := loggingPublisher{&fakePublisher{}, log}
 	opts := fastRelay()
-	opts.BatchSize = 100
+	opts.ReadSize = 100
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	var syncs atomic.Int64
@@ -153,7 +153,7 @@ func (p *gapPublisher) Publish(topic string, payload []byte) Token {
 // What runs ahead of the durable mark must stay within a crash's bound,
 // Window + markSlots, whatever the batch size: the fsync of each batch read
 // covers only the marks before it, and a batch is read ahead of the one
-// being published, which let up to 2 × BatchSize more run ahead (482 with a
+// being published, which let up to 2 × ReadSize more run ahead (482 with a
 // window of 8, before durableGate). The gate syncs when half the bound runs
 // ahead, and holds dispatch at the bound.
 func TestPublishedAheadOfDurableMarkBounded(t *testing.T) {
@@ -172,7 +172,7 @@ func testPublishedAheadOfDurableMark(t *testing.T, window int) {
 	pub := &gapPublisher{fakePublisher: &fakePublisher{}, durable: &durable}
 	opts := fastRelay()
 	opts.Window = window
-	opts.BatchSize = 256
+	opts.ReadSize = 256
 	r, err := ob.NewRelay(pub, opts)
 	require.NoError(t, err)
 	// A sync makes durable what was committed before it began: the mark
@@ -207,7 +207,7 @@ func TestRelayStatsWALSyncs(t *testing.T) {
 	ob := openTest(t, Options{Synchronous: SyncNormal})
 	pub := &fakePublisher{}
 	opts := fastRelay()
-	opts.BatchSize = 100
+	opts.ReadSize = 100
 	// A session that ends and starts again reads the unmarked rows again
 	// (a batch read, and its sync). On a loaded machine this test once
 	// counted two syncs more than one per event, likely so; a long lease

@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode"
@@ -234,6 +237,94 @@ func FuzzDecodeEventMQTT(f *testing.F) {
 		if ev2.ID != ev.ID || ev2.Source != ev.Source || ev2.Type != ev.Type || ev2.Sequence != ev.Sequence ||
 			(ct != "" && ev2.DataContentType != ct) || !bytes.Equal(ev2.Data, payload) {
 			t.Fatalf("round trip: %+v, want %+v", ev2, ev)
+		}
+	})
+}
+
+// FuzzDecodeEventsMQTT: whatever arrives, DecodeEventsMQTT and
+// DecodeRawMQTT never panic and stay bounded: 1 to 65,535 events or
+// payloads, or an error and none; every event has an id, source and type,
+// and a batch's event is what DecodeEvent reads from its own document. The
+// seeds are the test vectors but the bombs (testdata/batching); the user
+// properties come as lines of key=value.
+func FuzzDecodeEventsMQTT(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join(vectorDir, "*.json"))
+	if err != nil || len(files) == 0 {
+		f.Fatalf("no vectors: %v", err)
+	}
+	for _, file := range files {
+		if strings.Contains(file, "bomb") {
+			continue // seconds each under -race
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		var v batchVector
+		if err := json.Unmarshal(b, &v); err != nil {
+			f.Fatal(err)
+		}
+		payload, err := base64.StdEncoding.DecodeString(v.PayloadBase64)
+		if err != nil {
+			f.Fatal(err)
+		}
+		var lines []string
+		for _, p := range v.UserProperties {
+			lines = append(lines, p[0]+"="+p[1])
+		}
+		f.Add(payload, v.ContentType, strings.Join(lines, "\n"))
+	}
+	f.Add([]byte(`[{"specversion":"1.0","id":"1","source":"s","type":"t"},{"specversion":"1.0","id":"2","source":"s","type":"t","data":[1]}]`), "", "")
+	f.Add([]byte{1, 'a', 0, 2, 'b', 'c'}, rawBatchContentType, "")
+	f.Fuzz(func(t *testing.T, payload []byte, ct, props string) {
+		var user []UserProperty
+		if props != "" {
+			for _, line := range strings.Split(props, "\n") {
+				k, v, _ := strings.Cut(line, "=")
+				user = append(user, UserProperty{k, v})
+			}
+		}
+		parts, err := DecodeEventPartsMQTT(payload, ct, user)
+		evs, err2 := DecodeEventsMQTT(payload, ct, user)
+		if (err == nil) != (err2 == nil) || len(evs) != len(parts) {
+			t.Fatalf("DecodeEventsMQTT and DecodeEventPartsMQTT disagree: %v, %v", err, err2)
+		}
+		if err != nil {
+			if parts != nil {
+				t.Fatalf("events with an error: %v", err)
+			}
+		} else {
+			if len(parts) < 1 || len(parts) > maxBatchEvents {
+				t.Fatalf("%d events", len(parts))
+			}
+			for i, p := range parts {
+				if p.Event.ID == "" || p.Event.Source == "" || p.Event.Type == "" {
+					t.Fatalf("event %d without id, source or type: %+v", i, p.Event)
+				}
+				if !binaryMode(user) {
+					ev, err := DecodeEvent(p.Bytes)
+					if err != nil || fmt.Sprint(ev) != fmt.Sprint(p.Event) {
+						t.Fatalf("event %d is not its document's: %v", i, err)
+					}
+				}
+			}
+		}
+		raws, err := DecodeRawMQTT(payload, ct, user)
+		if err != nil {
+			if raws != nil {
+				t.Fatalf("payloads with an error: %v", err)
+			}
+			return
+		}
+		if len(raws) < 1 || len(raws) > maxBatchEvents {
+			t.Fatalf("%d payloads", len(raws))
+		}
+		var n int
+		for _, r := range raws {
+			n += len(r)
+		}
+		if n > max(len(payload), MaxBatchBytesLimit) {
+			t.Fatalf("%d bytes of payloads from %d", n, len(payload))
 		}
 	})
 }

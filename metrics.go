@@ -271,7 +271,7 @@ type RelayStats struct {
 	// publish: a commit made at synchronous=NORMAL must be on the disk before
 	// the broker has its event). It is there to show what that guarantee
 	// costs: one per batch read, so one per event under a trickle and one
-	// per BatchSize events in a backlog, plus MarkSyncs.
+	// per ReadSize events in a backlog, plus MarkSyncs.
 	WALSyncs int64
 	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
 	// marks durable, so that a power cut duplicates at most Window +

@@ -43,9 +43,10 @@ type RelayOptions struct {
 	// two groups: at most Window + max(Window, 256) messages (320 by
 	// default).
 	Window int
-	// BatchSize is how many rows are read from the database at a time.
-	// Default 256.
-	BatchSize int
+	// ReadSize is how many rows are read from the database at a time.
+	// Default 256; with Batch on, at least 16 × Batch.MaxEvents (up to
+	// 4,096), so that a backlog is read, and made durable, in few reads.
+	ReadSize int
 	// AckTimeout is how long a publish may wait for its acknowledgement on
 	// a connection that is still up before the connection is deemed broken.
 	// With a Publisher whose tokens tell when their bytes have left (the
@@ -127,8 +128,8 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.Window < 1 || o.Window > 65535 {
 		return o, fmt.Errorf("outbox: relay: Window %d outside 1..65535", o.Window)
 	}
-	if o.BatchSize <= 0 {
-		o.BatchSize = 256
+	if o.ReadSize <= 0 {
+		o.ReadSize = 256
 	}
 	if o.AckTimeout <= 0 {
 		o.AckTimeout = 30 * time.Second

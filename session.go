@@ -559,9 +559,9 @@ func (s *session) rules(probe bool) parcelRules {
 // few reads.
 func (r *Relay) readSize() int {
 	if !r.opts.Batch.on() {
-		return r.opts.BatchSize
+		return r.opts.ReadSize
 	}
-	return max(r.opts.BatchSize, min(16*r.opts.Batch.MaxEvents, 4096))
+	return max(r.opts.ReadSize, min(16*r.opts.Batch.MaxEvents, 4096))
 }
 
 // carrier returns the publisher as a PropertiesPublisher if its connection

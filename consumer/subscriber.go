@@ -60,9 +60,12 @@ type SubscriberOptions struct {
 	TLSFiles  *outbox.TLSFiles
 	// Envelope is what the producer puts on the wire; CloudEvents unless set
 	// (either content mode: binary mode arrives over MQTT 5 only, and
-	// EnvelopeCloudEventsBinary means the same here). With EnvelopeRaw there is no id, so events cannot be deduplicated:
-	// the handler gets Event{Source: RawSource, Data: payload} and runs in
-	// a transaction, unrecorded.
+	// EnvelopeCloudEventsBinary means the same here). Batched and
+	// compressed messages are read either way (docs/batching.md). With
+	// EnvelopeRaw there is no id, so events cannot be deduplicated: the
+	// handler gets Event{Source: RawSource, Data: payload} for each payload
+	// (one, or each of a raw batch's) and runs in a transaction,
+	// unrecorded.
 	Envelope  outbox.Envelope
 	RawSource string
 	// Reconnect is the backoff between connection attempts (never gives up).
@@ -85,13 +88,15 @@ type SubscriberOptions struct {
 	KeepAlive      time.Duration
 	PingTimeout    time.Duration
 	Logger         *slog.Logger
-	// OnEvent, if set, is called after each message is settled and
-	// acknowledged: applied (committed), a duplicate, or quarantined (err
-	// says why). It runs on the subscriber's one worker; keep it quick.
+	// OnEvent, if set, is called for each event of a message, in order,
+	// once every event of it is settled and the message acknowledged:
+	// applied (committed), a duplicate, or quarantined (err says why; a
+	// message that could not be decoded at all is one call, with a zero
+	// Event). It runs on the subscriber's one worker; keep it quick.
 	OnEvent func(ev outbox.Event, outcome Outcome, err error)
 
-	// beforeAck, set by tests, runs after the transaction committed and
-	// before the PUBACK; returning false drops the acknowledgement, as a
+	// beforeAck, set by tests, runs after the transactions of a message
+	// committed and before the PUBACK, with its last event; returning false drops the acknowledgement, as a
 	// crash at that moment would (over MQTT 5, whose PUBACKs go in order,
 	// the ones behind it are then held back too: the test stops the
 	// subscriber, as the crash would).
@@ -99,10 +104,12 @@ type SubscriberOptions struct {
 }
 
 // Subscriber receives events from an MQTT broker and applies each through
-// an Inbox, acknowledging a message (PUBACK) only after its transaction
-// committed: a crash in between leads to a redelivery, which the inbox
-// recognises, never to a loss. A message that is not a valid event is
-// quarantined, acknowledged and counted, never allowed to block the rest.
+// an Inbox, in a transaction of its own, acknowledging a message (PUBACK)
+// only after the transactions of all its events committed (a batch holds
+// many): a crash in between leads to a redelivery, which the inbox
+// recognises, never to a loss. A message that cannot be decoded is
+// quarantined, acknowledged and counted, never allowed to block the rest;
+// so is an event of a batch that cannot be applied, alone.
 type Subscriber struct {
 	in      *Inbox
 	h       Handler
@@ -122,14 +129,14 @@ type Subscriber struct {
 	protocol string // what the last connection spoke
 }
 
-// Outcome is what became of a message.
+// Outcome is what became of an event.
 type Outcome int
 
-// The outcomes of a message.
+// The outcomes of an event.
 const (
 	Applied     Outcome = iota + 1 // the handler's transaction committed
 	Duplicate                      // applied before; skipped
-	Quarantined                    // not a valid event; stored in inbox_quarantine
+	Quarantined                    // not a valid event (or message); stored in inbox_quarantine
 )
 
 // String returns "applied", "duplicate" or "quarantined".
@@ -150,7 +157,7 @@ type SubscriberStats struct {
 	Connected     bool
 	Applied       int64 // events whose handler committed
 	Duplicates    int64 // redeliveries skipped by the inbox
-	Quarantined   int64 // messages that were not valid events
+	Quarantined   int64 // messages that could not be decoded, and events refused as invalid
 	HandlerErrors int64 // failed attempts (each retried)
 	LastError     string
 	// Protocol is the MQTT version the last connection spoke ("5" or
@@ -292,62 +299,115 @@ func (s *Subscriber) session(ctx context.Context) error {
 	})
 }
 
-// process applies one message and acknowledges it once that is settled;
-// false means ctx ended first (the message stays unacknowledged and comes
-// again).
+// process applies the events of one message, each in its own Inbox
+// transaction and in the message's order, and acknowledges the message once
+// every one is settled; false means ctx ended first (the message stays
+// unacknowledged and comes again, and the Inbox skips what was applied).
 func (s *Subscriber) process(ctx context.Context, m mqtt.Message) bool {
-	var ev outbox.Event
-	if s.opts.Envelope == outbox.EnvelopeRaw {
-		ev = outbox.Event{Source: s.opts.RawSource, Data: m.Payload}
-	} else {
-		var err error
-		ev, err = outbox.DecodeEventMQTT(m.Payload, m.ContentType, userProperties(m.User))
-		if err != nil {
-			return s.quarantine(ctx, m, outbox.Event{}, err)
+	parts, err := s.decode(m)
+	if err != nil {
+		return s.quarantine(ctx, m, outbox.Event{}, err)
+	}
+	outcomes := make([]Outcome, len(parts))
+	causes := make([]error, len(parts))
+	for i, p := range parts {
+		outcome, cause, ok := s.apply(ctx, p.Event)
+		if !ok {
+			return false
+		}
+		if outcome == Quarantined {
+			if len(parts) == 1 {
+				return s.quarantine(ctx, m, p.Event, cause)
+			}
+			// One event of a batch: kept alone, the rest go on.
+			if !s.keep(ctx, m.Topic, p.Bytes, fmt.Errorf("event %d of %d: %w", i+1, len(parts), cause)) {
+				return false
+			}
+		}
+		outcomes[i], causes[i] = outcome, cause
+	}
+	if s.opts.beforeAck != nil && !s.opts.beforeAck(parts[len(parts)-1].Event) {
+		return true
+	}
+	m.Ack()
+	if s.opts.OnEvent != nil {
+		for i := range parts {
+			s.opts.OnEvent(parts[i].Event, outcomes[i], causes[i])
 		}
 	}
+	return true
+}
+
+// decode returns the events of m (docs/batching.md): with EnvelopeRaw its
+// payloads, each an event without an id.
+func (s *Subscriber) decode(m mqtt.Message) ([]outbox.EventPart, error) {
+	user := userProperties(m.User)
+	if s.opts.Envelope != outbox.EnvelopeRaw {
+		return outbox.DecodeEventPartsMQTT(m.Payload, m.ContentType, user)
+	}
+	payloads, err := outbox.DecodeRawMQTT(m.Payload, m.ContentType, user)
+	if err != nil {
+		return nil, err
+	}
+	parts := make([]outbox.EventPart, len(payloads))
+	for i, p := range payloads {
+		parts[i] = outbox.EventPart{Event: outbox.Event{Source: s.opts.RawSource, Data: p}, Bytes: p}
+	}
+	return parts, nil
+}
+
+// apply applies ev through the Inbox, trying a failing handler again with
+// HandlerBackoff until it succeeds: Applied or Duplicate, or Quarantined
+// with the reason when retrying cannot help; ok is false when ctx ended
+// first.
+func (s *Subscriber) apply(ctx context.Context, ev outbox.Event) (outcome Outcome, cause error, ok bool) {
 	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
 	for {
 		err := s.in.Apply(ctx, ev, s.h)
-		outcome := Applied
 		switch {
 		case err == nil:
 			s.applied.Add(1)
+			return Applied, nil, true
 		case errors.Is(err, outbox.ErrDuplicate):
 			s.duplicates.Add(1)
-			outcome = Duplicate
+			return Duplicate, nil, true
 		case errors.Is(err, outbox.ErrInvalidMessage):
 			// The event is unusable (or the handler said so by wrapping
 			// ErrInvalidMessage): retrying cannot help.
-			return s.quarantine(ctx, m, ev, err)
-		default:
-			if ctx.Err() != nil {
-				return false
-			}
-			s.failures.Add(1)
-			s.setErr(err)
-			delay := retry.NextBackOff()
-			s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", delay.Round(time.Millisecond))
-			if !wait.Sleep(ctx, delay, nil) {
-				return false
-			}
-			continue
+			return Quarantined, err, true
 		}
-		if s.opts.beforeAck != nil && !s.opts.beforeAck(ev) {
-			return true
+		if ctx.Err() != nil {
+			return 0, nil, false
 		}
-		m.Ack()
-		if s.opts.OnEvent != nil {
-			s.opts.OnEvent(ev, outcome, nil)
+		s.failures.Add(1)
+		s.setErr(err)
+		delay := retry.NextBackOff()
+		s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", delay.Round(time.Millisecond))
+		if !wait.Sleep(ctx, delay, nil) {
+			return 0, nil, false
 		}
-		return true
 	}
 }
 
+// quarantine keeps a whole message that is not a valid event and
+// acknowledges it.
 func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev outbox.Event, cause error) bool {
+	if !s.keep(ctx, m.Topic, m.Payload, cause) {
+		return false
+	}
+	m.Ack()
+	if s.opts.OnEvent != nil {
+		s.opts.OnEvent(ev, Quarantined, cause)
+	}
+	return true
+}
+
+// keep stores payload in the Inbox's quarantine, trying again until it is
+// stored; false means ctx ended first.
+func (s *Subscriber) keep(ctx context.Context, topic string, payload []byte, cause error) bool {
 	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
 	for {
-		err := s.in.Quarantine(ctx, m.Topic, m.Payload, cause.Error())
+		err := s.in.Quarantine(ctx, topic, payload, cause.Error())
 		if err == nil {
 			break
 		}
@@ -357,11 +417,7 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev outbox.E
 		}
 	}
 	s.quarantined.Add(1)
-	s.log.Warn("outbox subscriber quarantined a message", "topic", m.Topic, "reason", cause)
-	m.Ack()
-	if s.opts.OnEvent != nil {
-		s.opts.OnEvent(ev, Quarantined, cause)
-	}
+	s.log.Warn("outbox subscriber quarantined a message", "topic", topic, "reason", cause)
 	return true
 }
 

@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -106,6 +109,34 @@ func TestBenchSmoke(t *testing.T) {
 	require.Equal(t, true, rep["link_orders_day_batched_zstd_order_held"])
 	require.Equal(t, true, rep["link_orders_day_unbatched_order_held"])
 	require.Nil(t, rep["link_orders_day_batched_zstd_seconds"], "the day of order events is drained whole in quick and full mode")
+	// The flash, counted by powerfs where FUSE is (else the section says
+	// why not): a commit at FULL fsyncs and writes at least a page of WAL,
+	// one at NORMAL does not fsync; the drains are counted whole; the slow
+	// card's first delay runs in smoke mode, the second does not.
+	notes, _ := rep["notes"].(map[string]any)
+	if _, err := os.Stat("/dev/fuse"); err != nil || runtime.GOOS != "linux" || runtime.GOARCH == "arm" {
+		require.Contains(t, fmt.Sprint(notes["10"]), "not run", "section 10 without FUSE")
+	} else {
+		fullPerK, _ := rep["flash_enqueue_full_fsyncs_per_1000"].(float64)
+		normalPerK, _ := rep["flash_enqueue_normal_fsyncs_per_1000"].(float64)
+		require.GreaterOrEqual(t, fullPerK, 1000.0, "FULL: an fsync per commit")
+		require.Less(t, normalPerK, fullPerK, "NORMAL: fewer fsyncs than FULL")
+		for _, k := range []string{"flash_enqueue_full_bytes_per_event", "flash_enqueue_normal_page_bytes_per_event"} {
+			v, _ := rep[k].(float64)
+			require.GreaterOrEqual(t, v, 4096.0, "%s: a commit writes at least a page of WAL", k)
+		}
+		for _, k := range []string{"flash_drain", "flash_drain_batched"} {
+			require.EqualValues(t, 500, rep[k+"_events"], k)
+			v, _ := rep[k+"_bytes_per_event"].(float64)
+			require.Positive(t, v, k)
+		}
+		vs, _ := rep["flash_slow10_link_vs_limit"].(float64)
+		require.Positive(t, vs, "the drain on a slow card")
+		require.EqualValues(t, 500, rep["flash_slow10_batched_link_events"], "the drains' backlog over the link in batches")
+		_, ok := rep["flash_slow10_batched_link_fsyncs_per_1000"].(float64)
+		require.True(t, ok, "the batched drain's fsyncs over the link")
+		require.Nil(t, rep["flash_slow50_link_vs_limit"], "smoke: 10 ms only")
+	}
 
 	// The Markdown form has a table per section.
 	r = lab(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
@@ -114,7 +145,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.Contains(t, r.Stdout, "| FULL: library / business alone |")
 	require.True(t, strings.Contains(r.Stdout, "**met**") || strings.Contains(r.Stdout, "**MISSED**"))
 
-	r = lab(t, "bench", "--sections", "10")
+	r = lab(t, "bench", "--sections", "11")
 	require.Equal(t, 2, r.Code, r.Stderr)
 
 	// One window of section 2: its cells, and no others.

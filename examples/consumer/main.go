@@ -9,7 +9,10 @@
 // the consumer keeps its database (--db). The Subscriber acknowledges a
 // message only after that transaction committed; a message that is not an
 // event is quarantined in the database and counted as malformed, never
-// allowed to block the consumer.
+// allowed to block the consumer. Batched and compressed messages (a relay
+// with RelayOptions.Batch or Compress; docs/batching.md) need no flag:
+// the Subscriber applies each of their events once, in order, and
+// acknowledges the message after the last.
 //
 // Events arrive in commit order while the connection holds, but a broker
 // may resend a stored session's messages in another order (mochi, the

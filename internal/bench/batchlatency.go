@@ -16,9 +16,9 @@ import (
 // MaxDelay: a batch holds only what is already pending, so it should add
 // nothing to an event's latency.
 var latencyBatchCases = []orderWire{
-	{"off", "batching off", linkBatching{}},
-	{"on", "batching on (100 events, no MaxDelay)", linkBatching{batch: outbox.BatchOptions{MaxEvents: orderBatchEvents}}},
-	{"zstd", "batching on, zstd", linkBatching{batch: outbox.BatchOptions{MaxEvents: orderBatchEvents}, compress: outbox.CompressZstd}},
+	{"off", "batching off", outbox.RelayOptions{}},
+	{"on", "batching on (100 events, no MaxDelay)", outbox.RelayOptions{Batch: orderBatch}},
+	{"zstd", "batching on, zstd", outbox.RelayOptions{Batch: orderBatch, Compress: outbox.CompressZstd}},
 }
 
 const (
@@ -179,7 +179,9 @@ func (r *runner) startBatchRelay(ctx context.Context, b broker, c orderWire, u *
 		return nil, err
 	}
 	tp := &orderTimedPublisher{MQTTPublisher: pub, u: u}
-	relay, err := ob.NewRelay(tp, outbox.RelayOptions{Source: benchSource, Batch: c.bt.batch, Compress: c.bt.compress})
+	opts := c.opts
+	opts.Source = benchSource
+	relay, err := ob.NewRelay(tp, opts)
 	if err != nil {
 		pub.Close()
 		ob.Close()

@@ -3,8 +3,9 @@
 // business transaction, how fast a backlog drains compared with raw MQTT
 // publishing, latency, catch-up after an outage, memory, binary size, a
 // baseline (the polling dispatcher of the articles), what durable before
-// publish costs, and a drain over a slow cellular link beside that link's
-// limit. outboxlab bench runs it.
+// publish costs, a drain over a slow cellular link beside that link's
+// limit, and what the outbox writes to the flash, and how it does on a
+// slow card. outboxlab bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -38,7 +39,7 @@ const (
 // Config says what to run.
 type Config struct {
 	Mode Mode
-	// Sections to run, 1..9; empty means all.
+	// Sections to run, 1..10; empty means all.
 	Sections []int
 	// Self is the command line that runs this program's child entry point
 	// (Child): the sidecar writer and the relay whose memory is measured
@@ -88,6 +89,11 @@ type sizes struct {
 	linkOrdersBytesEvents int
 	linkOrdersDay         bool
 	compressTime          time.Duration
+	// Section 10: events of each enqueue and of the drain whose writes
+	// are counted, transactions of the enqueue on a slow card, and
+	// whether every delay of the slow card runs (else 10 ms only).
+	flashEnqueue, flashDrain, flashSlowTx int
+	flashSlowAll                          bool
 }
 
 func sizesFor(m Mode) sizes {
@@ -105,6 +111,7 @@ func sizesFor(m Mode) sizes {
 			durBacklog: 50_000, durTrickle: 1000,
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
 			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second,
+			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
 		}
 	case Smoke:
 		return sizes{
@@ -118,6 +125,7 @@ func sizesFor(m Mode) sizes {
 			durBacklog: 500, durTrickle: 30,
 			linkBytesEvents: 50, linkDrainSeconds: 0.5,
 			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond,
+			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
 		}
 	}
 	return sizes{
@@ -132,6 +140,7 @@ func sizesFor(m Mode) sizes {
 		durBacklog: 10_000, durTrickle: 300,
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
 		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond,
+		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
 	}
 }
 
@@ -176,7 +185,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		run func(context.Context) error
 	}{
 		{1, r.enqueue}, {2, r.drain}, {3, r.latency}, {4, r.catchup}, {5, r.memory}, {6, r.size}, {7, r.baseline},
-		{8, r.durable}, {9, r.link},
+		{8, r.durable}, {9, r.link}, {10, r.flash},
 	}
 	for _, s := range sections {
 		if !r.selected(s.n) {

@@ -1,6 +1,9 @@
 package bench
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // keyDoc documents one key of the JSON report (and one row of the table).
 type keyDoc struct {
@@ -266,5 +269,55 @@ var keys = func() []keyDoc {
 		add(9, p+"fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events", "fsyncs", "")
 	}
 	add(9, "link_orders_day_batched_zstd_vs_unbatched", "the day of order events: batched with zstd / one event a message (measured, else estimated)", "ratio", "")
+	// 10. Writes to the flash (counted by powerfs), and a slow card.
+	flashCases := []struct{ key, name string }{
+		{"enqueue_full", "enqueue at FULL (one order and its event per transaction)"},
+		{"enqueue_normal", "enqueue at NORMAL"},
+	}
+	for _, d := range flashDrains {
+		flashCases = append(flashCases, struct{ key, name string }{d.key, d.name + ", with its marks, checkpoints and purge"})
+	}
+	for _, c := range flashCases {
+		p := "flash_" + c.key + "_"
+		add(10, p+"events", c.name+": events", "count", "")
+		add(10, p+"bytes_per_event", c.name+": bytes written to the database and its WAL, per event", "B", "")
+		add(10, p+"page_bytes_per_event", c.name+": 4 KiB pages written back (each once per sync), bytes per event", "B", "")
+		add(10, p+"fsyncs_per_1000", c.name+": fsyncs per 1,000 events (files and directory)", "fsyncs", "")
+		switch {
+		case strings.HasPrefix(c.key, "enqueue_"):
+			add(10, p+"tx_per_s", c.name+": transactions per second on the mount (no fsync delay)", "tx/s", "")
+		default:
+			add(10, p+"relay_fsyncs_per_1000", c.name+": of which the relay's WAL fsyncs (RelayStats.WALSyncs: reads and marks)", "fsyncs", "")
+		}
+	}
+	add(10, "flash_day_mb", fmt.Sprintf("a busy till's day, %s events: enqueue at FULL + drain, pages written back", thousands(flashDayEvents)), "MB", "")
+	add(10, "flash_day_batched_mb", fmt.Sprintf("a busy till's day, %s events: enqueue at FULL + drain in batches, pages written back", thousands(flashDayEvents)), "MB", "")
+	for _, d := range flashSlowDelays {
+		p := fmt.Sprintf("flash_slow%d_", d.Milliseconds())
+		name := fmt.Sprintf("fsync delay %d ms", d.Milliseconds())
+		if d == 0 {
+			name = "the mount, no fsync delay"
+		}
+		target := ""
+		if d == flashTargetDelay {
+			target = "≥ 0.90"
+		}
+		add(10, p+"enqueue_full_tx_per_s", name+": enqueue at FULL", "tx/s", "")
+		add(10, p+"enqueue_full_fsyncs_per_tx", name+": enqueue at FULL, fsyncs per transaction", "fsyncs", "")
+		add(10, p+"link_events", name+": drain over the cellular link (window 64, structured, MQTT 5): events", "count", "")
+		add(10, p+"link_limit_msgs_per_s", name+": the link's limit", "msg/s", "")
+		add(10, p+"link_msgs_per_s", name+": drain rate over the link", "msg/s", "")
+		add(10, p+"link_vs_limit", name+": drain rate / the link's limit", "ratio", target)
+		add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+		add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (reads and marks)", "fsyncs", "")
+		if d == flashTargetDelay {
+			p += "batched_"
+			name += ", in batches of up to 100 events, zstd"
+			add(10, p+"link_events", name+": events drained over the link (the drains' backlog above)", "count", "")
+			add(10, p+"link_seconds", name+": Run's start → the last delivery", "s", "")
+			add(10, p+"link_longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+			add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (reads and marks)", "fsyncs", "")
+		}
+	}
 	return k
 }()

@@ -79,16 +79,6 @@ type linkBytes struct {
 	perMessage float64
 }
 
-// linkBatching is how the relay batches and compresses what it sends; the
-// zero value does neither (each event a message of its own, as before
-// batching).
-type linkBatching struct {
-	batch    outbox.BatchOptions
-	compress outbox.Compression
-}
-
-func (bt linkBatching) on() bool { return bt.batch.MaxEvents > 1 || bt.compress != outbox.CompressNone }
-
 // limit is the most events per second the link carries at window w: a
 // window of messages per round trip, or what its bandwidth lets through in
 // the direction that fills first.
@@ -114,15 +104,8 @@ func (r *runner) link(ctx context.Context) error {
 	// 1. Bytes per event, through a plain proxy (the bytes are those of a
 	// shaped one; only the time differs).
 	bytesOf := map[string]linkBytes{}
-	padded := make([][]byte, sz.linkBytesEvents)
-	for i := range padded {
-		padded[i] = payload(i+1, payloadLen)
-	}
 	for _, enc := range linkEncodings {
-		lb, err := r.linkBytesOf(ctx, b, enc, linkBatching{}, padded)
-		if err == nil && lb.payloadSizes != 1 {
-			err = fmt.Errorf("payloads of %d different sizes", lb.payloadSizes)
-		}
+		lb, err := r.linkBytesOf(ctx, b, "link-bytes-"+enc.key+".db", enc, sz.linkBytesEvents)
 		if err != nil {
 			return fmt.Errorf("bytes per event, %s: %w", enc.key, err)
 		}
@@ -161,10 +144,7 @@ func (r *runner) link(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		res, err := r.linkDrain(ctx, b, tmpl, n, linkEncodingOf(d.enc), d.window, linkBatching{})
-		if err == nil {
-			err = res.faults()
-		}
+		res, err := r.linkDrain(ctx, b, tmpl, n, linkEncodingOf(d.enc), d.window)
 		if err != nil {
 			return fmt.Errorf("link drain %s window %d: %w", d.enc, d.window, err)
 		}
@@ -201,10 +181,7 @@ func (r *runner) link(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		res, err := r.linkDrain(ctx, b, tmpl, linkDayEvents, linkEncodingOf("structured5"), linkDayWindow, linkBatching{})
-		if err == nil {
-			err = res.faults()
-		}
+		res, err := r.linkDrain(ctx, b, tmpl, linkDayEvents, linkEncodingOf("structured5"), linkDayWindow)
 		if err != nil {
 			return fmt.Errorf("the day offline: %w", err)
 		}
@@ -260,14 +237,15 @@ func varintSize(n int) int {
 
 // linkRelay starts a relay that publishes through url with enc; stop ends
 // it and closes its publisher.
-func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int, bt linkBatching) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
+func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, enc linkEncoding, window int, opts outbox.RelayOptions) (stop func() error, relay *outbox.Relay, pub *outbox.MQTTPublisher, err error) {
 	pub, err = outbox.NewMQTTPublisher(outbox.MQTTOptions{Broker: url, ClientID: "bench-link-" + strconv.FormatInt(time.Now().UnixNano(), 36),
 		Protocol: enc.proto, Logger: r.log})
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	relay, err = ob.NewRelay(pub, outbox.RelayOptions{Window: window, Source: benchSource, Envelope: enc.env,
-		Reconnect: outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}, Batch: bt.batch, Compress: bt.compress})
+	opts.Window, opts.Source, opts.Envelope = window, benchSource, enc.env
+	opts.Reconnect = outbox.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}
+	relay, err = ob.NewRelay(pub, opts)
 	if err != nil {
 		pub.Close()
 		return nil, nil, nil, err
@@ -284,43 +262,49 @@ func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, e
 	return stop, relay, pub, nil
 }
 
-// linkBytesOf counts the bytes that events of the payloads take through a
-// proxy once the relay's connection is up, in each direction, committed in
-// one transaction.
-func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncoding, bt linkBatching, payloads [][]byte) (linkBytes, error) {
+// linkBytesOf counts the bytes that n events of payloadLen bytes take
+// through a proxy once the relay's connection is up, in each direction,
+// with a new database named db.
+func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, n int) (linkBytes, error) {
+	padded := make([][]byte, n)
+	for i := range padded {
+		padded[i] = payload(i+1, payloadLen)
+	}
+	lb, err := r.linkBytesOfPayloads(ctx, b, db, enc, outbox.RelayOptions{}, padded)
+	if err == nil && lb.payloadSizes != 1 {
+		err = fmt.Errorf("payloads of %d different sizes", lb.payloadSizes)
+	}
+	return lb, err
+}
+
+// linkBytesOfPayloads is linkBytesOf for events of the payloads, committed
+// in one transaction, and a relay with opts besides the window, source and
+// envelope (batching, compression).
+func (r *runner) linkBytesOfPayloads(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, opts outbox.RelayOptions, payloads [][]byte) (linkBytes, error) {
 	n := len(payloads)
 	p, err := harness.LaunchFaultProxy(b.b.Addr())
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer p.Close()
-	ob, err := r.openBench(ctx, fmt.Sprintf("link-bytes-%s-%d.db", enc.key, time.Now().UnixNano()), outbox.SyncNormal)
+	ob, err := r.openBench(ctx, db, outbox.SyncNormal)
 	if err != nil {
 		return linkBytes{}, err
 	}
 	defer ob.Close()
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
-	u, err := newUnpacker()
-	if err != nil {
-		return linkBytes{}, err
-	}
-	defer u.close()
-	mt := &messageTracker{tr: tr, u: u}
 	var mu sync.Mutex
 	payloadLens := map[int]int{}
+	each := eachEvent(tr.handle)
 	b.setHandler(func(topic string, pl []byte) {
 		mu.Lock()
 		payloadLens[len(pl)]++
 		mu.Unlock()
-		if bt.on() {
-			mt.handle(topic, pl)
-		} else {
-			tr.handle(topic, pl)
-		}
+		each(topic, pl)
 	})
 	defer b.setHandler(nil)
-	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, bt)
+	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, opts)
 	if err != nil {
 		return linkBytes{}, err
 	}
@@ -350,9 +334,6 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, enc linkEncodi
 	if err := tr.faults(); err != nil {
 		return linkBytes{}, err
 	}
-	if m := mt.malformed.Load(); m > 0 {
-		return linkBytes{}, fmt.Errorf("%d messages not decoded", m)
-	}
 	mu.Lock()
 	defer mu.Unlock()
 	lb := linkBytes{publish: float64(up) / float64(n), puback: float64(down) / float64(n), payloadSizes: len(payloadLens)}
@@ -377,21 +358,21 @@ type linkRun struct {
 	// markSyncs and walSyncs are the relay's fsyncs of the WAL per 1,000
 	// events: for its marks, and all of them.
 	markSyncs, walSyncs float64
-	// dups and disorder are events delivered again and out of order;
-	// messages the MQTT messages delivered (batched: each of many events).
-	dups, disorder, messages int
-}
-
-// faults is an error if an event came twice or out of commit order.
-func (r linkRun) faults() error {
-	if r.dups > 0 || r.disorder > 0 {
-		return fmt.Errorf("%d duplicates, %d out of order", r.dups, r.disorder)
-	}
-	return nil
+	// messages is the MQTT messages delivered (batched: each of many
+	// events).
+	messages int
 }
 
 // linkDrain drains a copy of the template over the shaped link.
-func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int, bt linkBatching) (linkRun, error) {
+func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n int, enc linkEncoding, window int) (linkRun, error) {
+	path := filepath.Join(r.dir, "link-run.db")
+	return r.linkDrainAt(ctx, b, tmpl, path, path, n, enc, window, outbox.RelayOptions{})
+}
+
+// linkDrainAt is linkDrain with the copy made at copyTo and opened at
+// path (the same file, seen through a mount of it: section 10), and the
+// relay's options besides the window, source and envelope (batching).
+func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int, opts outbox.RelayOptions) (linkRun, error) {
 	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
 	if err != nil {
 		return linkRun{}, err
@@ -399,8 +380,7 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	defer p.Close()
 	p.SetLatency(harness.ToBroker, linkOneWay)
 	p.SetLatency(harness.ToClient, linkOneWay)
-	path := filepath.Join(r.dir, "link-run.db")
-	if err := copyDB(tmpl, path); err != nil {
+	if err := copyDB(tmpl, copyTo); err != nil {
 		return linkRun{}, err
 	}
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
@@ -411,24 +391,15 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
 	tr.times = make([]time.Time, 0, n)
-	var plain atomic.Int64
-	u, err := newUnpacker()
-	if err != nil {
-		return linkRun{}, err
-	}
-	defer u.close()
-	mt := &messageTracker{tr: tr, u: u}
-	if bt.on() {
-		b.setHandler(mt.handle)
-	} else {
-		b.setHandler(func(topic string, pl []byte) {
-			plain.Add(1)
-			tr.handle(topic, pl)
-		})
-	}
+	var messages atomic.Int64
+	each := eachEvent(tr.handle)
+	b.setHandler(func(topic string, pl []byte) {
+		messages.Add(1)
+		each(topic, pl)
+	})
 	defer b.setHandler(nil)
 	start := time.Now()
-	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window, bt)
+	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window, opts)
 	if err != nil {
 		return linkRun{}, err
 	}
@@ -448,18 +419,16 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	if err := stop(); err != nil && werr == nil {
 		werr = err
 	}
-	if werr == nil && mt.malformed.Load() > 0 {
-		werr = fmt.Errorf("%d messages not decoded", mt.malformed.Load())
-	}
 	if werr != nil {
 		return linkRun{}, werr
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	if tr.dups > 0 || tr.disorder > 0 {
+		return linkRun{}, fmt.Errorf("%d duplicates, %d out of order", tr.dups, tr.disorder)
+	}
 	return linkRun{
-		dups:      tr.dups,
-		disorder:  tr.disorder,
-		messages:  int(plain.Load() + mt.messages.Load()),
+		messages:  int(messages.Load()),
 		window:    eff,
 		recvMax:   recvMax,
 		rate:      slope(tr.times),

@@ -11,15 +11,16 @@ import (
 )
 
 var sectionTitles = map[int]string{
-	1: "Enqueue overhead",
-	2: "Drain rate",
-	3: "Latency online",
-	4: "Catch-up after an outage",
-	5: "Memory",
-	6: "Size",
-	7: "Baseline: the articles' polling dispatcher",
-	8: "Durable before publish",
-	9: "A slow link used to its limit",
+	1:  "Enqueue overhead",
+	2:  "Drain rate",
+	3:  "Latency online",
+	4:  "Catch-up after an outage",
+	5:  "Memory",
+	6:  "Size",
+	7:  "Baseline: the articles' polling dispatcher",
+	8:  "Durable before publish",
+	9:  "A slow link used to its limit",
+	10: "Writes to the flash, and a slow card",
 }
 
 // Meta describes the run: machine, versions, mode and duration.
@@ -233,6 +234,8 @@ func formatValue(f *figure) string {
 			return fmtMS(v)
 		case "MiB":
 			return fmt.Sprintf("%.1f MiB", v)
+		case "MB":
+			return fmt.Sprintf("%.1f MB", v)
 		case "s":
 			return fmt.Sprintf("%.1f s", v)
 		case "µs":

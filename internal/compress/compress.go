@@ -132,7 +132,7 @@ func Decompress(alg Alg, src []byte, limit int) ([]byte, error) {
 		// The decoder's window is bounded too, so a frame declaring a huge
 		// window is refused before any allocation.
 		d, err := zstd.NewReader(bytes.NewReader(src), zstd.WithDecoderConcurrency(1),
-			zstd.WithDecoderMaxMemory(uint64(max(limit, 1<<10))), zstd.WithDecoderMaxWindow(uint64(max(min(limit, 1<<27), zstd.MinWindowSize))),
+			zstd.WithDecoderMaxMemory(uint64(max(limit, 1<<10))), zstd.WithDecoderMaxWindow(uint64(max(min(limit, 8<<20), zstd.MinWindowSize))),
 			zstd.WithDecoderLowmem(true))
 		if err != nil {
 			return nil, fmt.Errorf("zstd: %w", err)
@@ -149,17 +149,30 @@ func Decompress(alg Alg, src []byte, limit int) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("compress: cannot decompress %v", alg)
 	}
-	out := make([]byte, 0, min(len(src)*4, limit)+1)
-	buf := bytes.NewBuffer(out)
-	n, err := io.Copy(buf, io.LimitReader(r, int64(limit)+1))
-	if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) || n > int64(limit) {
-		return nil, fmt.Errorf("%s: %w of %d bytes", alg, ErrTooLarge, limit)
+	// Grown by doubling, never past limit+1: a bomb costs at most that.
+	out := make([]byte, 0, min(max(len(src)*4, 4<<10), limit+1))
+	for {
+		if len(out) == cap(out) {
+			if len(out) > limit {
+				return nil, fmt.Errorf("%s: %w of %d bytes", alg, ErrTooLarge, limit)
+			}
+			grown := make([]byte, len(out), min(2*cap(out), limit+1))
+			copy(grown, out)
+			out = grown
+		}
+		n, err := r.Read(out[len(out):cap(out)])
+		out = out[:len(out)+n]
+		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			return nil, fmt.Errorf("%s: %w of %d bytes", alg, ErrTooLarge, limit)
+		}
+		if err == io.EOF {
+			if len(out) > limit {
+				return nil, fmt.Errorf("%s: %w of %d bytes", alg, ErrTooLarge, limit)
+			}
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", alg, err)
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", alg, err)
-	}
-	if n > int64(limit) {
-		return nil, fmt.Errorf("%s: %w of %d bytes", alg, ErrTooLarge, limit)
-	}
-	return buf.Bytes(), nil
 }

@@ -13,11 +13,16 @@
 // internal/harness it does not import "testing": it takes a TB.
 //
 // Where it cannot run (not Linux, GOARCH=arm, no /dev/fuse, a mount that
-// fails, -short), Start skips the test with a line saying why.
+// fails, -short), Start skips the test with a line saying why. A program
+// (outboxlab bench) uses Mount instead, and counts what its database asks
+// of the storage with Counts; Options.FsyncDelay makes the storage slow to
+// sync, as an SD card is.
 package powerfs
 
 import (
 	"bufio"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -53,6 +58,35 @@ const helperPkg = "github.com/edgeoutbox/outbox/internal/powerfs/cmd/powerfs"
 // only if the helper hangs.
 const replyTimeout = time.Minute
 
+// ErrUnavailable is what Mount returns where powerfs cannot run (and why):
+// not Linux, GOARCH=arm, no /dev/fuse, or the mount failed.
+var ErrUnavailable = errors.New("powerfs cannot run here")
+
+// Options are a file system's settings.
+type Options struct {
+	// FsyncDelay makes every fsync, fdatasync and directory fsync through
+	// the mount take at least this long, as on an SD card, whose
+	// controller takes milliseconds to program its flash; the caller
+	// waits, other requests go on meanwhile. Zero: a sync is instant.
+	FsyncDelay time.Duration
+}
+
+// FileCounts is what went through the mount to the files of one name
+// (relative to the mountpoint; "." is its root directory) since it was
+// first mounted.
+type FileCounts struct {
+	Writes int64 `json:"writes"` // write requests
+	Bytes  int64 `json:"bytes"`  // bytes written
+	// Pages is how many 4 KiB pages syncs made durable: those written
+	// since the file's previous sync, each once however often it was
+	// written, as a file system writes its dirty pages back at an fsync.
+	Pages  int64 `json:"pages"`
+	Fsyncs int64 `json:"fsyncs"` // fsync and fdatasync; fsyncdir for a directory
+	// Dirty is how many pages are written and not synced now: what a file
+	// system would write back later on its own.
+	Dirty int64 `json:"dirty"`
+}
+
 // FS is a running power-loss file system.
 type FS struct {
 	tb         TB
@@ -72,16 +106,62 @@ type FS struct {
 // skips tb where it cannot run.
 func Start(tb TB, backingDir string) *FS {
 	tb.Helper()
+	return StartOptions(tb, backingDir, Options{})
+}
+
+// StartOptions is Start with options.
+func StartOptions(tb TB, backingDir string, opts Options) *FS {
+	tb.Helper()
+	if err := available(); err != nil {
+		tb.Skipf("%v", err)
+	}
+	bin, err := helperBinary(tb.TempDir())
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	f, err := launch(bin, backingDir, tb.TempDir(), opts)
+	if errors.Is(err, ErrUnavailable) {
+		tb.Skipf("%v", err)
+	}
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	f.tb = tb
+	tb.Cleanup(f.Close)
+	return f
+}
+
+// Mount is Start for a program: it mounts over backingDir, keeping its
+// mountpoint, log and helper binary in dir, and the caller closes it. Cut
+// and CutTorn are for tests (Start). Where it cannot run, the error is
+// ErrUnavailable, saying why: so is a helper that cannot be built (no Go
+// toolchain, or not run from the module).
+func Mount(backingDir, dir string, opts Options) (*FS, error) {
+	if err := available(); err != nil {
+		return nil, err
+	}
+	bin, err := helperBinary(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return launch(bin, backingDir, dir, opts)
+}
+
+// available says why powerfs cannot run here, if it cannot.
+func available() error {
 	if runtime.GOOS != "linux" || runtime.GOARCH == "arm" {
-		tb.Skipf("powerfs: no FUSE file system on %s/%s (go-fuse does not build for arm)", runtime.GOOS, runtime.GOARCH)
+		return fmt.Errorf("%w: no FUSE file system on %s/%s (go-fuse does not build for arm)", ErrUnavailable, runtime.GOOS, runtime.GOARCH)
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		tb.Skipf("powerfs: no /dev/fuse on this host (%v)", err)
+		return fmt.Errorf("%w: no /dev/fuse on this host (%v)", ErrUnavailable, err)
 	}
-	bin := helperBinary(tb)
-	dir := tb.TempDir()
+	return nil
+}
+
+// launch starts the helper bin over backingDir, with its mountpoint and
+// log in dir.
+func launch(bin, backingDir, dir string, opts Options) (*FS, error) {
 	f := &FS{
-		tb:         tb,
 		mountpoint: filepath.Join(dir, "mnt"),
 		logFile:    filepath.Join(dir, "powerfs.log"),
 		// Buffered: a reply that comes after its request gave up
@@ -90,29 +170,32 @@ func Start(tb TB, backingDir string) *FS {
 		exited:  make(chan struct{}),
 	}
 	if err := os.Mkdir(f.mountpoint, 0o755); err != nil {
-		tb.Fatalf("powerfs: %v", err)
+		return nil, fmt.Errorf("powerfs: %w", err)
 	}
 	logf, err := os.Create(f.logFile)
 	if err != nil {
-		tb.Fatalf("powerfs: %v", err)
+		return nil, fmt.Errorf("powerfs: %w", err)
 	}
 	defer logf.Close() // the helper has its own copy
 	args := []string{"-backing", backingDir, "-mount", f.mountpoint}
 	if os.Getenv(EnvDebug) != "" {
 		args = append(args, "-debug")
 	}
+	if opts.FsyncDelay > 0 {
+		args = append(args, "-fsync-delay", opts.FsyncDelay.String())
+	}
 	f.cmd = exec.Command(bin, args...)
 	f.cmd.Stderr = logf
 	f.cmd.SysProcAttr = childAttr()
 	if f.stdin, err = f.cmd.StdinPipe(); err != nil {
-		tb.Fatalf("powerfs: %v", err)
+		return nil, fmt.Errorf("powerfs: %w", err)
 	}
 	stdout, err := f.cmd.StdoutPipe()
 	if err != nil {
-		tb.Fatalf("powerfs: %v", err)
+		return nil, fmt.Errorf("powerfs: %w", err)
 	}
 	if err := f.cmd.Start(); err != nil {
-		tb.Fatalf("powerfs: start %s: %v", bin, err)
+		return nil, fmt.Errorf("powerfs: start %s: %w", bin, err)
 	}
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -127,10 +210,9 @@ func Start(tb TB, backingDir string) *FS {
 	if err != nil || first != "ready" {
 		f.closed = true
 		f.stop()
-		tb.Skipf("powerfs: mounting failed (%s %v); log:\n%s", first, err, f.log())
+		return nil, fmt.Errorf("%w: mounting failed (%s %v); log:\n%s", ErrUnavailable, first, err, f.log())
 	}
-	tb.Cleanup(f.Close)
-	return f
+	return f, nil
 }
 
 // SyncDir fsyncs the directory dir, so that the names in it survive a
@@ -168,6 +250,27 @@ func (f *FS) CutTorn(seed uint64) int64 {
 	return f.cut("torn " + strconv.FormatUint(seed, 10))
 }
 
+// Counts returns what went through the mount so far, by file name.
+func (f *FS) Counts() (map[string]FileCounts, error) {
+	rep, err := f.request("counts")
+	if err != nil {
+		return nil, fmt.Errorf("powerfs: counts: %w", err)
+	}
+	var c map[string]FileCounts
+	if err := json.Unmarshal([]byte(rep), &c); err != nil {
+		return nil, fmt.Errorf("powerfs: counts: %w", err)
+	}
+	return c, nil
+}
+
+// SetFsyncDelay changes Options.FsyncDelay from now on.
+func (f *FS) SetFsyncDelay(d time.Duration) error {
+	if _, err := f.request("delay " + d.String()); err != nil {
+		return fmt.Errorf("powerfs: delay: %w", err)
+	}
+	return nil
+}
+
 // DroppedBytes is how many unsynced bytes all cuts so far dropped.
 func (f *FS) DroppedBytes() int64 { return f.dropped }
 
@@ -197,7 +300,7 @@ func (f *FS) Close() {
 		return
 	}
 	f.closed = true
-	if _, err := f.request("close"); err != nil {
+	if _, err := f.request("close"); err != nil && f.tb != nil {
 		f.tb.Logf("powerfs: close: %v; log:\n%s", err, f.log())
 	}
 	f.stop()
@@ -213,7 +316,7 @@ func (f *FS) stop() {
 		<-f.exited
 	}
 	detach(f.mountpoint)
-	if f.tb.Failed() {
+	if f.tb != nil && f.tb.Failed() {
 		f.tb.Logf("powerfs log (%s):\n%s", f.logFile, f.log())
 	}
 }
@@ -255,18 +358,17 @@ func (f *FS) log() string {
 }
 
 // helperBinary is $OUTBOX_POWERFS_BIN, or the helper built (without -race,
-// which is the point) into a temporary directory of tb: the Go build cache
-// makes that quick after the first time.
-func helperBinary(tb TB) string {
-	tb.Helper()
+// which is the point) into dir: the Go build cache makes that quick after
+// the first time.
+func helperBinary(dir string) (string, error) {
 	if bin := os.Getenv(EnvBin); bin != "" {
-		return bin
+		return bin, nil
 	}
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	out := filepath.Join(tb.TempDir(), "powerfs")
+	out := filepath.Join(dir, "powerfs")
 	cmd := exec.Command(gobin, "build", "-o", out, helperPkg)
 	// In this module, wherever the test runs from.
 	if _, src, _, ok := runtime.Caller(0); ok {
@@ -276,7 +378,7 @@ func helperBinary(tb TB) string {
 	}
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("powerfs: go build %s: %v\n%s", helperPkg, err, b)
+		return "", fmt.Errorf("powerfs: go build %s: %w\n%s", helperPkg, err, b)
 	}
-	return out
+	return out, nil
 }

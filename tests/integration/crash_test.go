@@ -38,7 +38,7 @@ const (
 	crashTopic    = "crash/orders"
 	crashSource   = "/crash/till"
 	crashWindow   = 32
-	crashBatch    = 64 // RelayOptions.BatchSize
+	crashRead     = 64 // RelayOptions.ReadSize
 	crashLeaseTTL = 500 * time.Millisecond
 	// Every crashRollbackEvery-th transaction of a child rolls back.
 	crashRollbackEvery = 5
@@ -64,7 +64,7 @@ func crashRelayOptions(owner string) outbox.RelayOptions {
 	return outbox.RelayOptions{
 		Source:          crashSource,
 		Window:          crashWindow,
-		BatchSize:       crashBatch,
+		ReadSize:        crashRead,
 		AckTimeout:      10 * time.Second, // nothing here withholds a PUBACK: only a stall would
 		Reconnect:       outbox.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 		Retry:           outbox.DefaultRetryPolicy{Backoff: outbox.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}},

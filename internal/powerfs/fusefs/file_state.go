@@ -31,10 +31,14 @@ type fileState struct {
 	// changed marks the bytes written, or cut off by a truncate, since
 	// the sync: what a cut drops, counted.
 	changed map[int64]*pageBits
+	// dirty holds the pages written since the sync (not those only cut
+	// off by a truncate): what a file system writes back at the next one
+	// (Counts.Pages).
+	dirty map[int64]struct{}
 }
 
 func newFileState(size int64) *fileState {
-	return &fileState{synced: size, pre: map[int64][]byte{}, changed: map[int64]*pageBits{}}
+	return &fileState{synced: size, pre: map[int64][]byte{}, changed: map[int64]*pageBits{}, dirty: map[int64]struct{}{}}
 }
 
 // readAtFunc reads len(buf) bytes at off from the backing file.
@@ -74,6 +78,13 @@ func (s *fileState) mark(off, end int64) {
 			b[i/64] |= 1 << (i % 64)
 		}
 		off = last
+	}
+}
+
+// wrote records that [off, end) was written, for Counts.Pages.
+func (s *fileState) wrote(off, end int64) {
+	for pg := off / PageSize; pg*PageSize < end; pg++ {
+		s.dirty[pg] = struct{}{}
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -57,11 +59,30 @@ type Mount struct {
 	// the file or of its directory makes that name durable.
 	created  map[uint64]where
 	stashSeq int
+	// names: inode -> the name (relative to the root) a file was last
+	// opened under, for the counts.
+	names map[uint64]string
+
+	opts  Options
+	delay atomic.Int64 // Options.FsyncDelay, or what SetFsyncDelay set
+}
+
+// Options are a mount's settings beyond its place.
+type Options struct {
+	// Debug logs every FUSE request to stderr.
+	Debug bool
+	// FsyncDelay makes every fsync, fdatasync and directory fsync take at
+	// least this long before it returns, as on an SD card, where a sync
+	// waits for the card's controller to program its flash: the caller
+	// waits, other requests go on meanwhile.
+	FsyncDelay time.Duration
+	// Counter, if not nil, counts what goes through the mount; a helper
+	// gives every life of its mount the same one.
+	Counter *Counter
 }
 
 // Start mounts a new life of the file system over backing at mountpoint.
-// debug logs every FUSE request to stderr.
-func Start(backing, mountpoint string, debug bool) (*Mount, error) {
+func Start(backing, mountpoint string, o Options) (*Mount, error) {
 	backing, err := filepath.Abs(backing)
 	if err != nil {
 		return nil, err
@@ -73,6 +94,8 @@ func Start(backing, mountpoint string, debug bool) (*Mount, error) {
 		files:      map[uint64]*fileState{},
 		dirs:       map[uint64]map[string]entry{},
 		created:    map[uint64]where{},
+		names:      map[uint64]string{},
+		opts:       o,
 	}
 	// Left over by a helper that died: nothing in it is needed any more.
 	if err := os.RemoveAll(m.stash); err != nil {
@@ -88,7 +111,7 @@ func Start(backing, mountpoint string, debug bool) (*Mount, error) {
 		DirectMountStrict: true,
 		FsName:            "powerfs",
 		Name:              "powerfs",
-		Debug:             debug,
+		Debug:             o.Debug,
 		// Every write must reach this process: with a writeback cache
 		// the kernel would hold data we never saw, and a cut could not
 		// drop it; with passthrough the kernel would write the backing
@@ -100,8 +123,12 @@ func Start(backing, mountpoint string, debug bool) (*Mount, error) {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	m.server = srv
+	m.delay.Store(int64(o.FsyncDelay))
 	return m, nil
 }
+
+// SetFsyncDelay changes Options.FsyncDelay from now on.
+func (m *Mount) SetFsyncDelay(d time.Duration) { m.delay.Store(int64(d)) }
 
 // Cut pulls the plug: from now on no request reaches the backing
 // directory; the mount goes (the kernel's page cache of it with it), and
@@ -255,6 +282,10 @@ func (m *Mount) state(ino uint64, size func() (int64, error)) (*fileState, error
 // synced makes inode ino's content and size durable, and the name it
 // was created under, if any.
 func (m *Mount) synced(ino uint64) {
+	if s := m.files[ino]; s != nil {
+		pages := int64(len(s.dirty))
+		m.opts.Counter.add(m.names[ino], func(c *Counts) { c.Pages += pages })
+	}
 	delete(m.files, ino)
 	if w, ok := m.created[ino]; ok {
 		if l := m.dirs[w.dir]; l != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -72,7 +73,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	f, errno := newFile(m, fh, flags)
+	f, errno := newFile(m, fh, flags, n.Path(nil))
 	return f, fl, errno
 }
 
@@ -100,7 +101,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	f, errno := newFile(m, fh, flags)
+	f, errno := newFile(m, fh, flags, filepath.Join(n.Path(nil), name))
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -344,7 +345,9 @@ var (
 	_ fs.FileAllocater = (*file)(nil)
 )
 
-func newFile(m *Mount, fh fs.FileHandle, flags uint32) (*file, syscall.Errno) {
+// newFile wraps the loopback's file opened under name (relative to the
+// root); m.mu is held.
+func newFile(m *Mount, fh fs.FileHandle, flags uint32, name string) (*file, syscall.Errno) {
 	lf, ok := fh.(*fs.LoopbackFile)
 	if !ok {
 		return nil, syscall.EIO
@@ -360,6 +363,7 @@ func newFile(m *Mount, fh fs.FileHandle, flags uint32) (*file, syscall.Errno) {
 		lf.Release(context.Background())
 		return nil, fs.ToErrno(err)
 	}
+	m.names[st.Ino] = name
 	return &file{lf: lf, fd: fd, ino: st.Ino, m: m, wronly: flags&syscall.O_ACCMODE == syscall.O_WRONLY, reader: -1}, 0
 }
 
@@ -402,7 +406,12 @@ func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	n, err := syscall.Pwrite(f.fd, data, off)
 	if n > 0 {
 		s.mark(off, off+int64(n))
+		s.wrote(off, off+int64(n))
 	}
+	m.opts.Counter.add(m.names[f.ino], func(c *Counts) {
+		c.Writes++
+		c.Bytes += int64(max(n, 0))
+	})
 	return uint32(max(n, 0)), fs.ToErrno(err)
 }
 
@@ -421,17 +430,31 @@ func (f *file) size() (int64, error) {
 }
 
 // Fsync (and fdatasync: the model makes no difference) makes the file's
-// content and size durable, and the name it was created under. The
-// backing file is not synced: the host is not the one losing power.
+// content and size durable, and the name it was created under, once
+// Options.FsyncDelay has passed. The backing file is not synced: the host
+// is not the one losing power.
 func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	m := f.m
+	m.fsyncDelay()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.dead {
 		return syscall.EIO
 	}
+	m.opts.Counter.add(m.names[f.ino], func(c *Counts) { c.Fsyncs++ })
 	m.synced(f.ino)
 	return 0
+}
+
+// fsyncDelay waits Options.FsyncDelay, without holding m.mu: only the
+// caller waits, as for a card busy programming its flash. An interrupt
+// does not cut it short: the kernel asks for one whenever a signal reaches
+// the caller's thread (Go's runtime preempts with SIGURG), and a real
+// fsync does not fail with EINTR.
+func (m *Mount) fsyncDelay() {
+	if d := time.Duration(m.delay.Load()); d > 0 {
+		time.Sleep(d)
+	}
 }
 
 func (f *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
@@ -455,6 +478,7 @@ func (f *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint3
 			return syscall.EIO
 		}
 		s.mark(start, end)
+		s.wrote(start, end)
 	}
 	return f.lf.Allocate(ctx, off, size, mode)
 }
@@ -523,6 +547,7 @@ func (d *dir) Releasedir(ctx context.Context, flags uint32) {
 // Fsyncdir makes the directory's names durable as they are now.
 func (d *dir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	m := d.m
+	m.fsyncDelay()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.dead {
@@ -533,5 +558,10 @@ func (d *dir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 		return fs.ToErrno(err)
 	}
 	m.dirSynced(st.Ino)
+	name, err := filepath.Rel(m.backing, d.path)
+	if err != nil {
+		name = d.path
+	}
+	m.opts.Counter.add(name, func(c *Counts) { c.Fsyncs++ })
 	return 0
 }

@@ -8,6 +8,8 @@
 //	(powerfs)  ready                 mounted
 //	cut        ok DROPPED            a cut, and the mount is back
 //	torn SEED  ok DROPPED            a torn cut, seeded
+//	counts     ok JSON               fusefs.Counts by file name, since the start
+//	delay D    ok 0                  every fsync takes at least D from now on
 //	close      ok 0                  unmounted, unsynced data left as it is
 //	           error MESSAGE         and powerfs exits
 //
@@ -16,6 +18,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
@@ -25,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/edgeoutbox/outbox/internal/powerfs/fusefs"
 )
@@ -33,12 +37,14 @@ func main() {
 	backing := flag.String("backing", "", "the backing directory")
 	mountpoint := flag.String("mount", "", "where to mount")
 	debug := flag.Bool("debug", false, "log every FUSE request")
+	fsyncDelay := flag.Duration("fsync-delay", 0, "the least time every fsync takes")
 	flag.Parse()
 	if *backing == "" || *mountpoint == "" {
 		fmt.Println("error: -backing and -mount are required")
 		os.Exit(2)
 	}
-	m, err := fusefs.Start(*backing, *mountpoint, *debug)
+	opts := fusefs.Options{Debug: *debug, FsyncDelay: *fsyncDelay, Counter: fusefs.NewCounter()}
+	m, err := fusefs.Start(*backing, *mountpoint, opts)
 	if err != nil {
 		fmt.Printf("error %v\n", err)
 		os.Exit(1)
@@ -88,10 +94,24 @@ func main() {
 			if err != nil {
 				fail(fmt.Errorf("cut: %w", err))
 			}
-			if m, err = fusefs.Start(*backing, *mountpoint, *debug); err != nil {
+			if m, err = fusefs.Start(*backing, *mountpoint, opts); err != nil {
 				fail(fmt.Errorf("mount after the cut: %w", err))
 			}
 			fmt.Printf("ok %d\n", dropped)
+		case cmd == "delay":
+			d, err := time.ParseDuration(arg)
+			if err != nil {
+				fail(fmt.Errorf("delay %q: %w", arg, err))
+			}
+			opts.FsyncDelay = d // for the mounts after a cut too
+			m.SetFsyncDelay(d)
+			fmt.Println("ok 0")
+		case cmd == "counts":
+			b, err := json.Marshal(opts.Counter.Snapshot(m.Dirty()))
+			if err != nil {
+				fail(err)
+			}
+			fmt.Printf("ok %s\n", b)
 		default:
 			fail(fmt.Errorf("unknown command %q", line))
 		}

@@ -87,6 +87,28 @@ func TestBenchSmoke(t *testing.T) {
 	require.True(t, vs > 0.5 && vs < 1.2, "window 64 over the slow link: %v of its limit", vs)
 	require.Nil(t, rep["link_day_seconds"], "the day is drained whole only in --full")
 
+	// Batching and compression, on order events: the relay's batches are
+	// on the wire (many events a message), batched with zstd an event
+	// costs at most a quarter of its bytes unbatched, the day's drain
+	// delivers every event once in commit order, and compression's cost and
+	// online latency on and off are measured.
+	for _, k := range []string{
+		"link_orders_payload_mean_bytes", "compress_zstd_ns_per_event", "compress_gzip_ns_per_event",
+		"link_orders_day_batched_zstd_seconds_estimated", "link_orders_day_unbatched_seconds_estimated",
+		"latency_batch_off_mochi_puback_p99_ms", "latency_batch_on_mochi_puback_p99_ms", "latency_batch_on_vs_off_mochi_puback_p99",
+	} {
+		v, ok := rep[k].(float64)
+		require.True(t, ok && v > 0, "%s = %v", k, rep[k])
+	}
+	for _, k := range []string{"link_orders_batched_events_per_message", "link_orders_batched_zstd_events_per_message", "link_orders_day_batched_zstd_events_per_message"} {
+		require.Greater(t, rep[k], 10.0, "%s: batches on the wire", k)
+	}
+	require.EqualValues(t, 1, rep["link_orders_unbatched_events_per_message"])
+	vsUnbatched, _ := rep["link_orders_batched_zstd_vs_unbatched"].(float64)
+	require.True(t, vsUnbatched > 0 && vsUnbatched <= 0.25, "batched with zstd: %v of the bytes unbatched", vsUnbatched)
+	require.Equal(t, true, rep["link_orders_day_batched_zstd_order_held"])
+	require.Equal(t, true, rep["link_orders_day_unbatched_order_held"])
+	require.Nil(t, rep["link_orders_day_batched_zstd_seconds"], "the day of order events is drained whole in quick and full mode")
 	// The flash, counted by powerfs where FUSE is (else the section says
 	// why not): a commit at FULL fsyncs and writes at least a page of WAL,
 	// one at NORMAL does not fsync; the drains are counted whole; the slow

@@ -83,6 +83,12 @@ type sizes struct {
 	linkDrainSeconds float64
 	linkAllDrains    bool
 	linkDay          bool
+	// The order events on the link: events per count of bytes, whether
+	// the day drains whole batched with zstd (else estimated from a
+	// drain of linkDrainSeconds), and how long compression is timed.
+	linkOrdersBytesEvents int
+	linkOrdersDay         bool
+	compressTime          time.Duration
 	// Section 10: events of each enqueue and of the drain whose writes
 	// are counted, transactions of the enqueue on a slow card, and
 	// whether every delay of the slow card runs (else 10 ms only).
@@ -104,6 +110,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
+			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second,
 			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
 		}
 	case Smoke:
@@ -117,6 +124,7 @@ func sizesFor(m Mode) sizes {
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
 			linkBytesEvents: 50, linkDrainSeconds: 0.5,
+			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond,
 			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
 		}
 	}
@@ -131,6 +139,7 @@ func sizesFor(m Mode) sizes {
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
+		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond,
 		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
 	}
 }

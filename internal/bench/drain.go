@@ -46,8 +46,11 @@ func (t *orderTracker) handle(_ string, payload []byte) {
 	if seqOf == nil {
 		seqOf = parseSeq
 	}
-	seq := seqOf(payload)
-	now := time.Now()
+	t.record(seqOf(payload), time.Now())
+}
+
+// record notes the delivery of the event of sequence seq at now.
+func (t *orderTracker) record(seq int64, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if seq < 1 || seq > int64(t.n) {
@@ -75,6 +78,16 @@ func (t *orderTracker) handle(_ string, payload []byte) {
 	}
 }
 
+// faults is an error if an event came twice or out of commit order.
+func (t *orderTracker) faults() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.dups > 0 || t.disorder > 0 {
+		return fmt.Errorf("%d duplicates, %d out of order", t.dups, t.disorder)
+	}
+	return nil
+}
+
 func (t *orderTracker) wait(ctx context.Context, timeout time.Duration) error {
 	return waitDone(ctx, t.done, timeout, func() error {
 		t.mu.Lock()
@@ -99,6 +112,12 @@ func waitDone(ctx context.Context, done <-chan struct{}, timeout time.Duration, 
 // makeBacklog writes a template outbox with n pending messages of
 // payloadLen bytes, committed 5,000 per transaction, and returns its path.
 func (r *runner) makeBacklog(ctx context.Context, name string, n int) (string, error) {
+	return r.makeBacklogOf(ctx, name, n, func(i int) []byte { return payload(i, payloadLen) })
+}
+
+// makeBacklogOf is makeBacklog with the payloads payloadOf(1), …,
+// payloadOf(n).
+func (r *runner) makeBacklogOf(ctx context.Context, name string, n int, payloadOf func(i int) []byte) (string, error) {
 	path := filepath.Join(r.dir, name)
 	ob, err := outbox.Open(ctx, path, outbox.Options{Synchronous: outbox.SyncNormal, Logger: r.log, ReserveBytes: -1})
 	if err != nil {
@@ -110,7 +129,7 @@ func (r *runner) makeBacklog(ctx context.Context, name string, n int) (string, e
 	for i := 1; i <= n; {
 		msgs = msgs[:0]
 		for ; i <= n && len(msgs) < perTx; i++ {
-			msgs = append(msgs, outbox.Message{Topic: benchTopic, Type: benchType, Payload: payload(i, payloadLen)})
+			msgs = append(msgs, outbox.Message{Topic: benchTopic, Type: benchType, Payload: payloadOf(i)})
 		}
 		if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 			return "", err

@@ -111,6 +111,19 @@ var keys = func() []keyDoc {
 	}
 	add(3, "latency_events", "events per case", "count", "")
 	add(3, "latency_rate_per_s", "commit rate", "/s", "")
+	add(3, "latency_batch_rounds", "batching online: rounds of each case, taking turns", "count", "")
+	add(3, "latency_batch_events", "batching online: order events per case", "count", "")
+	for _, c := range latencyBatchCases {
+		p := "latency_batch_" + c.key + "_mochi_"
+		name := "order events, " + c.name + ", mochi"
+		add(3, p+"puback_p50_ms", name+": commit → PUBACK p50", "ms", "")
+		add(3, p+"puback_p99_ms", name+": commit → PUBACK p99", "ms", "")
+		add(3, p+"delivered_p50_ms", name+": commit → subscriber p50", "ms", "")
+		add(3, p+"delivered_p99_ms", name+": commit → subscriber p99", "ms", "")
+		add(3, p+"events_per_message", name+": events per MQTT message", "events", "")
+	}
+	add(3, "latency_batch_on_vs_off_mochi_puback_p99", "order events, mochi: commit → PUBACK p99, batching on / off", "ratio", "≤ 1.10")
+	add(3, "latency_batch_zstd_vs_off_mochi_puback_p99", "order events, mochi: commit → PUBACK p99, batching on with zstd / off", "ratio", "")
 
 	// 4. Catch-up.
 	add(4, "catchup_backlog", "backlog built during the outage", "count", "")
@@ -220,6 +233,42 @@ var keys = func() []keyDoc {
 	add(9, "link_day_vs_limit", "the day: drain rate / the link's limit (--full only)", "ratio", "≥ 0.90")
 	add(9, "link_day_longest_gap_ms", "the day: longest pause between two deliveries (--full only)", "ms", "")
 
+	// 9, the order events: batching and compression.
+	add(9, "link_orders_payload_mean_bytes", "order events: mean size of the JSON (the data of each event)", "B", "")
+	for _, w := range orderWires {
+		p := "link_orders_" + w.key + "_"
+		name := "order events, " + w.name
+		add(9, p+"payload", name+": mean payload of a PUBLISH", "B", "")
+		add(9, p+"events_per_message", name+": events per MQTT message", "events", "")
+		add(9, p+"publish", name+": MQTT bytes up per event (PUBLISH)", "B", "")
+		add(9, p+"puback", name+": MQTT bytes down per event (PUBACK)", "B", "")
+		add(9, p+"bytes", name+": MQTT bytes per event, both directions", "B", "")
+	}
+	add(9, "link_orders_batched_zstd_vs_unbatched", "order events: bytes per event batched with zstd / one event a message", "ratio", "≤ 0.25")
+	add(9, "link_orders_batched_gzip_vs_unbatched", "order events: bytes per event batched with gzip / one event a message", "ratio", "")
+	for _, alg := range []string{"zstd", "gzip"} {
+		add(9, "compress_"+alg+"_ns_per_event", alg+": compression's CPU time per event, batches of 100 order events (one goroutine)", "ns", "")
+		add(9, "compress_"+alg+"_ratio", alg+": compressed / uncompressed, batches of 100 order events", "ratio", "")
+	}
+	add(9, "link_orders_day_events", "a busy till's day offline: order events", "count", "")
+	for _, k := range orderDayWires {
+		p := "link_orders_day_" + k + "_"
+		name := "the day of order events, " + orderWireOf(k).name
+		target := ""
+		if k == "batched_zstd" {
+			target = "≤ 18 s"
+		}
+		add(9, p+"drained", name+": events drained (the day, or its first events)", "count", "")
+		add(9, p+"limit_seconds", name+": the day at the link's limit (window 64)", "s", "")
+		add(9, p+"events_per_s", name+": drain rate", "/s", "")
+		add(9, p+"events_per_message", name+": events per MQTT message", "events", "")
+		add(9, p+"seconds_estimated", name+": drain time estimated (time to first delivery + events / rate)", "s", "")
+		add(9, p+"seconds", name+": drain time measured whole", "s", target)
+		add(9, p+"order_held", name+": every event delivered, once, in commit order", "bool", "yes")
+		add(9, p+"longest_gap_ms", name+": longest pause between two deliveries", "ms", "")
+		add(9, p+"fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events", "fsyncs", "")
+	}
+	add(9, "link_orders_day_batched_zstd_vs_unbatched", "the day of order events: batched with zstd / one event a message (measured, else estimated)", "ratio", "")
 	// 10. Writes to the flash (counted by powerfs), and a slow card.
 	flashCases := []struct{ key, name string }{
 		{"enqueue_full", "enqueue at FULL (one order and its event per transaction)"},

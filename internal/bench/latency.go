@@ -69,6 +69,12 @@ func (t *latTracker) wait(ctx context.Context, timeout time.Duration) error {
 
 // dists returns commit → PUBACK and commit → delivered.
 func (t *latTracker) dists() (puback, delivered dist) {
+	a, d := t.samples()
+	return summarize(a), summarize(d)
+}
+
+// samples returns each event's commit → PUBACK and commit → delivered.
+func (t *latTracker) samples() (puback, delivered []time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var a, d []time.Duration
@@ -83,7 +89,7 @@ func (t *latTracker) dists() (puback, delivered dist) {
 			d = append(d, time.Duration(max(0, t.delivered[i]-c)))
 		}
 	}
-	return summarize(a), summarize(d)
+	return a, d
 }
 
 // legs splits commit → PUBACK at the relay's call to Publish: noticing,
@@ -287,6 +293,9 @@ func (r *runner) latency(ctx context.Context) error {
 		"Raw paho, the floor: the same payloads published at the same rate by paho alone (MQTT 3.1.1, no database), from the call to `Publish`: what the broker, the client and this machine's scheduling cost before any outbox. "+
 		"For the relay's cases commit → PUBACK is also split at the relay's call to `Publish`: noticing, reading and encoding the event, then the broker's round trip through the relay's client (raw paho's figure is that leg alone).",
 		thousands(int64(sz.latN)), scale, sz.latRate)
+	if err := r.latencyBatching(ctx, bs[0]); err != nil {
+		return fmt.Errorf("batching: %w", err)
+	}
 	return nil
 }
 

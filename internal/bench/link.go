@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgeoutbox/outbox"
@@ -71,15 +72,18 @@ func linkDrainKey(enc string, window int) string {
 
 // linkBytes is what one event costs on the wire, in TCP payload bytes.
 type linkBytes struct {
-	payload         int     // the PUBLISH's payload: the envelope, or the data alone
+	payload         int     // the PUBLISH's payload: the envelope, or the data alone (the mean, rounded)
+	payloadSizes    int     // how many sizes of payload there were
 	publish, puback float64 // per event, each direction
+	// perMessage is the mean number of events in one MQTT message.
+	perMessage float64
 }
 
 // limit is the most events per second the link carries at window w: a
-// window per round trip, or what its bandwidth lets through in the
-// direction that fills first.
+// window of messages per round trip, or what its bandwidth lets through in
+// the direction that fills first.
 func (b linkBytes) limit(w int) (rate float64, bound string) {
-	byWindow := float64(w) / linkRTT.Seconds()
+	byWindow := float64(w) * max(b.perMessage, 1) / linkRTT.Seconds()
 	byBandwidth := linkRate / math.Max(b.publish, b.puback)
 	if byWindow <= byBandwidth {
 		return byWindow, "window"
@@ -217,7 +221,7 @@ func (r *runner) link(ctx context.Context) error {
 	if !sz.linkAllDrains {
 		r.rep.note(9, "%s mode drains only at window %d.", r.cfg.Mode, linkDayWindow)
 	}
-	return nil
+	return r.linkOrders(ctx, b)
 }
 
 func fmtDur(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -258,9 +262,26 @@ func (r *runner) linkRelay(ctx context.Context, ob *outbox.Outbox, url string, e
 	return stop, relay, pub, nil
 }
 
-// linkBytesOf counts the bytes that n events take through a proxy once the
-// relay's connection is up, in each direction, with a new database named db.
+// linkBytesOf counts the bytes that n events of payloadLen bytes take
+// through a proxy once the relay's connection is up, in each direction,
+// with a new database named db.
 func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, n int) (linkBytes, error) {
+	padded := make([][]byte, n)
+	for i := range padded {
+		padded[i] = payload(i+1, payloadLen)
+	}
+	lb, err := r.linkBytesOfPayloads(ctx, b, db, enc, outbox.RelayOptions{}, padded)
+	if err == nil && lb.payloadSizes != 1 {
+		err = fmt.Errorf("payloads of %d different sizes", lb.payloadSizes)
+	}
+	return lb, err
+}
+
+// linkBytesOfPayloads is linkBytesOf for events of the payloads, committed
+// in one transaction, and a relay with opts besides the window, source and
+// envelope (batching, compression).
+func (r *runner) linkBytesOfPayloads(ctx context.Context, b *mochiBroker, db string, enc linkEncoding, opts outbox.RelayOptions, payloads [][]byte) (linkBytes, error) {
+	n := len(payloads)
 	p, err := harness.LaunchFaultProxy(b.b.Addr())
 	if err != nil {
 		return linkBytes{}, err
@@ -275,14 +296,15 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc
 	tr.seqOf = parseSeqOrN
 	var mu sync.Mutex
 	payloadLens := map[int]int{}
+	each := eachEvent(tr.handle)
 	b.setHandler(func(topic string, pl []byte) {
 		mu.Lock()
 		payloadLens[len(pl)]++
 		mu.Unlock()
-		tr.handle(topic, pl)
+		each(topic, pl)
 	})
 	defer b.setHandler(nil)
-	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, outbox.RelayOptions{})
+	stop, relay, _, err := r.linkRelay(ctx, ob, p.URL(), enc, 64, opts)
 	if err != nil {
 		return linkBytes{}, err
 	}
@@ -293,7 +315,7 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc
 	up0, down0 := p.Moved(harness.ToBroker), p.Moved(harness.ToClient)
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
-		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: payload(i+1, payloadLen)}
+		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: payloads[i]}
 	}
 	if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 		return linkBytes{}, err
@@ -309,15 +331,19 @@ func (r *runner) linkBytesOf(ctx context.Context, b *mochiBroker, db string, enc
 	if err := stop(); err != nil {
 		return linkBytes{}, err
 	}
+	if err := tr.faults(); err != nil {
+		return linkBytes{}, err
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(payloadLens) != 1 {
-		return linkBytes{}, fmt.Errorf("payloads of %d different sizes: %v", len(payloadLens), payloadLens)
+	lb := linkBytes{publish: float64(up) / float64(n), puback: float64(down) / float64(n), payloadSizes: len(payloadLens)}
+	count, total := 0, 0
+	for l, c := range payloadLens {
+		count += c
+		total += l * c
 	}
-	lb := linkBytes{publish: float64(up) / float64(n), puback: float64(down) / float64(n)}
-	for l := range payloadLens {
-		lb.payload = l
-	}
+	lb.payload = int(math.Round(float64(total) / float64(max(count, 1))))
+	lb.perMessage = float64(n) / float64(max(count, 1))
 	return lb, nil
 }
 
@@ -332,6 +358,9 @@ type linkRun struct {
 	// markSyncs and walSyncs are the relay's fsyncs of the WAL per 1,000
 	// events: for its marks, and all of them.
 	markSyncs, walSyncs float64
+	// messages is the MQTT messages delivered (batched: each of many
+	// events).
+	messages int
 }
 
 // linkDrain drains a copy of the template over the shaped link.
@@ -362,7 +391,12 @@ func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, 
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
 	tr.times = make([]time.Time, 0, n)
-	b.setHandler(eachEvent(tr.handle))
+	var messages atomic.Int64
+	each := eachEvent(tr.handle)
+	b.setHandler(func(topic string, pl []byte) {
+		messages.Add(1)
+		each(topic, pl)
+	})
 	defer b.setHandler(nil)
 	start := time.Now()
 	stop, relay, pub, err := r.linkRelay(ctx, ob, p.URL(), enc, window, opts)
@@ -394,6 +428,7 @@ func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, 
 		return linkRun{}, fmt.Errorf("%d duplicates, %d out of order", tr.dups, tr.disorder)
 	}
 	return linkRun{
+		messages:  int(messages.Load()),
 		window:    eff,
 		recvMax:   recvMax,
 		rate:      slope(tr.times),

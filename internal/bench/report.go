@@ -49,7 +49,7 @@ type figure struct {
 	key     string
 	section int
 	label   string
-	unit    string // tx/s, msg/s, ratio, ms, MiB, bytes, s, count, bool, text, fsyncs
+	unit    string // tx/s, msg/s, ratio, ms, MiB, bytes, s, count, bool, text, fsyncs, events, ns
 	value   any    // nil until measured (or when unavailable)
 	target  string // e.g. "≥ 0.90"; empty if none
 	met     *bool
@@ -242,7 +242,7 @@ func formatValue(f *figure) string {
 			return fmt.Sprintf("%.1f µs", v)
 		case "allocs", "B":
 			return fmt.Sprintf("%.1f", v) + unitSuffix(f.unit)
-		case "fsyncs":
+		case "fsyncs", "events":
 			return fmt.Sprintf("%.2f", v) + unitSuffix(f.unit)
 		}
 		return thousands(int64(math.Round(v))) + unitSuffix(f.unit)

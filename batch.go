@@ -208,9 +208,6 @@ func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
 			open[m.topic] = len(out) - 1
 		}
 	}
-	for i := range out {
-		r.seal(&out[i], rules)
-	}
 	return out
 }
 
@@ -279,7 +276,10 @@ func (r *Relay) fits(p *parcel, m *row, rules parcelRules) bool {
 
 // seal encodes p: a single row as fetch encoded it, a batch in the wire
 // format of docs/batching.md; then compresses it where that is asked for,
-// allowed on this connection and makes it smaller.
+// allowed on this connection and makes it smaller. Dispatch seals each
+// parcel at its turn, not when its read is packed: the first message of a
+// read goes out after one compression, not after all of them (a relay on
+// a slow CPU, restarted often, got nothing out between restarts).
 func (r *Relay) seal(p *parcel, rules parcelRules) {
 	if len(p.rows) == 1 {
 		m := p.rows[0]

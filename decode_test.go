@@ -473,9 +473,11 @@ func TestBatchingVectorsAreTheRelays(t *testing.T) {
 				r.enc.encodeRow(&rows[i], carries)
 				require.NoError(t, rows[i].encErr)
 			}
-			parcels := r.pack(rows, parcelRules{batch: true, carries: carries})
+			rules := parcelRules{batch: true, carries: carries}
+			parcels := r.pack(rows, rules)
 			require.Len(t, parcels, 1)
 			p := parcels[0]
+			r.seal(&p, rules)
 			require.Equal(t, v.PayloadBase64, base64.StdEncoding.EncodeToString(p.payload), "the payload")
 			var user [][2]string
 			for _, u := range p.props.User {

@@ -124,21 +124,23 @@ type batch struct {
 	version int64           // data_version before the read
 	rows    []row
 	parcels []parcel // rows as they are published
+	rules   parcelRules
 	err     error
 }
 
 // fetch reads up to limit pending rows after cursor, and packs them.
 func (s *session) fetch(cursor int64, limit int, rules parcelRules) batch {
 	b := s.read(cursor, limit)
-	s.seal(&b, rules)
+	s.pack(&b, rules)
 	return b
 }
 
-// seal makes b's rows durable and packs them.
-func (s *session) seal(b *batch, rules parcelRules) {
+// pack makes b's rows durable and packs them.
+func (s *session) pack(b *batch, rules parcelRules) {
 	s.makeDurable(b)
 	if b.err == nil {
 		b.parcels = s.r.pack(b.rows, rules)
+		b.rules = rules
 	}
 }
 

@@ -334,7 +334,7 @@ func (s *session) dispatch() error {
 			if !probe {
 				b = s.linger(b, cursor, limit)
 			}
-			s.seal(&b, s.rules(probe))
+			s.pack(&b, s.rules(probe))
 		}
 		version, rows, err := b.version, b.rows, b.err
 		if err != nil {
@@ -382,6 +382,9 @@ func (s *session) dispatch() error {
 		for i := range b.parcels {
 			p := &b.parcels[i]
 			m := p.first()
+			if m.encErr == nil {
+				r.seal(p, b.rules)
+			}
 			if m.encErr != nil {
 				parked, err := r.refusedForGood(s.conn, m.seq, m.id, m.topic, m.attempts, m.encErr)
 				switch {

@@ -4,10 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/edgeoutbox/outbox/internal/compress"
 )
 
 // BatchOptions has the relay publish many events of one topic in one MQTT
@@ -44,55 +41,22 @@ const MaxBatchBytesLimit = 16 << 20
 // maxBatchDelay bounds BatchOptions.MaxDelay.
 const maxBatchDelay = time.Minute
 
-// Compression selects how the relay compresses what it publishes.
-type Compression int
-
-const (
-	// CompressNone publishes payloads as they are (the default).
-	CompressNone Compression = iota
-	// CompressGzip compresses with gzip (RFC 1952).
-	CompressGzip
-	// CompressZstd compresses with Zstandard (RFC 8878).
-	CompressZstd
-)
+// Compressor compresses what the relay publishes (RelayOptions.Compress).
+// Package compression has the two that consumers read, compression.Zstd()
+// and compression.Gzip(); the relay refuses any other content encoding,
+// since over MQTT 3.1.1 a consumer tells a compressed payload by its magic
+// bytes.
+type Compressor interface {
+	// ContentEncoding names the compression on the wire: "zstd" or "gzip".
+	ContentEncoding() string
+	// AppendCompressed appends src compressed to dst. It must be safe for
+	// concurrent use.
+	AppendCompressed(dst, src []byte) []byte
+}
 
 // compressMinBytes is the least payload worth compressing: below it the
 // frame's header costs more than it saves.
 const compressMinBytes = 256
-
-// String returns "none", "gzip" or "zstd".
-func (c Compression) String() string {
-	switch c {
-	case CompressGzip:
-		return "gzip"
-	case CompressZstd:
-		return "zstd"
-	}
-	return "none"
-}
-
-// ParseCompression parses "none", "gzip" or "zstd".
-func ParseCompression(s string) (Compression, error) {
-	switch strings.ToLower(s) {
-	case "none", "":
-		return CompressNone, nil
-	case "gzip":
-		return CompressGzip, nil
-	case "zstd":
-		return CompressZstd, nil
-	}
-	return 0, fmt.Errorf("outbox: unknown compression %q (want none, gzip or zstd)", s)
-}
-
-func (c Compression) alg() compress.Alg {
-	switch c {
-	case CompressGzip:
-		return compress.Gzip
-	case CompressZstd:
-		return compress.Zstd
-	}
-	return compress.None
-}
 
 // The wire's names (docs/batching.md).
 const (
@@ -144,7 +108,7 @@ type propertyless interface{ onlyMQTT311() bool }
 // compression frame's magic.
 func unmarkedPayloads(pub Publisher, o RelayOptions) error {
 	p, ok := pub.(propertyless)
-	if !ok || !p.onlyMQTT311() || o.Envelope != EnvelopeRaw || (!o.Batch.on() && o.Compress == CompressNone) {
+	if !ok || !p.onlyMQTT311() || o.Envelope != EnvelopeRaw || (!o.Batch.on() && o.Compress == nil) {
 		return nil
 	}
 	return errors.New("outbox: relay: EnvelopeRaw with Batch or Compress needs MQTT 5: over 3.1.1 (Protocol311) nothing marks a raw batch " +
@@ -313,7 +277,7 @@ func (r *Relay) seal(p *parcel, rules parcelRules) {
 		(!rules.carries && r.opts.Envelope == EnvelopeRaw) {
 		return
 	}
-	z := r.comp.Append(make([]byte, 0, len(p.payload)/2), p.payload)
+	z := r.comp.AppendCompressed(make([]byte, 0, len(p.payload)/2), p.payload)
 	if len(z)+len(contentEncodingKey)+8 >= len(p.payload) {
 		// Not smaller by what the property saying so costs: the
 		// publisher's size limit was checked without it.
@@ -322,6 +286,6 @@ func (r *Relay) seal(p *parcel, rules parcelRules) {
 	p.payload = z
 	if rules.carries {
 		user := make([]UserProperty, 0, len(p.props.User)+1)
-		p.props.User = append(append(user, p.props.User...), UserProperty{contentEncodingKey, r.comp.Alg().String()})
+		p.props.User = append(append(user, p.props.User...), UserProperty{contentEncodingKey, r.comp.ContentEncoding()})
 	}
 }

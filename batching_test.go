@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -221,8 +223,8 @@ func TestBatchCompressedOnTheWire(t *testing.T) {
 	for _, tc := range []struct {
 		proto MQTTProtocol
 		env   Envelope
-		comp  Compression
-	}{{Protocol5, EnvelopeCloudEventsBinary, CompressZstd}, {Protocol311, EnvelopeCloudEvents, CompressGzip}} {
+		comp  Compressor
+	}{{Protocol5, EnvelopeCloudEventsBinary, compression.Zstd()}, {Protocol311, EnvelopeCloudEvents, compression.Gzip()}} {
 		t.Run(tc.proto.String(), func(t *testing.T) {
 			h := &publishSeen{}
 			m := harness.StartMochi(t, harness.MochiOptions{Hooks: []mochi.Hook{new(auth.AllowHook), h}})
@@ -252,10 +254,10 @@ func TestBatchCompressedOnTheWire(t *testing.T) {
 				if i < 2 {
 					if tc.proto == Protocol5 {
 						require.Equal(t, batchContentType, pk.Properties.ContentType)
-						require.Equal(t, tc.comp.String(), enc)
+						require.Equal(t, tc.comp.ContentEncoding(), enc)
 					} else {
 						require.Empty(t, pk.Properties.ContentType)
-						require.Equal(t, tc.comp.alg(), compress.Sniff(pk.Payload))
+						require.Equal(t, tc.comp.ContentEncoding(), compress.Sniff(pk.Payload).String())
 					}
 					evs = append(evs, unpack(t, pk.Payload, enc)...)
 					continue

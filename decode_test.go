@@ -16,6 +16,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/require"
 
@@ -440,31 +442,28 @@ func TestBatchingVectorsAreTheRelays(t *testing.T) {
 	for _, tc := range []struct {
 		vector string
 		env    Envelope
-		comp   Compression
+		comp   Compressor
 		rows   []int // of vectorRows
 	}{
-		{"single-structured-mqtt5", EnvelopeCloudEvents, CompressNone, []int{2}},
-		{"single-structured-zstd-mqtt311", EnvelopeCloudEvents, CompressZstd, []int{2}},
-		{"single-binary-gzip-mqtt5", EnvelopeCloudEventsBinary, CompressGzip, []int{3}},
-		{"batch-structured-mqtt5", EnvelopeCloudEvents, CompressNone, []int{0, 1, 2}},
-		{"batch-structured-mqtt311", EnvelopeCloudEvents, CompressNone, []int{0, 1, 2}},
-		{"batch-structured-mqtt5", EnvelopeCloudEventsBinary, CompressNone, []int{0, 1, 2}},
-		{"batch-zstd-mqtt5", EnvelopeCloudEvents, CompressZstd, []int{0, 1, 2}},
-		{"batch-gzip-mqtt5", EnvelopeCloudEvents, CompressGzip, []int{0, 1, 2}},
-		{"batch-zstd-mqtt311", EnvelopeCloudEvents, CompressZstd, []int{0, 1, 2}},
-		{"batch-gzip-mqtt311", EnvelopeCloudEvents, CompressGzip, []int{0, 1, 2}},
-		{"raw-batch-zstd-mqtt5", EnvelopeRaw, CompressZstd, []int{0, 1, 2}},
+		{"single-structured-mqtt5", EnvelopeCloudEvents, nil, []int{2}},
+		{"single-structured-zstd-mqtt311", EnvelopeCloudEvents, compression.Zstd(), []int{2}},
+		{"single-binary-gzip-mqtt5", EnvelopeCloudEventsBinary, compression.Gzip(), []int{3}},
+		{"batch-structured-mqtt5", EnvelopeCloudEvents, nil, []int{0, 1, 2}},
+		{"batch-structured-mqtt311", EnvelopeCloudEvents, nil, []int{0, 1, 2}},
+		{"batch-structured-mqtt5", EnvelopeCloudEventsBinary, nil, []int{0, 1, 2}},
+		{"batch-zstd-mqtt5", EnvelopeCloudEvents, compression.Zstd(), []int{0, 1, 2}},
+		{"batch-gzip-mqtt5", EnvelopeCloudEvents, compression.Gzip(), []int{0, 1, 2}},
+		{"batch-zstd-mqtt311", EnvelopeCloudEvents, compression.Zstd(), []int{0, 1, 2}},
+		{"batch-gzip-mqtt311", EnvelopeCloudEvents, compression.Gzip(), []int{0, 1, 2}},
+		{"raw-batch-zstd-mqtt5", EnvelopeRaw, compression.Zstd(), []int{0, 1, 2}},
 	} {
 		t.Run(tc.vector+"/"+tc.env.String(), func(t *testing.T) {
 			v := built[tc.vector]
 			carries := v.MQTT == "5"
 			r := &Relay{opts: RelayOptions{Envelope: tc.env, Batch: BatchOptions{MaxEvents: 10, MaxBytes: 64 << 10}},
 				enc: encoder{mode: tc.env, source: vectorSource, defaultType: DefaultEventType}}
-			if tc.comp != CompressNone {
-				var err error
-				r.comp, err = compress.NewCompressor(tc.comp.alg())
-				require.NoError(t, err)
-				defer r.comp.Close()
+			if tc.comp != nil {
+				r.comp = tc.comp
 			}
 			all := vectorRows()
 			rows := make([]row, len(tc.rows))

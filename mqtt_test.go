@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/mqtt"
@@ -91,13 +93,13 @@ func TestRawBatchNeedsMQTT5(t *testing.T) {
 		refused bool
 	}{
 		{"raw batched on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Batch: batch}, true},
-		{"raw compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Compress: CompressZstd}, true},
-		{"raw gzip on 3.1.1, embedded", wrapped{mqttPub(Protocol311).(*MQTTPublisher)}, RelayOptions{Envelope: EnvelopeRaw, Compress: CompressGzip}, true},
+		{"raw compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Compress: compression.Zstd()}, true},
+		{"raw gzip on 3.1.1, embedded", wrapped{mqttPub(Protocol311).(*MQTTPublisher)}, RelayOptions{Envelope: EnvelopeRaw, Compress: compression.Gzip()}, true},
 		{"raw unbatched on 3.1.1", mqttPub(Protocol311), RelayOptions{Envelope: EnvelopeRaw, Batch: BatchOptions{MaxEvents: 1}}, false},
-		{"structured batched and compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Batch: batch, Compress: CompressZstd}, false},
-		{"raw batched and compressed on 5", mqttPub(Protocol5), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
-		{"raw batched and compressed on auto", mqttPub(ProtocolAuto), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
-		{"raw batched and compressed, another transport", &fakePublisher{}, RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: CompressZstd}, false},
+		{"structured batched and compressed on 3.1.1", mqttPub(Protocol311), RelayOptions{Batch: batch, Compress: compression.Zstd()}, false},
+		{"raw batched and compressed on 5", mqttPub(Protocol5), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: compression.Zstd()}, false},
+		{"raw batched and compressed on auto", mqttPub(ProtocolAuto), RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: compression.Zstd()}, false},
+		{"raw batched and compressed, another transport", &fakePublisher{}, RelayOptions{Envelope: EnvelopeRaw, Batch: batch, Compress: compression.Zstd()}, false},
 	} {
 		_, err := ob.NewRelay(c.pub, c.opts)
 		if c.refused {

@@ -108,12 +108,12 @@ type RelayOptions struct {
 	// Batch publishes many events of one topic per MQTT message; off by
 	// default. See BatchOptions.
 	Batch BatchOptions
-	// Compress compresses batches, and single events of 256 bytes or more,
-	// where that makes them smaller: over MQTT 5 a content-encoding user
-	// property says so; over 3.1.1 only structured CloudEvents can be
-	// compressed, told by the payload's magic bytes (docs/batching.md).
-	// Default CompressNone.
-	Compress Compression
+	// Compress, if set (compression.Zstd() or compression.Gzip()),
+	// compresses batches, and single events of 256 bytes or more, where
+	// that makes them smaller: over MQTT 5 a content-encoding user property
+	// says so; over 3.1.1 only structured CloudEvents can be compressed,
+	// told by the payload's magic bytes (docs/batching.md).
+	Compress Compressor
 }
 
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
@@ -175,8 +175,10 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.Batch, err = o.Batch.check(); err != nil {
 		return o, err
 	}
-	if o.Compress < CompressNone || o.Compress > CompressZstd {
-		return o, fmt.Errorf("outbox: relay: unknown Compression %d", o.Compress)
+	if o.Compress != nil {
+		if e := o.Compress.ContentEncoding(); e != compress.Zstd.String() && e != compress.Gzip.String() {
+			return o, fmt.Errorf("outbox: relay: Compress: content encoding %q is not one a consumer reads (zstd or gzip: package compression)", e)
+		}
 	}
 	if o.Owner == "" {
 		o.Owner = host + ":" + strconv.Itoa(os.Getpid()) + ":" + NewID()[24:]
@@ -191,7 +193,7 @@ type Relay struct {
 	pub  Publisher
 	opts RelayOptions
 	enc  encoder
-	comp *compress.Compressor // nil: CompressNone
+	comp Compressor // nil: not compressed
 	log  *slog.Logger
 	kick chan struct{} // ReconnectNow: ends the reconnection wait
 
@@ -298,11 +300,7 @@ func (o *Outbox) NewRelay(pub Publisher, opts RelayOptions) (*Relay, error) {
 		notesNew: make(chan struct{}, 1),
 		wal:      &durable.Syncer{Path: o.path + "-wal"},
 	}
-	if opts.Compress != CompressNone {
-		if r.comp, err = compress.NewCompressor(opts.Compress.alg()); err != nil {
-			return nil, fmt.Errorf("outbox: relay: %w", err)
-		}
-	}
+	r.comp = opts.Compress
 	r.enc.sizes, _ = pub.(SizeLimiter)
 	r.enc.topics, _ = pub.(TopicChecker)
 	if r.enc.sizes != nil {

@@ -587,7 +587,7 @@ func (r *Relay) carrier() PropertiesPublisher {
 				"protocol", r.Protocol())
 		}
 	}
-	if r.opts.Envelope == EnvelopeRaw && (r.opts.Batch.on() || r.opts.Compress != CompressNone) {
+	if r.opts.Envelope == EnvelopeRaw && (r.opts.Batch.on() || r.opts.Compress != nil) {
 		if carries {
 			r.rawPlain.Store(false)
 		} else if !r.rawPlain.Swap(true) {

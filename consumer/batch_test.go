@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/require"
 
@@ -346,7 +348,7 @@ func TestSubscriberAppliesRelayBatches(t *testing.T) {
 		}
 		require.NoError(t, rows.Close())
 		opts := fastRelay()
-		opts.Envelope, opts.Compress = outbox.EnvelopeCloudEventsBinary, outbox.CompressZstd
+		opts.Envelope, opts.Compress = outbox.EnvelopeCloudEventsBinary, compression.Zstd()
 		opts.Batch = outbox.BatchOptions{MaxEvents: 50}
 		// A batch whose PUBACK is late is sent again event by event: on a
 		// loaded machine fastRelay's 2 s would be.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
@@ -259,22 +261,28 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 // batching reads the batch and compression flags. They are checked here,
 // before anything is opened or connects, as NewRelay would check them: a
 // relay that cannot start leaves no file behind.
-func (f *relayFlags) batching(env outbox.Envelope, proto outbox.MQTTProtocol) (outbox.BatchOptions, outbox.Compression, error) {
+func (f *relayFlags) batching(env outbox.Envelope, proto outbox.MQTTProtocol) (outbox.BatchOptions, outbox.Compressor, error) {
 	b := outbox.BatchOptions{MaxEvents: f.batchEvents, MaxBytes: f.batchBytes, MaxDelay: f.batchDelay}
 	switch {
 	case b.MaxEvents < 0 || b.MaxEvents > 65535:
-		return b, 0, fmt.Errorf("--batch-max-events %d: want 0 to 65535", b.MaxEvents)
+		return b, nil, fmt.Errorf("--batch-max-events %d: want 0 to 65535", b.MaxEvents)
 	case b.MaxBytes < 0 || b.MaxBytes > outbox.MaxBatchBytesLimit:
-		return b, 0, fmt.Errorf("--batch-max-bytes %d: want 0 to %d (16 MiB)", b.MaxBytes, outbox.MaxBatchBytesLimit)
+		return b, nil, fmt.Errorf("--batch-max-bytes %d: want 0 to %d (16 MiB)", b.MaxBytes, outbox.MaxBatchBytesLimit)
 	case b.MaxDelay < 0 || b.MaxDelay > time.Minute:
-		return b, 0, fmt.Errorf("--batch-max-delay %s: want 0 to 1m", b.MaxDelay)
+		return b, nil, fmt.Errorf("--batch-max-delay %s: want 0 to 1m", b.MaxDelay)
 	}
-	c, err := outbox.ParseCompression(f.compress)
-	if err != nil {
-		return b, 0, fmt.Errorf("--compress: %w", err)
+	var c outbox.Compressor
+	switch strings.ToLower(f.compress) {
+	case "none", "":
+	case "zstd":
+		c = compression.Zstd()
+	case "gzip":
+		c = compression.Gzip()
+	default:
+		return b, nil, fmt.Errorf("--compress %q: want none, gzip or zstd", f.compress)
 	}
-	if env == outbox.EnvelopeRaw && proto == outbox.Protocol311 && (b.MaxEvents > 1 || c != outbox.CompressNone) {
-		return b, 0, errors.New("--envelope raw with --batch-max-events or --compress needs MQTT 5: 3.1.1 has no properties, so nothing could tell a raw batch " +
+	if env == outbox.EnvelopeRaw && proto == outbox.Protocol311 && (b.MaxEvents > 1 || c != nil) {
+		return b, nil, errors.New("--envelope raw with --batch-max-events or --compress needs MQTT 5: 3.1.1 has no properties, so nothing could tell a raw batch " +
 			"or a compressed raw payload from one event's bytes; use --mqtt-version 5 (or auto), or --envelope cloudevents")
 	}
 	return b, c, nil

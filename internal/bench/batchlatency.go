@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/edgeoutbox/outbox"
 )
 
@@ -18,7 +20,7 @@ import (
 var latencyBatchCases = []orderWire{
 	{"off", "batching off", outbox.RelayOptions{}},
 	{"on", "batching on (100 events, no MaxDelay)", outbox.RelayOptions{Batch: orderBatch}},
-	{"zstd", "batching on, zstd", outbox.RelayOptions{Batch: orderBatch, Compress: outbox.CompressZstd}},
+	{"zstd", "batching on, zstd", outbox.RelayOptions{Batch: orderBatch, Compress: compression.Zstd()}},
 }
 
 const (

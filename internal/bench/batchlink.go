@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/compress"
 )
@@ -22,10 +24,10 @@ var orderBatch = outbox.BatchOptions{MaxEvents: orderBatchEvents}
 
 var orderWires = []orderWire{
 	{"unbatched", "one event a message (before batching)", outbox.RelayOptions{}},
-	{"zstd", "one event a message, zstd", outbox.RelayOptions{Compress: outbox.CompressZstd}},
+	{"zstd", "one event a message, zstd", outbox.RelayOptions{Compress: compression.Zstd()}},
 	{"batched", "batched", outbox.RelayOptions{Batch: orderBatch}},
-	{"batched_zstd", "batched, zstd", outbox.RelayOptions{Batch: orderBatch, Compress: outbox.CompressZstd}},
-	{"batched_gzip", "batched, gzip", outbox.RelayOptions{Batch: orderBatch, Compress: outbox.CompressGzip}},
+	{"batched_zstd", "batched, zstd", outbox.RelayOptions{Batch: orderBatch, Compress: compression.Zstd()}},
+	{"batched_gzip", "batched, gzip", outbox.RelayOptions{Batch: orderBatch, Compress: compression.Gzip()}},
 }
 
 // orderDayWires are the ways the day of order events drains.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/compress"
 	"github.com/edgeoutbox/outbox/internal/powerfs"
@@ -42,7 +44,7 @@ type flashDrainCase struct {
 var flashDrains = []flashDrainCase{
 	{"drain", "drain, one event per message", outbox.RelayOptions{}},
 	{"drain_batched", "drain in batches of up to 100 events, zstd", outbox.RelayOptions{
-		Batch: outbox.BatchOptions{MaxEvents: 100}, Compress: outbox.CompressZstd}},
+		Batch: outbox.BatchOptions{MaxEvents: 100}, Compress: compression.Zstd()}},
 }
 
 // flashDayEvents is a busy till's day: the sizing line of FLEET.md.

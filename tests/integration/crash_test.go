@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeoutbox/outbox/compression"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
@@ -85,7 +87,7 @@ func crashRelayOptions(owner string, batched bool) outbox.RelayOptions {
 	}
 	if batched {
 		o.Batch = outbox.BatchOptions{MaxEvents: crashBatchEvents}
-		o.Compress = outbox.CompressZstd
+		o.Compress = compression.Zstd()
 	}
 	return o
 }

@@ -96,8 +96,8 @@ type SubscriberOptions struct {
 	OnEvent func(ev outbox.Event, outcome Outcome, err error)
 
 	// beforeAck, set by tests, runs after the transactions of a message
-	// committed and before the PUBACK, with its last event; returning false drops the acknowledgement, as a
-	// crash at that moment would (over MQTT 5, whose PUBACKs go in order,
+	// committed and before the PUBACK, with its last event; returning false
+	// drops the acknowledgement, as a crash at that moment would (over MQTT 5, whose PUBACKs go in order,
 	// the ones behind it are then held back too: the test stops the
 	// subscriber, as the crash would).
 	beforeAck func(outbox.Event) bool

@@ -161,6 +161,9 @@ func readFrame(r io.Reader, buf []byte, v311 bool) (first byte, body []byte, err
 		size++
 		length |= int(b[0]&0x7f) << shift
 		if b[0]&0x80 == 0 {
+			if size > 2 && b[0] == 0 {
+				return 0, nil, protocolError(v311, "malformed Remaining Length (not in the fewest bytes)")
+			}
 			break
 		}
 		if shift += 7; shift > 21 {

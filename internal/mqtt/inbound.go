@@ -285,6 +285,11 @@ func readVarint(b []byte) (n, size int, err error) {
 		}
 		n |= int(b[i]&0x7f) << (7 * i)
 		if b[i]&0x80 == 0 {
+			if i > 0 && b[i] == 0 {
+				// 0x9F 0x00 is 31 in two bytes: [MQTT-1.5.5-1] wants
+				// the fewest, and paho reads a property id in one.
+				return 0, 0, errors.New("a variable byte integer not in the fewest bytes")
+			}
 			return n, i + 1, nil
 		}
 	}

@@ -127,7 +127,6 @@ type parcel struct {
 }
 
 func (p *parcel) first() *row { return p.rows[0] }
-func (p *parcel) last() *row  { return p.rows[len(p.rows)-1] }
 
 // parcelRules is how a session packs rows into parcels.
 type parcelRules struct {
@@ -152,10 +151,12 @@ func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
 		alone := !rules.batch || m.encErr != nil || m.expires.Valid || m.seq <= rules.singly || (rules.probe && i == 0) ||
 			r.member(m) == nil
 		if !alone {
-			if j, ok := open[m.topic]; ok && r.fits(&out[j], m, rules) {
-				out[j].rows = append(out[j].rows, m) // copied out of one: its capacity is 1
-				out[j].size += r.memberBytes(m)
-				continue
+			if j, ok := open[m.topic]; ok {
+				if size, fits := r.fits(&out[j], m, rules); fits {
+					out[j].rows = append(out[j].rows, m) // copied out of one: its capacity is 1
+					out[j].size = size
+					continue
+				}
 			}
 		}
 		if open != nil {
@@ -168,7 +169,7 @@ func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
 		q.one[0] = m
 		q.rows = q.one[:1:1]
 		if !alone {
-			out[len(out)-1].size = r.frameBytes() + r.memberBytes(m)
+			q.size = r.frameBytes() + r.memberBytes(m)
 			open[m.topic] = len(out) - 1
 		}
 	}
@@ -202,7 +203,9 @@ func (r *Relay) member(m *row) []byte {
 	return m.doc
 }
 
-// frameBytes is a batch's framing: "[" and "]" of a structured batch.
+// frameBytes is what a batch adds beside its members' bytes: a
+// structured batch's "[" (memberBytes counts one byte a member, the ","
+// between them and the closing "]").
 func (r *Relay) frameBytes() int {
 	if r.opts.Envelope == EnvelopeRaw {
 		return 0
@@ -219,12 +222,12 @@ func uvarintLen(n int) int {
 	return l
 }
 
-// fits reports whether m may join the batch p.
-func (r *Relay) fits(p *parcel, m *row, rules parcelRules) bool {
+// fits reports whether m may join the batch p, and p's size with it.
+func (r *Relay) fits(p *parcel, m *row, rules parcelRules) (size int, ok bool) {
 	b := r.opts.Batch
-	size := p.size + r.memberBytes(m)
+	size = p.size + r.memberBytes(m)
 	if len(p.rows) >= b.MaxEvents || size > b.MaxBytes {
-		return false
+		return size, false
 	}
 	if r.enc.sizes != nil {
 		props := &PublishProperties{ContentType: batchContentType}
@@ -232,10 +235,10 @@ func (r *Relay) fits(p *parcel, m *row, rules parcelRules) bool {
 			props = nil
 		}
 		if r.enc.sizes.CheckSize(p.topic, size, props) != nil {
-			return false
+			return size, false
 		}
 	}
-	return true
+	return size, true
 }
 
 // seal encodes p: a single row as fetch encoded it, a batch in the wire

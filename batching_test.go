@@ -16,7 +16,6 @@ import (
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/compress"
@@ -24,30 +23,16 @@ import (
 )
 
 // unpack reads what the relay published (structured mode, batched or not,
-// compressed or not) into events.
+// compressed or not) into events; encoding is the content-encoding
+// property, "" for none (over 3.1.1 the magic bytes say it).
 func unpack(t testing.TB, payload []byte, encoding string) []Event {
 	t.Helper()
-	alg, err := compress.Parse(encoding)
+	var user []UserProperty
+	if encoding != "" {
+		user = []UserProperty{{contentEncodingKey, encoding}}
+	}
+	evs, err := DecodeEventsMQTT(payload, "", user)
 	require.NoError(t, err)
-	if alg == compress.None {
-		alg = compress.Sniff(payload)
-	}
-	if alg != compress.None {
-		payload, err = compress.Decompress(alg, payload, MaxBatchBytesLimit)
-		require.NoError(t, err)
-	}
-	if payload[0] != '[' {
-		ev, err := DecodeEvent(payload)
-		require.NoError(t, err)
-		return []Event{ev}
-	}
-	var docs []json.RawMessage
-	require.NoError(t, json.Unmarshal(payload, &docs))
-	evs := make([]Event, len(docs))
-	for i, d := range docs {
-		evs[i], err = DecodeEvent(d)
-		require.NoError(t, err)
-	}
 	return evs
 }
 
@@ -284,8 +269,6 @@ func TestBatchCompressedOnTheWire(t *testing.T) {
 		})
 	}
 }
-
-var _ = packets.Packet{}
 
 // TestBatchRawOverMQTT5: a raw batch is each payload after its length,
 // marked by its Content Type; on a 3.1.1 connection raw events go one by

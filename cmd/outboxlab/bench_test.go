@@ -41,6 +41,9 @@ func TestBenchSmoke(t *testing.T) {
 		"durable_full_backlog_msgs_per_s", "durable_normal_backlog_msgs_per_s", "durable_normal_trickle_puback_p99_ms",
 		"link_bytes_structured311_publish", "link_bytes_binary5_publish", "link_drain_structured5_w64_msgs_per_s",
 		"link_drain_structured5_w64_limit_msgs_per_s", "link_day_seconds_estimated",
+		"drain_mochi_w64_library_p9_msgs_per_s", "drain_mochi_w64_mix_vs_p0",
+		"link_prio_unbatched_bound_ms", "link_prio_unbatched_connack_ms", "link_prio_unbatched_outage_vs_bound",
+		"link_prio_batched_bound_ms", "link_prio_batched_connack_ms", "link_prio_batched_outage_ms",
 	} {
 		v, ok := rep[k].(float64)
 		require.True(t, ok, "%s = %v", k, rep[k])
@@ -86,6 +89,14 @@ func TestBenchSmoke(t *testing.T) {
 	vs, _ := rep["link_drain_structured5_w64_vs_limit"].(float64)
 	require.True(t, vs > 0.5 && vs < 1.2, "window 64 over the slow link: %v of its limit", vs)
 	require.Nil(t, rep["link_day_seconds"], "the day is drained whole only in --full")
+	// Priority 9 after an outage goes before the backlog of priority 0:
+	// 500 events, about 8 windows one event a message; batched, 5
+	// messages, all of them in the first window, so only the event
+	// committed during the outage can overtake them.
+	for _, k := range []string{"unbatched_connack", "unbatched_outage", "batched_outage"} {
+		ahead, _ := rep["link_prio_"+k+"_ahead"].(float64)
+		require.Less(t, ahead, rep["link_prio_backlog"], "%s: the priority-9 event waited for the whole backlog", k)
+	}
 
 	// Batching and compression, on order events: the relay's batches are
 	// on the wire (many events a message), batched with zstd an event

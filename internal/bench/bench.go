@@ -83,6 +83,9 @@ type sizes struct {
 	linkDrainSeconds float64
 	linkAllDrains    bool
 	linkDay          bool
+	// linkPrioBacklog is the backlog of priority 0 ahead of a priority-9
+	// event after an outage.
+	linkPrioBacklog int
 	// The order events on the link: events per count of bytes, whether
 	// the day drains whole batched with zstd (else estimated from a
 	// drain of linkDrainSeconds), and how long compression is timed.
@@ -109,7 +112,7 @@ func sizesFor(m Mode) sizes {
 			baseSteady: 10 * time.Second, baseRate: 10,
 			basePre: 5 * time.Second, baseOutage: 30 * time.Second, basePost: 5 * time.Second,
 			durBacklog: 50_000, durTrickle: 1000,
-			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true,
+			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true, linkPrioBacklog: linkDayEvents,
 			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second,
 			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
 		}
@@ -123,7 +126,7 @@ func sizesFor(m Mode) sizes {
 			baseSteady: 500 * time.Millisecond, baseRate: 10,
 			basePre: 500 * time.Millisecond, baseOutage: 2 * time.Second, basePost: 500 * time.Millisecond,
 			durBacklog: 500, durTrickle: 30,
-			linkBytesEvents: 50, linkDrainSeconds: 0.5,
+			linkBytesEvents: 50, linkDrainSeconds: 0.5, linkPrioBacklog: 500,
 			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond,
 			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
 		}
@@ -138,7 +141,7 @@ func sizesFor(m Mode) sizes {
 		baseSteady: 3 * time.Second, baseRate: 10,
 		basePre: 3 * time.Second, baseOutage: 10 * time.Second, basePost: 3 * time.Second,
 		durBacklog: 10_000, durTrickle: 300,
-		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true,
+		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true, linkPrioBacklog: 10_000,
 		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond,
 		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
 	}

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +37,10 @@ type orderTracker struct {
 	seqOf func([]byte) int64
 	// times, if not nil, gets the time of each first delivery.
 	times []time.Time
+	// streamOf, if set, is the stream (the priority) of a sequence
+	// number: order is then held within each stream.
+	streamOf func(seq int64) int
+	maxOf    map[int]int64 // per stream, with streamOf
 }
 
 func newOrderTracker(n int) *orderTracker {
@@ -62,7 +68,16 @@ func (t *orderTracker) record(seq int64, now time.Time) {
 	}
 	t.seen[seq] = true
 	t.unique++
-	if seq < t.maxSeq {
+	if t.streamOf != nil {
+		if t.maxOf == nil {
+			t.maxOf = map[int]int64{}
+		}
+		s := t.streamOf(seq)
+		if seq < t.maxOf[s] {
+			t.disorder++
+		}
+		t.maxOf[s] = max(t.maxOf[s], seq)
+	} else if seq < t.maxSeq {
 		t.disorder++
 	}
 	t.maxSeq = max(t.maxSeq, seq)
@@ -118,6 +133,12 @@ func (r *runner) makeBacklog(ctx context.Context, name string, n int) (string, e
 // makeBacklogOf is makeBacklog with the payloads payloadOf(1), …,
 // payloadOf(n).
 func (r *runner) makeBacklogOf(ctx context.Context, name string, n int, payloadOf func(i int) []byte) (string, error) {
+	return r.makeBacklogPrio(ctx, name, n, payloadOf, nil)
+}
+
+// makeBacklogPrio is makeBacklogOf with the priorities prioOf(1), …,
+// prioOf(n); nil: all 0.
+func (r *runner) makeBacklogPrio(ctx context.Context, name string, n int, payloadOf func(i int) []byte, prioOf func(i int) int) (string, error) {
 	path := filepath.Join(r.dir, name)
 	ob, err := outbox.Open(ctx, path, outbox.Options{Synchronous: outbox.SyncNormal, Logger: r.log, ReserveBytes: -1})
 	if err != nil {
@@ -129,7 +150,11 @@ func (r *runner) makeBacklogOf(ctx context.Context, name string, n int, payloadO
 	for i := 1; i <= n; {
 		msgs = msgs[:0]
 		for ; i <= n && len(msgs) < perTx; i++ {
-			msgs = append(msgs, outbox.Message{Topic: benchTopic, Type: benchType, Payload: payloadOf(i)})
+			m := outbox.Message{Topic: benchTopic, Type: benchType, Payload: payloadOf(i)}
+			if prioOf != nil {
+				m.Priority = prioOf(i)
+			}
+			msgs = append(msgs, m)
 		}
 		if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 			return "", err
@@ -191,6 +216,12 @@ type drainRun struct {
 // given window and returns messages per second, from the start of Run to
 // the last first delivery at the subscriber.
 func (r *runner) drainLibrary(ctx context.Context, b broker, tmpl string, n, window int, protocol outbox.MQTTProtocol) (drainRun, error) {
+	return r.drainLibraryPrio(ctx, b, tmpl, n, window, protocol, nil)
+}
+
+// drainLibraryPrio is drainLibrary for a template whose events have the
+// priorities prioOf(seq): order is checked within each.
+func (r *runner) drainLibraryPrio(ctx context.Context, b broker, tmpl string, n, window int, protocol outbox.MQTTProtocol, prioOf func(seq int64) int) (drainRun, error) {
 	path := filepath.Join(r.dir, "drain-run.db")
 	if err := copyDB(tmpl, path); err != nil {
 		return drainRun{}, err
@@ -211,6 +242,7 @@ func (r *runner) drainLibrary(ctx context.Context, b broker, tmpl string, n, win
 		return drainRun{}, err
 	}
 	tr := newOrderTracker(n)
+	tr.streamOf = prioOf
 	b.setHandler(tr.handle)
 	defer b.setHandler(nil)
 	rctx, cancel := context.WithCancel(ctx)
@@ -370,8 +402,10 @@ func (r *runner) drain(ctx context.Context) error {
 	if r.mosq == "" {
 		r.rep.note(2, "Mosquitto is not installed here: only the in-process broker was measured.")
 	}
-	// Templates: one backlog per size used.
+	// Templates: one backlog per size used, and of each the same events
+	// at other priorities (drainPrios).
 	tmpls := map[int]string{}
+	prioTmpls := map[string]map[int]string{}
 	raws := map[int][][]byte{}
 	for _, n := range []int{sz.drainBacklog, sz.drainBacklogW1} {
 		if _, ok := tmpls[n]; ok {
@@ -383,6 +417,17 @@ func (r *runner) drain(ctx context.Context) error {
 			return err
 		}
 		tmpls[n] = path
+		for _, dp := range drainPrios {
+			p, err := r.makeBacklogPrio(ctx, fmt.Sprintf("drain-%s-%d.db", dp.key, n), n,
+				func(i int) []byte { return payload(i, payloadLen) }, func(i int) int { return dp.of(int64(i)) })
+			if err != nil {
+				return err
+			}
+			if prioTmpls[dp.key] == nil {
+				prioTmpls[dp.key] = map[int]string{}
+			}
+			prioTmpls[dp.key][n] = p
+		}
 		msgs, err := readEnvelopes(ctx, path, n)
 		if err != nil {
 			return err
@@ -404,9 +449,9 @@ func (r *runner) drain(ctx context.Context) error {
 				}
 				// Alternate which goes first, so neither always runs on
 				// a warmer machine.
-				order := []string{"raw", "library", "raw5", "library5"}
+				order := []string{"raw", "library", "raw5", "library5", "library_p9", "library_mix"}
 				if round%2 == 1 {
-					order = []string{"library5", "raw5", "library", "raw"}
+					slices.Reverse(order)
 				}
 				for _, which := range order {
 					var res drainRun
@@ -418,8 +463,11 @@ func (r *runner) drain(ctx context.Context) error {
 						res, err = drainRaw5(ctx, b, raws[n], w)
 					case "library":
 						res, err = r.drainLibrary(ctx, b, tmpls[n], n, w, outbox.Protocol311)
-					default:
+					case "library5":
 						res, err = r.drainLibrary(ctx, b, tmpls[n], n, w, outbox.Protocol5)
+					default:
+						dp := drainPrioOf(strings.TrimPrefix(which, "library_"))
+						res, err = r.drainLibraryPrio(ctx, b, prioTmpls[dp.key][n], n, w, outbox.Protocol311, dp.of)
 					}
 					if err != nil {
 						return fmt.Errorf("%s window %d %s: %w", bk, w, which, err)
@@ -428,7 +476,7 @@ func (r *runner) drain(ctx context.Context) error {
 						rates[which] = map[int][]float64{}
 					}
 					rates[which][w] = append(rates[which][w], res.rate)
-					if which == "library" || which == "library5" {
+					if strings.HasPrefix(which, "library") {
 						dups += res.dups
 						disorder += res.disorder
 					}
@@ -451,6 +499,12 @@ func (r *runner) drain(ctx context.Context) error {
 				r.rep.set(p+"ratio"+v, l/rw)
 				r.rep.check(p+"ratio"+v, l/rw >= target)
 			}
+			l := median(rates["library"][w])
+			for _, dp := range drainPrios {
+				x := median(rates["library_"+dp.key][w])
+				r.rep.set(p+"library_"+dp.key+"_msgs_per_s", x)
+				r.rep.set(p+dp.key+"_vs_p0", x/l)
+			}
 		}
 		r.rep.set("drain_"+bk+"_order_held", disorder == 0)
 		r.rep.check("drain_"+bk+"_order_held", disorder == 0)
@@ -467,8 +521,29 @@ func (r *runner) drain(ctx context.Context) error {
 	r.rep.note(2, "%s; QoS 1; a subscriber on the broker checks order. Rate: messages / (last first delivery − start), the relay's start including "+
 		"opening its connection, the lease and the MQTT connect; raw: the same bytes with the same window and no database, over MQTT 3.1.1 by paho.mqtt.golang (the relay told to speak 3.1.1) "+
 		"and over MQTT 5 by paho.golang's Client, window goroutines side by side since its Publish waits for the PUBACK, with the Content Type the relay sends (the relay told to speak 5; both kept within the broker's Receive Maximum, Mosquitto's 20 by default). "+
-		"%d round(s), raw and library alternating; medians.", note, sz.drainRounds)
+		"%d round(s), raw and library alternating; medians. The relay also drains the same backlog with every event at priority 9, "+
+		"and spread over priorities 0, 5 and 9 (the event of sequence s at [0, 5, 9][s mod 3]), over MQTT 3.1.1: order checked within each priority.", note, sz.drainRounds)
 	return nil
+}
+
+// drainPrio is a way of giving section 2's backlog priorities.
+type drainPrio struct {
+	key, name string
+	of        func(seq int64) int // the priority of the event of sequence seq
+}
+
+var drainPrios = []drainPrio{
+	{"p9", "every event at priority 9", func(int64) int { return 9 }},
+	{"mix", "events spread over priorities 0, 5, 9", func(s int64) int { return []int{0, 5, 9}[s%3] }},
+}
+
+func drainPrioOf(key string) drainPrio {
+	for _, d := range drainPrios {
+		if d.key == key {
+			return d
+		}
+	}
+	panic("bench: no drain priorities " + key)
 }
 
 // readEnvelopes builds, for the raw publisher, the envelopes of a

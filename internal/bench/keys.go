@@ -75,6 +75,10 @@ var keys = func() []keyDoc {
 			add(2, p+"raw5_msgs_per_s", fmt.Sprintf("%s, window %d, MQTT 5: raw paho.golang", b.name, w), "msg/s", "")
 			add(2, p+"library5_msgs_per_s", fmt.Sprintf("%s, window %d, MQTT 5: relay", b.name, w), "msg/s", "")
 			add(2, p+"ratio5", fmt.Sprintf("%s, window %d, MQTT 5: relay / raw", b.name, w), "ratio", target)
+			for _, dp := range drainPrios {
+				add(2, p+"library_"+dp.key+"_msgs_per_s", fmt.Sprintf("%s, window %d, MQTT 3.1.1: relay, %s", b.name, w, dp.name), "msg/s", "")
+				add(2, p+dp.key+"_vs_p0", fmt.Sprintf("%s, window %d, MQTT 3.1.1: relay, %s / all at priority 0", b.name, w, dp.name), "ratio", "")
+			}
 		}
 		add(2, "drain_"+b.key+"_order_held", b.name+": every message delivered in commit order", "bool", "yes")
 		add(2, "drain_"+b.key+"_duplicates", b.name+": duplicates delivered", "count", "")
@@ -232,6 +236,21 @@ var keys = func() []keyDoc {
 	add(9, "link_day_msgs_per_s", "the day: drain rate measured whole (--full only)", "msg/s", "")
 	add(9, "link_day_vs_limit", "the day: drain rate / the link's limit (--full only)", "ratio", "≥ 0.90")
 	add(9, "link_day_longest_gap_ms", "the day: longest pause between two deliveries (--full only)", "ms", "")
+
+	// 9, priority 9 after an outage.
+	add(9, "link_prio_backlog", "priority 9 after an outage: events of priority 0 waiting", "count", "")
+	for _, c := range prioCases {
+		p := "link_prio_" + c.key + "_"
+		name := "priority 9 after an outage, " + c.name
+		add(9, p+"message_bytes", name+": MQTT bytes up per message of priority 0", "B", "")
+		add(9, p+"bound_ms", name+": the bound, 2 round trips + window × message bytes / bandwidth", "ms", "")
+		for _, w := range prioWhens {
+			q := p + w.key + "_"
+			add(9, q+"ms", name+", "+w.name+": the relay's CONNACK → the event at the broker", "ms", "")
+			add(9, q+"ahead", name+", "+w.name+": events of priority 0 delivered before it", "count", "")
+			add(9, q+"vs_bound", name+", "+w.name+": delay / the bound", "ratio", "≤ 1.00")
+		}
+	}
 
 	// 9, the order events: batching and compression.
 	add(9, "link_orders_payload_mean_bytes", "order events: mean size of the JSON (the data of each event)", "B", "")

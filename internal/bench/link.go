@@ -221,6 +221,9 @@ func (r *runner) link(ctx context.Context) error {
 	if !sz.linkAllDrains {
 		r.rep.note(9, "%s mode drains only at window %d.", r.cfg.Mode, linkDayWindow)
 	}
+	if err := r.linkPriority(ctx, b, bytesOf["structured5"]); err != nil {
+		return err
+	}
 	return r.linkOrders(ctx, b)
 }
 
@@ -373,13 +376,11 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 // path (the same file, seen through a mount of it: section 10), and the
 // relay's options besides the window, source and envelope (batching).
 func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int, opts outbox.RelayOptions) (linkRun, error) {
-	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
+	p, err := newShapedLink(b)
 	if err != nil {
 		return linkRun{}, err
 	}
 	defer p.Close()
-	p.SetLatency(harness.ToBroker, linkOneWay)
-	p.SetLatency(harness.ToClient, linkOneWay)
 	if err := copyDB(tmpl, copyTo); err != nil {
 		return linkRun{}, err
 	}
@@ -438,6 +439,17 @@ func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, 
 		markSyncs: float64(st.MarkSyncs) * 1000 / float64(n),
 		walSyncs:  float64(st.WALSyncs) * 1000 / float64(n),
 	}, nil
+}
+
+// newShapedLink starts the link profile's proxy in front of b.
+func newShapedLink(b *mochiBroker) (*harness.FaultProxy, error) {
+	p, err := harness.LaunchShapedProxy(b.b.Addr(), linkRate, linkRate)
+	if err != nil {
+		return nil, err
+	}
+	p.SetLatency(harness.ToBroker, linkOneWay)
+	p.SetLatency(harness.ToClient, linkOneWay)
+	return p, nil
 }
 
 // parseSeqOrN is the sequence of a structured envelope, or else the "n" of

@@ -102,15 +102,16 @@ func childProtocol(n int) outbox.MQTTProtocol {
 	return []outbox.MQTTProtocol{outbox.Protocol5, outbox.Protocol311}[n%2]
 }
 
-// crashPayload is the event data: the event's own id and topic (so a
-// delivery can be checked against its envelope and the message that
-// carried it) and padding of a random size, up to more than a page, so
+// crashPayload is the event data: the event's own id, topic and priority
+// (so a delivery can be checked against its envelope, the message that
+// carried it and its order) and padding of a random size, up to more than a page, so
 // purges free pages for incremental vacuum and some rows use overflow
 // pages.
 type crashPayload struct {
-	ID    string `json:"id"`
-	Topic string `json:"topic"`
-	Pad   string `json:"pad"`
+	ID       string `json:"id"`
+	Topic    string `json:"topic"`
+	Priority int    `json:"priority,omitempty"`
+	Pad      string `json:"pad"`
 }
 
 var errCrashRollback = errors.New("rolled back on purpose")
@@ -179,6 +180,7 @@ type crashRun struct {
 	path     string // the database
 	sidePath string // rolled-back event ids, one a line
 	batched  bool   // the children batch and compress (ordersChild.Batched)
+	prios    bool   // the children commit mixed priorities (ordersChild.Priorities)
 
 	early, relayed int // kills before the relay connected, and after
 	// lost counts, per client, connections its relay lost while it ran:
@@ -196,7 +198,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 	t := c.t
 	client := fmt.Sprintf("crash-child-%d", n)
 	child := startKilledChild(t, fmt.Sprintf("child %d", n), "TestCrashChild", crashEnvChild, ordersChild{
-		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64(), Protocol: childProtocol(n), Batched: c.batched})
+		DB: c.path, Broker: c.link.URL(), Client: client, RolledBack: c.sidePath, Seed: c.rng.Uint64(), Protocol: childProtocol(n), Batched: c.batched, Priorities: c.prios})
 	defer child.done(verbose)
 
 	// Most kills land while the child relays: the random delay starts once
@@ -220,7 +222,7 @@ func (c *crashRun) cycle(n int, verbose bool) (orders, pending int) {
 // TestCrashKill9 kills a writing, relaying process with SIGKILL at random
 // moments, many times, then lets a relay finish and checks every promise.
 func TestCrashKill9(t *testing.T) {
-	testCrashKill9(t, 30, false)
+	testCrashKill9(t, 30, false, false)
 }
 
 // TestCrashKill9Batched is TestCrashKill9 with batches of up to
@@ -229,17 +231,26 @@ func TestCrashKill9(t *testing.T) {
 // crash duplicating at most the bound's messages of crashBatchEvents each.
 // OUTBOX_CRASH_CYCLES sets its cycles too.
 func TestCrashKill9Batched(t *testing.T) {
-	testCrashKill9(t, 10, true)
+	testCrashKill9(t, 10, true, false)
 }
 
-func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
+// TestCrashKill9Priorities is TestCrashKill9 with each event of priority
+// 0, 5 or 9 (crashPriorities): the same promises per event, first
+// deliveries in commit order within each priority, and a backlog a child
+// leaves sent highest priority first by the next (some events overtake).
+// OUTBOX_CRASH_CYCLES sets its cycles too.
+func TestCrashKill9Priorities(t *testing.T) {
+	testCrashKill9(t, 10, false, true)
+}
+
+func testCrashKill9(t *testing.T, defaultCycles uint64, batched, prios bool) {
 	if testing.Short() {
 		t.Skip("-short: the crash test re-executes the test binary (not possible under qemu-user)")
 	}
 	cycles := int(crashEnvInt(t, "OUTBOX_CRASH_CYCLES", defaultCycles))
 	require.Positive(t, cycles, "OUTBOX_CRASH_CYCLES")
 	seed := crashEnvInt(t, "OUTBOX_CRASH_SEED", uint64(time.Now().UnixNano()))
-	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays), batched %v", cycles, seed, seed, batched)
+	t.Logf("crash test: %d cycles, seed %d (OUTBOX_CRASH_SEED=%d replays the same delays), batched %v, priorities %v", cycles, seed, seed, batched, prios)
 	began := time.Now()
 
 	b := harness.StartMochi(t, harness.MochiOptions{})
@@ -253,6 +264,7 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 		path:     filepath.Join(dir, "till.db"),
 		sidePath: filepath.Join(dir, "rolledback.txt"),
 		batched:  batched,
+		prios:    prios,
 	}
 	createOrders(t, run.path)
 
@@ -283,7 +295,8 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 	run.lost["crash-final"] += strings.Count(finalLog.String(), crashLostConn)
 
 	// Every delivery: well formed, committed, never rolled back; first
-	// deliveries in commit order (per topic: an unbatched run has one).
+	// deliveries in commit order (per topic and priority: an unbatched run
+	// has one topic, a run without priorities one priority).
 	deliveries := rec.events()
 	chk := checkDeliveries(deliveries, committed, rolledBack)
 	require.NoError(t, chk.bad)
@@ -316,7 +329,8 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 	t.Logf("  integrity_check           %7s  after every kill", "ok")
 	t.Logf("  orders committed          %7d", len(committed))
 	t.Logf("  orders rolled back        %7d  delivered: 0", len(rolledBack))
-	t.Logf("  events delivered, unique  %7d  of %d committed; first deliveries in commit order", len(first), len(committed))
+	t.Logf("  events delivered, unique  %7d  of %d committed; first deliveries in commit order per topic and priority", len(first), len(committed))
+	t.Logf("  overtaking                %7d  first deliveries after one of an event committed later (a higher priority's, or another topic's batch)", chk.overtook)
 	t.Logf("  deliveries in all         %7d", len(deliveries))
 	t.Logf("  MQTT messages             %7d  %s", shape.messages, shape)
 	t.Logf("  duplicates                %7d  total, bound kills x %d + connections lost x %d = %d", dups, perKill, perLost, perKill*cycles+perLost*lostConns)
@@ -333,7 +347,22 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched bool) {
 	}
 	require.LessOrEqual(t, dups, perKill*cycles+perLost*lostConns, "duplicates exceed kills x (window + mark slots) + lost connections x window")
 	shape.check(t, batched)
+	checkOvertaking(t, chk, batched, prios)
 	require.Zero(t, dead, "dead messages")
 	require.Zero(t, pending, "pending messages")
 	require.Zero(t, attempts, "attempts charged: a crash must never count against a message")
+}
+
+// checkOvertaking says whether events went out of commit order across
+// streams as the run allows: never in a run of one topic and one priority;
+// in a run of mixed priorities, some (a backlog left by a kill goes highest
+// priority first), or the relay ignored them.
+func checkOvertaking(t *testing.T, chk deliveryCheck, batched, prios bool) {
+	t.Helper()
+	switch {
+	case prios:
+		require.Positive(t, chk.overtook, "mixed priorities, yet every event went in commit order: no higher priority sent ahead of a backlog")
+	case !batched:
+		require.Zero(t, chk.overtook, "one topic, one priority: first deliveries out of commit order")
+	}
 }

@@ -67,7 +67,15 @@ type ordersChild struct {
 	// events of several transactions and form while it runs, not only
 	// from the backlog a killed child left.
 	Batched bool
+	// Priorities has the child give each order's event one of
+	// crashPriorities, at random: the relay then sends a backlog highest
+	// first, and the checks hold commit order within each priority.
+	Priorities bool
 }
+
+// crashPriorities are the priorities a child of a mixed run commits, and
+// how often each: half the events 0, a quarter 5, a quarter 9.
+var crashPriorities = []int{0, 0, 5, 9}
 
 const (
 	// childFailed starts the line a child prints before it exits on a
@@ -171,11 +179,14 @@ func (c ordersChild) run() {
 			if c.Batched {
 				m.Topic = crashTopics[rng.IntN(len(crashTopics))]
 			}
+			if c.Priorities {
+				m.Priority = crashPriorities[rng.IntN(len(crashPriorities))]
+			}
 			pad := rng.IntN(3000)
 			if rng.IntN(20) == 0 {
 				pad = 4000 + rng.IntN(4000) // overflow pages
 			}
-			m.Payload, _ = json.Marshal(crashPayload{ID: m.ID, Topic: m.Topic, Pad: strings.Repeat("x", pad)})
+			m.Payload, _ = json.Marshal(crashPayload{ID: m.ID, Topic: m.Topic, Priority: m.Priority, Pad: strings.Repeat("x", pad)})
 		}
 		rollback := n%crashRollbackEvery == 0
 		commit := ob.Transact
@@ -184,7 +195,7 @@ func (c ordersChild) run() {
 		}
 		err := commit(ctx, func(tx *sql.Tx) error {
 			for _, m := range msgs {
-				if _, err := tx.Exec(`INSERT INTO orders (event_id, client) VALUES (?, ?)`, m.ID, c.Client); err != nil {
+				if _, err := tx.Exec(`INSERT INTO orders (event_id, client, priority) VALUES (?, ?, ?)`, m.ID, c.Client, m.Priority); err != nil {
 					return err
 				}
 				if err := ob.Enqueue(ctx, tx, m); err != nil {
@@ -461,12 +472,14 @@ func (s wireShape) check(t *testing.T, batched bool) {
 	require.Positive(t, s.compressed, "nothing compressed")
 }
 
-// createOrders creates the database with its orders table.
+// createOrders creates the database with its orders table: each order's
+// event id, the child that committed it and its event's priority.
 func createOrders(t *testing.T, path string) {
 	t.Helper()
 	ob, err := outbox.Open(context.Background(), path, outbox.Options{Logger: testLogger()})
 	require.NoError(t, err)
-	_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL)`)
+	_, err = ob.DB().Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, client TEXT NOT NULL,
+		priority INTEGER NOT NULL DEFAULT 0)`)
 	require.NoError(t, err)
 	require.NoError(t, ob.Close())
 }
@@ -503,23 +516,25 @@ func drainRest(t *testing.T, path string, sync outbox.Synchronous, brokerURL, cl
 	return ob, stop, log
 }
 
-// crashOrder is a committed order: its row, and the child that committed it.
+// crashOrder is a committed order: its row, the child that committed it,
+// and its event's priority.
 type crashOrder struct {
-	rowid  int64
-	client string
+	rowid    int64
+	client   string
+	priority int
 }
 
 // readOrders returns the orders in db, by event id.
 func readOrders(t *testing.T, db *sql.DB) map[string]crashOrder {
 	t.Helper()
 	committed := map[string]crashOrder{}
-	rows, err := db.Query(`SELECT id, event_id, client FROM orders ORDER BY id`)
+	rows, err := db.Query(`SELECT id, event_id, client, priority FROM orders ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
 		var id string
 		var o crashOrder
-		require.NoError(t, rows.Scan(&o.rowid, &id, &o.client))
+		require.NoError(t, rows.Scan(&o.rowid, &id, &o.client, &o.priority))
 		committed[id] = o
 	}
 	require.NoError(t, rows.Err())
@@ -579,21 +594,32 @@ type deliveryCheck struct {
 	phantom, rolledBackSent []string
 	seqReused               int    // first deliveries of a sequence number an earlier event was delivered with
 	seqChanged              int    // duplicates with another sequence than their first delivery's
-	disorder                string // the first delivery out of commit order within its topic, described
-	bad                     error  // the first malformed delivery
+	disorder                string // the first delivery out of commit order within its topic and priority, described
+	// overtook counts first deliveries of an event committed after one
+	// delivered later: a higher priority's (or another topic's batch)
+	// sent ahead of a backlog.
+	overtook int
+	bad      error // the first malformed delivery
 }
 
 // checkDeliveries goes through every delivery, in the order the broker
 // routed them. A duplicate is counted against the process that sent it
 // again, i.e. against the crash (or cut) before it. First deliveries of
-// committed events must come in commit order within their topic, by the
-// envelope's sequence and by the orders' own row order (a batch of one
-// topic may overtake an earlier event of another).
+// committed events must come in commit order within their topic and
+// priority, by the envelope's sequence and by the orders' own row order (a
+// batch of one topic may overtake an earlier event of another, and a
+// higher priority a backlog of a lower one); the payload must carry its
+// order's priority.
 func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolledBack map[string]bool) deliveryCheck {
 	c := deliveryCheck{first: map[string]int64{}, dupsBy: map[string]int{}}
 	bySeq := map[int64]string{} // sequence -> the first event delivered with it
 	type last struct{ seq, row int64 }
-	lastOf := map[string]last{} // topic -> its last first delivery
+	type stream struct {
+		topic    string
+		priority int
+	}
+	lastOf := map[stream]last{} // topic and priority -> its last first delivery
+	var newest int64            // the highest sequence first delivered so far
 	for i, d := range ds {
 		if err := wellFormed(d); err != nil {
 			if c.bad == nil {
@@ -624,12 +650,20 @@ func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolled
 			}
 			continue
 		}
-		l := lastOf[d.topic]
-		if c.disorder == "" && (seq <= l.seq || o.rowid <= l.row) {
-			c.disorder = fmt.Sprintf("delivery %d (by %s) on %s: sequence %d after %d, order row %d after %d",
-				i, d.origin, d.topic, seq, l.seq, o.rowid, l.row)
+		if p := payloadPriority(d); p != o.priority && c.bad == nil {
+			c.bad = fmt.Errorf("delivery %d (by %s): event %s of priority %d carries priority %d", i, d.origin, id, o.priority, p)
 		}
-		lastOf[d.topic] = last{seq, o.rowid}
+		if seq < newest {
+			c.overtook++
+		}
+		newest = max(newest, seq)
+		s := stream{d.topic, o.priority}
+		l := lastOf[s]
+		if c.disorder == "" && (seq <= l.seq || o.rowid <= l.row) {
+			c.disorder = fmt.Sprintf("delivery %d (by %s) on %s, priority %d: sequence %d after %d, order row %d after %d",
+				i, d.origin, d.topic, o.priority, seq, l.seq, o.rowid, l.row)
+		}
+		lastOf[s] = last{seq, o.rowid}
 	}
 	return c
 }
@@ -653,6 +687,14 @@ func wellFormed(d crashDelivery) error {
 		return fmt.Errorf("event %s of topic %s in a message to %s", p.ID, p.Topic, d.topic)
 	}
 	return nil
+}
+
+// payloadPriority is the priority a well-formed delivery's payload says
+// its event was committed with.
+func payloadPriority(d crashDelivery) int {
+	var p crashPayload
+	json.Unmarshal(d.ev.Data, &p) // wellFormed has read it
+	return p.Priority
 }
 
 // phantoms describes the phantom deliveries briefly: how many, and the

@@ -68,6 +68,7 @@ type powerRun struct {
 	path     string // the database, on the mount
 	sidePath string // rolled-back event ids, one a line, outside the mount
 	batched  bool   // the children batch and compress (ordersChild.Batched)
+	prios    bool   // the children commit mixed priorities (ordersChild.Priorities)
 
 	reported   map[string]string // every id a child reported committed -> that child
 	undone     int               // of those, the ones a cut took away
@@ -100,7 +101,7 @@ func (p *powerRun) cycle(n int, verbose bool) (pending int) {
 	child := startKilledChild(t, client, "TestPowerLossChild", powerEnvChild, ordersChild{
 		DB: p.path, Broker: p.link.URL(), Client: client, RolledBack: p.sidePath, Seed: p.rng.Uint64(),
 		Sync: p.sync, Report: true, Checkpoint: true, Protocol: childProtocol(n),
-		OwnTx: p.sync == outbox.SyncFull && n%2 == 0, Batched: p.batched})
+		OwnTx: p.sync == outbox.SyncFull && n%2 == 0, Batched: p.batched, Priorities: p.prios})
 	defer child.done(verbose)
 	switch kind {
 	case cutAtStart:
@@ -164,17 +165,25 @@ var cutNames = [cutKinds]string{"at start", "draining", "broker away from the st
 // synchronous=FULL and at NORMAL, then lets a relay finish and checks every
 // promise.
 func TestPowerLoss(t *testing.T) {
-	testPowerLossModes(t, 20, false)
+	testPowerLossModes(t, 20, false, false)
 }
 
 // TestPowerLossBatched is TestPowerLoss with batches of up to
 // crashBatchEvents events, compressed with zstd, over three topics (as
 // TestCrashKill9Batched). OUTBOX_POWERLOSS_CUTS sets its cuts too.
 func TestPowerLossBatched(t *testing.T) {
-	testPowerLossModes(t, 4, true)
+	testPowerLossModes(t, 4, true, false)
 }
 
-func testPowerLossModes(t *testing.T, defaultCuts uint64, batched bool) {
+// TestPowerLossPriorities is TestPowerLossBatched with each event of
+// priority 0, 5 or 9 (as TestCrashKill9Priorities): a batch holds one
+// topic and one priority, first deliveries come in commit order within
+// each. OUTBOX_POWERLOSS_CUTS sets its cuts too.
+func TestPowerLossPriorities(t *testing.T) {
+	testPowerLossModes(t, 4, true, true)
+}
+
+func testPowerLossModes(t *testing.T, defaultCuts uint64, batched, prios bool) {
 	if testing.Short() {
 		t.Skip("-short: the power-loss test re-executes the test binary (not possible under qemu-user)")
 	}
@@ -187,16 +196,16 @@ func testPowerLossModes(t *testing.T, defaultCuts uint64, batched bool) {
 	cuts := int(crashEnvInt(t, "OUTBOX_POWERLOSS_CUTS", defaultCuts))
 	require.Positive(t, cuts, "OUTBOX_POWERLOSS_CUTS")
 	seed := crashEnvInt(t, "OUTBOX_POWERLOSS_SEED", uint64(time.Now().UnixNano()))
-	t.Logf("power-loss test: %d cuts per mode, seed %d (OUTBOX_POWERLOSS_SEED=%d replays the same schedule), batched %v", cuts, seed, seed, batched)
+	t.Logf("power-loss test: %d cuts per mode, seed %d (OUTBOX_POWERLOSS_SEED=%d replays the same schedule), batched %v, priorities %v", cuts, seed, seed, batched, prios)
 	for _, m := range []struct {
 		name string
 		sync outbox.Synchronous
 	}{{"FULL", outbox.SyncFull}, {"NORMAL", outbox.SyncNormal}} {
-		t.Run(m.name, func(t *testing.T) { testPowerLoss(t, m.name, m.sync, cuts, seed, batched) })
+		t.Run(m.name, func(t *testing.T) { testPowerLoss(t, m.name, m.sync, cuts, seed, batched, prios) })
 	}
 }
 
-func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int, seed uint64, batched bool) {
+func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int, seed uint64, batched, prios bool) {
 	began := time.Now()
 	backing := t.TempDir()
 	fs := powerfs.Start(t, backing)
@@ -210,6 +219,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 		reported:  map[string]string{},
 		lostConns: map[string]int{},
 		batched:   batched,
+		prios:     prios,
 	}
 	// The schema is durable before the first cut: the experiment is the
 	// orders, not a database that was never there.
@@ -244,8 +254,8 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 			lost++
 		}
 	}
-	t.Logf("powerloss: sync=%s batched=%v cuts=%d committed=%d lost=%d rolled_back=%d phantom=%d seq_reused=%d duplicates=%d max_dup_per_cut=%d integrity=ok dropped_bytes=%d",
-		mode, batched, fs.Cuts(), len(run.reported), lost, gone, len(chk.phantom), chk.seqReused, chk.dups, maxDups, fs.DroppedBytes())
+	t.Logf("powerloss: sync=%s batched=%v priorities=%v cuts=%d committed=%d lost=%d rolled_back=%d phantom=%d seq_reused=%d duplicates=%d max_dup_per_cut=%d overtook=%d integrity=ok dropped_bytes=%d",
+		mode, batched, prios, fs.Cuts(), len(run.reported), lost, gone, len(chk.phantom), chk.seqReused, chk.dups, maxDups, chk.overtook, fs.DroppedBytes())
 	t.Logf("  %d MQTT messages, %s", shape.messages, shape)
 	lostConns := 0
 	for _, n := range run.lostConns {
@@ -292,6 +302,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	}
 	require.Positive(t, fs.DroppedBytes(), "the cuts dropped nothing")
 	shape.check(t, batched)
+	checkOvertaking(t, chk, batched, prios)
 	require.Zero(t, countState(t, ob, "dead"), "dead messages")
 	var attempts int
 	require.NoError(t, ob.DB().QueryRow(`SELECT coalesce(max(attempts), 0) FROM outbox`).Scan(&attempts))

@@ -596,8 +596,8 @@ type deliveryCheck struct {
 	seqChanged              int    // duplicates with another sequence than their first delivery's
 	disorder                string // the first delivery out of commit order within its topic and priority, described
 	// overtook counts first deliveries of an event committed after one
-	// delivered later: a higher priority's (or another topic's batch)
-	// sent ahead of a backlog.
+	// of its topic delivered later: a higher priority's sent ahead of a
+	// backlog.
 	overtook int
 	bad      error // the first malformed delivery
 }
@@ -618,8 +618,8 @@ func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolled
 		topic    string
 		priority int
 	}
-	lastOf := map[stream]last{} // topic and priority -> its last first delivery
-	var newest int64            // the highest sequence first delivered so far
+	lastOf := map[stream]last{}  // topic and priority -> its last first delivery
+	newest := map[string]int64{} // topic -> the highest sequence first delivered
 	for i, d := range ds {
 		if err := wellFormed(d); err != nil {
 			if c.bad == nil {
@@ -653,10 +653,10 @@ func checkDeliveries(ds []crashDelivery, committed map[string]crashOrder, rolled
 		if p := payloadPriority(d); p != o.priority && c.bad == nil {
 			c.bad = fmt.Errorf("delivery %d (by %s): event %s of priority %d carries priority %d", i, d.origin, id, o.priority, p)
 		}
-		if seq < newest {
+		if seq < newest[d.topic] {
 			c.overtook++
 		}
-		newest = max(newest, seq)
+		newest[d.topic] = max(newest[d.topic], seq)
 		s := stream{d.topic, o.priority}
 		l := lastOf[s]
 		if c.disorder == "" && (seq <= l.seq || o.rowid <= l.row) {

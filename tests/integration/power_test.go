@@ -302,7 +302,7 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	}
 	require.Positive(t, fs.DroppedBytes(), "the cuts dropped nothing")
 	shape.check(t, batched)
-	checkOvertaking(t, chk, batched, prios)
+	checkOvertaking(t, chk, prios)
 	require.Zero(t, countState(t, ob, "dead"), "dead messages")
 	var attempts int
 	require.NoError(t, ob.DB().QueryRow(`SELECT coalesce(max(attempts), 0) FROM outbox`).Scan(&attempts))

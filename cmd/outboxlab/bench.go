@@ -27,7 +27,8 @@ fast it empties, each beside the physical limit measured the same way:
      messages per transaction), in interleaved rounds
   2. drain rate of a backlog at QoS 1, windows 1, 16, 64 and 256, beside raw
      paho publishing of the same messages with the same window and no
-     database, to the in-process broker and to a local Mosquitto if installed
+     database, to the in-process broker and to a local Mosquitto if installed;
+     the same backlog at priority 9, and spread over priorities 0, 5 and 9
   3. latency while connected: commit → PUBACK and commit → subscriber, for
      commits through the library and for rows inserted by another process
   4. catch-up after an outage while new orders keep arriving, and what the
@@ -46,7 +47,8 @@ fast it empties, each beside the physical limit measured the same way:
      (the test harness's shaped proxy); MQTT bytes per event for structured
      JSON, MQTT 5 binary mode and raw; the drain rate beside the link's
      limit at windows 16, 64 and 256; how long a day offline (30,000
-     events) takes to drain
+     events) takes to drain; how soon a priority-9 event goes after the
+     outage, ahead of that backlog (10,000 events; --full 30,000)
   10. what the outbox writes to the flash, counted by powerfs (the
      project's FUSE file system; needs /dev/fuse and the Go toolchain, which
      builds its helper: skipped, saying why, without): bytes, 4 KiB pages

@@ -102,6 +102,7 @@ func (r *runner) enqueue(ctx context.Context) error {
 		r.rep.set("enqueue_"+mode.name+"_library_vs_bare", med["library"]/med["bare"])
 		r.rep.set("enqueue_"+mode.name+"_plain_vs_bare", med["plain"]/med["bare"])
 		r.rep.set("enqueue_"+mode.name+"_library_vs_plain", med["library"]/med["plain"])
+		r.rep.set("enqueue_"+mode.name+"_library_p9_vs_library", med["library_p9"]/med["library"])
 		r.rep.set("enqueue_"+mode.name+"_added_us", (1/med["library"]-1/med["business"])*1e6)
 		r.rep.check("enqueue_"+mode.name+"_library_vs_raw", vsRaw >= 0.95)
 		if mode.name == "full" {
@@ -127,7 +128,7 @@ func (r *runner) enqueue(ctx context.Context) error {
 			return err
 		}
 	}
-	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, bare, plain, raw, library, raw ×10, library ×10, repeated) of %d transactions at FULL and %d at NORMAL, "+
+	r.rep.note(1, "Each figure is the median of %d interleaved rounds (business, bare, plain, raw, library, raw ×10, library ×10, library at priority 9, repeated) of %d transactions at FULL and %d at NORMAL, "+
 		"on one file per setting. Business transaction: one order row. Bare: the same plus a row in a table of three columns (seq, topic, payload) with no index or trigger — the least any outbox row costs. "+
 		"Plain: the same plus a row of the fields Enqueue binds (a new id, topic, payload, type, created time) in a table with no constraint, index or trigger. "+
 		"Raw: the same plus a prepared `INSERT INTO outbox (topic, type, payload)`; library: the same through `Transact` + `Enqueue`. "+
@@ -187,6 +188,9 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 	for i := range msgs {
 		msgs[i] = outbox.Message{Topic: benchTopic, Type: benchType, Payload: pl}
 	}
+	// A priority above 0 takes an insert of its own and the index of such
+	// rows.
+	p9 := []outbox.Message{{Topic: benchTopic, Type: benchType, Payload: pl, Priority: 9}}
 	rawTx := func(k int) func(ctx context.Context, n int) error {
 		return func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error {
@@ -204,13 +208,13 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 			})
 		}
 	}
-	libTx := func(k int) func(ctx context.Context, n int) error {
+	libTx := func(msgs []outbox.Message) func(ctx context.Context, n int) error {
 		return func(ctx context.Context, n int) error {
 			return ob.Transact(ctx, func(tx *sql.Tx) error {
 				if err := insertOrder(ctx, tx, n); err != nil {
 					return err
 				}
-				return ob.Enqueue(ctx, tx, msgs[:k]...)
+				return ob.Enqueue(ctx, tx, msgs...)
 			})
 		}
 	}
@@ -221,9 +225,10 @@ func enqueueVariants(ctx context.Context, ob *outbox.Outbox) ([]enqueueVariant, 
 		{"bare", floorTx(ob, bare, func() []any { return []any{benchTopic, pl} })},
 		{"plain", floorTx(ob, plain, plainRow(pl))},
 		{"raw", rawTx(1)},
-		{"library", libTx(1)},
+		{"library", libTx(msgs[:1])},
 		{"raw10", rawTx(10)},
-		{"library10", libTx(10)},
+		{"library10", libTx(msgs)},
+		{"library_p9", libTx(p9)},
 	}, func() { raw.Close(); bare.Close(); plain.Close() }, nil
 }
 

@@ -46,6 +46,8 @@ var keys = func() []keyDoc {
 		add(1, p+"plain_tx_per_s", m.name+": + the fields Enqueue writes, in a table with no constraint, index or trigger", "tx/s", "")
 		add(1, p+"plain_vs_bare", m.name+": plain table / bare table (what the message's own fields cost)", "ratio", "")
 		add(1, p+"library_vs_plain", m.name+": library / plain table (what the outbox's guarantees cost)", "ratio", "")
+		add(1, p+"library_p9_tx_per_s", m.name+": + Enqueue of a message of priority 9", "tx/s", "")
+		add(1, p+"library_p9_vs_library", m.name+": library, priority 9 / priority 0", "ratio", "")
 		for _, st := range []struct{ key, label string }{
 			{"bare", "the business transaction + a bare row"},
 			{"plain", "+ the fields Enqueue binds"},

@@ -59,6 +59,9 @@ const (
 	// crashBatchEvents is the most events in one MQTT message of a
 	// batched run (RelayOptions.Batch.MaxEvents).
 	crashBatchEvents = 16
+	// crashBacklog is the orders of mixed priorities a run of them
+	// commits before its first child (commitBacklog).
+	crashBacklog = 40
 )
 
 // crashTopics are the topics of a batched child's events: batches hold one
@@ -235,10 +238,10 @@ func TestCrashKill9Batched(t *testing.T) {
 }
 
 // TestCrashKill9Priorities is TestCrashKill9 with each event of priority
-// 0, 5 or 9 (crashPriorities): the same promises per event, first
-// deliveries in commit order within each priority, and a backlog a child
-// leaves sent highest priority first by the next (some events overtake).
-// OUTBOX_CRASH_CYCLES sets its cycles too.
+// 0, 5 or 9 (crashPriorities), after a backlog of them (commitBacklog):
+// the same promises per event, first deliveries in commit order within
+// each priority, and a backlog sent highest priority first (some events
+// overtake). OUTBOX_CRASH_CYCLES sets its cycles too.
 func TestCrashKill9Priorities(t *testing.T) {
 	testCrashKill9(t, 10, false, true)
 }
@@ -267,6 +270,9 @@ func testCrashKill9(t *testing.T, defaultCycles uint64, batched, prios bool) {
 		prios:    prios,
 	}
 	createOrders(t, run.path)
+	if prios {
+		commitBacklog(t, run.path, crashBacklog)
+	}
 
 	childLog := os.Getenv("OUTBOX_TEST_LOG") != ""
 	var backlog int // pending after the last kill

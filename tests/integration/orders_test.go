@@ -484,6 +484,31 @@ func createOrders(t *testing.T, path string) {
 	require.NoError(t, ob.Close())
 }
 
+// commitBacklog commits n orders before any child runs, one a
+// transaction, their events on crashTopic with the priorities of
+// crashPriorities in turn: a backlog in which a higher priority follows a
+// lower one, so that the first child, sending the highest first, must
+// overtake.
+func commitBacklog(t *testing.T, path string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: testLogger()})
+	require.NoError(t, err)
+	defer ob.Close()
+	for i := range n {
+		m := outbox.Message{ID: outbox.NewID(), Topic: crashTopic, Type: "order.created", Priority: crashPriorities[i%len(crashPriorities)]}
+		m.Payload, err = json.Marshal(crashPayload{ID: m.ID, Topic: m.Topic, Priority: m.Priority})
+		require.NoError(t, err)
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.Exec(`INSERT INTO orders (event_id, client, priority) VALUES (?, 'backlog', ?)`, m.ID, m.Priority); err != nil {
+				return err
+			}
+			return ob.Enqueue(ctx, tx, m)
+		}))
+	}
+	require.NoError(t, ob.Close())
+}
+
 // openReadOnly opens the database as a killed process left it: a read-only
 // connection neither checkpoints nor deletes the WAL, so the next child
 // still recovers from that state.

@@ -176,9 +176,10 @@ func TestPowerLossBatched(t *testing.T) {
 }
 
 // TestPowerLossPriorities is TestPowerLossBatched with each event of
-// priority 0, 5 or 9 (as TestCrashKill9Priorities): a batch holds one
-// topic and one priority, first deliveries come in commit order within
-// each. OUTBOX_POWERLOSS_CUTS sets its cuts too.
+// priority 0, 5 or 9, after a backlog of them (as
+// TestCrashKill9Priorities): a batch holds one topic and one priority,
+// first deliveries come in commit order within each, a backlog goes
+// highest priority first. OUTBOX_POWERLOSS_CUTS sets its cuts too.
 func TestPowerLossPriorities(t *testing.T) {
 	testPowerLossModes(t, 4, true, true)
 }
@@ -222,8 +223,12 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 		prios:     prios,
 	}
 	// The schema is durable before the first cut: the experiment is the
-	// orders, not a database that was never there.
+	// orders, not a database that was never there. So is a backlog of
+	// mixed priorities, committed at FULL.
 	createOrders(t, run.path)
+	if prios {
+		commitBacklog(t, run.path, crashBacklog)
+	}
 	powerfs.SyncDir(t, fs.Mountpoint())
 
 	verbose := os.Getenv("OUTBOX_TEST_LOG") != ""

@@ -20,6 +20,7 @@ var (
 // so that the ledger learns of it in order.
 type flight struct {
 	seq   int64 // the first row's
+	prio  uint8 // its rows' priority
 	id    string
 	topic string
 	tok   Token
@@ -37,7 +38,7 @@ type flight struct {
 
 func newFlight(p *parcel, tok Token, probe bool) flight {
 	m := p.first()
-	f := flight{seq: m.seq, id: m.id, topic: p.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
+	f := flight{seq: m.seq, prio: m.priority, id: m.id, topic: p.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
 	if len(p.rows) > 1 {
 		f.rows = p.rows
 	}
@@ -92,7 +93,7 @@ func (s *session) ackLoop() {
 	var ready []mark
 	// emit hands the rows the ledger says may be marked to the mark loop.
 	emit := func(f *flight, st settledAs) {
-		ready = s.ledger.settle(f.seqs(seqs[:0]), st, ready[:0])
+		ready = s.ledgers[f.prio].settle(f.seqs(seqs[:0]), st, f.prio, ready[:0])
 		for _, m := range ready {
 			// Waits while markSlots acknowledged rows are not yet
 			// recorded: marks that lag hold back publishing.

@@ -162,7 +162,7 @@ func BenchmarkFetchBatch(b *testing.B) {
 	msgs := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		_, rows, err := r.fetch(ctx, rc, cursor, r.opts.ReadSize, false)
+		_, rows, _, err := r.fetch(ctx, rc, 0, cursor, r.opts.ReadSize, false)
 		if err != nil {
 			b.Fatal(err)
 		}

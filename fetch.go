@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
-// The relay's reads: pending rows in sequence order, encoded for the
-// session's connection, and the wait for more.
+// The relay's reads: pending rows of one priority in sequence order,
+// encoded for the session's connection; which priorities have any; and
+// the wait for more.
 
 // maxBatchBytes bounds the payload bytes read per batch, so a backlog of
 // large messages never sits in memory at once.
@@ -22,6 +24,8 @@ type row struct {
 	props   PublishProperties // given only when the session carries properties
 	encErr  error
 	doc     []byte // binary mode's row as a structured document, for a batch (member)
+	// priority is the row's; a read holds rows of one priority.
+	priority uint8
 	// expires is when the message expires, on the outbox clock (NULL:
 	// never).
 	expires sql.NullInt64
@@ -33,13 +37,13 @@ type rowBatch []row
 func (b rowBatch) Len() int                         { return len(b) }
 func (b rowBatch) Row(i int) (seq int64, id string) { return b[i].seq, b[i].id }
 
-// fetch reads up to limit pending rows after cursor, with the data_version
-// read before them (so a commit after the read is never missed), encoded
-// for a connection that carries MQTT 5 properties or not (carries).
-func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, limit int, carries bool) (int64, []row, error) {
-	var version int64
-	var out []row
-	err := conn.Do(func(c *sql.Conn) error {
+// fetch reads up to limit pending rows of priority prio after cursor, with
+// the data_version read before them (so a commit after the read is never
+// missed), encoded for a connection that carries MQTT 5 properties or not
+// (carries). more reports that it stopped at limit or at maxBatchBytes:
+// there may be more.
+func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, prio int, cursor int64, limit int, carries bool) (version int64, out []row, more bool, err error) {
+	err = conn.Do(func(c *sql.Conn) error {
 		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {
 			return err
@@ -47,17 +51,7 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
 			return err
 		}
-		// A payload over the stored limit (a plain-SQL row from before the
-		// limit, or one the limit was lowered under) is not read: its
-		// length is in the record's header (octet_length reads only that),
-		// and the row is parked dead as it is. (The park's UPDATE still has
-		// SQLite copy the row once, as any UPDATE rewrites a whole row.)
-		st, err := conn.Stmt(ctx, c, `SELECT seq, id, topic,
-				CASE WHEN octet_length(payload) > lim THEN NULL ELSE payload END, octet_length(payload), lim,
-				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
-			FROM outbox, (SELECT min(max_payload_bytes, ?3) AS lim, sent_seq FROM outbox_state WHERE id = 1)
-			WHERE seq > max(?1, sent_seq) AND dead_at IS NULL
-			ORDER BY seq LIMIT ?2`)
+		st, err := conn.Stmt(ctx, c, readSQLs[prio])
 		if err != nil {
 			return err
 		}
@@ -68,7 +62,7 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 		defer rows.Close()
 		bytes := 0
 		for rows.Next() {
-			var m row
+			m := row{priority: uint8(prio)}
 			var payload sql.RawBytes
 			var size, lim int64
 			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &size, &lim, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires); err != nil {
@@ -85,12 +79,86 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, cursor int64, lim
 			out = append(out, m)
 			bytes += len(m.encoded)
 			if bytes >= maxBatchBytes {
+				more = true
 				break
 			}
 		}
 		return rows.Err()
 	})
-	return version, out, err
+	return version, out, more || len(out) >= limit, err
+}
+
+// readSQLs read the pending rows of each priority after a cursor, in seq
+// order. A payload over the stored limit (a plain-SQL row from before the
+// limit, or one the limit was lowered under) is not read: its length is in
+// the record's header (octet_length reads only that), and the row is
+// parked dead as it is. (The park's UPDATE still has SQLite copy the row
+// once, as any UPDATE rewrites a whole row.) A priority above 0 is read
+// from the outbox_priority index, whose WHERE the query repeats so that
+// SQLite uses it; priority 0 by seq, past the other priorities' rows.
+var readSQLs = func() (q [MaxPriority + 1]string) {
+	for p := range q {
+		where := fmt.Sprintf(`priority = %d AND priority > 0 AND dead_at IS NULL AND seq > max(?1, sent_seq, mark)`, p)
+		if p == 0 {
+			where = `seq > max(?1, sent_seq, mark) AND priority = 0 AND dead_at IS NULL`
+		}
+		q[p] = fmt.Sprintf(`SELECT seq, id, topic,
+				CASE WHEN octet_length(payload) > lim THEN NULL ELSE payload END, octet_length(payload), lim,
+				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
+			FROM outbox, (SELECT min(max_payload_bytes, ?3) AS lim, sent_seq, sent_seq_%d AS mark FROM outbox_state WHERE id = 1)
+			WHERE %s
+			ORDER BY seq LIMIT ?2`, p, where)
+	}
+	return q
+}()
+
+// pickSQL says which priorities have pending rows after the relay's
+// cursor for each (?1 is priority 0's, ?10 priority 9's), as a bit set, and
+// the newest seq, read in the same snapshot: a priority with nothing after
+// its cursor has nothing up to that seq either. Each priority above 0 is an
+// index seek; priority 0 is found by seq, past the other priorities' rows
+// after its cursor, which then moves to the newest seq (lanes.go), so that
+// those rows are passed once.
+var pickSQL = func() string {
+	var b strings.Builder
+	b.WriteString(`SELECT coalesce((SELECT max(seq) FROM outbox), 0), 0`)
+	for p := MaxPriority; p > 0; p-- {
+		fmt.Fprintf(&b, `
+	| (EXISTS (SELECT 1 FROM outbox WHERE priority = %d AND priority > 0 AND dead_at IS NULL AND seq > max(?%d, st.sent_seq, st.sent_seq_%d)) << %d)`, p, p+1, p, p)
+	}
+	b.WriteString(`
+	| EXISTS (SELECT 1 FROM outbox WHERE seq > max(?1, st.sent_seq, st.sent_seq_0) AND priority = 0 AND dead_at IS NULL)
+	FROM outbox_state st WHERE st.id = 1`)
+	return b.String()
+}()
+
+// pick reads which priorities have rows after their cursors (pickSQL),
+// with the data_version read before.
+func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPriority + 1]int64) (version, top int64, pending uint16, err error) {
+	err = conn.Do(func(c *sql.Conn) error {
+		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
+		if err != nil {
+			return err
+		}
+		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
+			return err
+		}
+		st, err := conn.Stmt(ctx, c, pickSQL)
+		if err != nil {
+			return err
+		}
+		args := make([]any, len(cursors))
+		for i, cur := range cursors {
+			args[i] = cur
+		}
+		var bits int64
+		if err := st.QueryRowContext(ctx, args...).Scan(&top, &bits); err != nil {
+			return err
+		}
+		pending = uint16(bits)
+		return nil
+	})
+	return version, top, pending, err
 }
 
 // waitForWork waits until a commit may have added rows: an in-process
@@ -118,19 +186,21 @@ func (r *Relay) committed(ctx context.Context, conn *sqlconn.Conn, version int64
 	return false, true
 }
 
-// batch is one read of the outbox.
+// batch is one read of the outbox: rows of one priority.
 type batch struct {
+	prio    int
 	wake    <-chan struct{} // taken before the read: closed by a later commit
 	version int64           // data_version before the read
 	rows    []row
+	more    bool     // the read stopped at its limit: there may be more
 	parcels []parcel // rows as they are published
 	rules   parcelRules
 	err     error
 }
 
-// fetch reads up to limit pending rows after cursor, and packs them.
-func (s *session) fetch(cursor int64, limit int, rules parcelRules) batch {
-	b := s.read(cursor, limit)
+// fetch reads up to limit pending rows of prio after cursor, and packs them.
+func (s *session) fetch(prio int, cursor int64, limit int, rules parcelRules) batch {
+	b := s.read(prio, cursor, limit)
 	s.pack(&b, rules)
 	return b
 }
@@ -144,10 +214,10 @@ func (s *session) pack(b *batch, rules parcelRules) {
 	}
 }
 
-// read reads up to limit pending rows after cursor.
-func (s *session) read(cursor int64, limit int) batch {
-	b := batch{wake: s.r.ob.wake.wait()}
-	b.version, b.rows, b.err = s.r.fetch(s.dctx, s.r.reader, cursor, limit, s.props != nil)
+// read reads up to limit pending rows of prio after cursor.
+func (s *session) read(prio int, cursor int64, limit int) batch {
+	b := batch{prio: prio, wake: s.r.ob.wake.wait()}
+	b.version, b.rows, b.more, b.err = s.r.fetch(s.dctx, s.r.reader, prio, cursor, limit, s.props != nil)
 	return b
 }
 

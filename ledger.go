@@ -3,8 +3,9 @@ package outbox
 import "sync"
 
 // The ledger: which acknowledged events may be marked sent. The mark is a
-// high-water mark (marks.go): recording seq N records every pending row up
-// to N. With batching, a batch of one topic may be acknowledged before an
+// high-water mark per priority (marks.go): recording seq N records every
+// pending row of that priority up to N; a session keeps a ledger per
+// priority. With batching, a batch of one topic may be acknowledged before an
 // earlier event of another topic, so an acknowledgement alone does not say
 // how far the mark may move. The ledger holds every row a session read, in
 // seq order, and hands the ack loop the acknowledged rows once every row
@@ -46,10 +47,10 @@ func (l *ledger) add(rows []row) {
 	}
 }
 
-// settle records seqs (of one message, in order) as acknowledged, or
-// parked, and appends to ready the acknowledged rows that may now be
-// marked, in order.
-func (l *ledger) settle(seqs []int64, st settledAs, ready []mark) []mark {
+// settle records seqs (of one message, in order, of priority prio) as
+// acknowledged, or parked, and appends to ready the acknowledged rows that
+// may now be marked, in order.
+func (l *ledger) settle(seqs []int64, st settledAs, prio uint8, ready []mark) []mark {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, s := range seqs {
@@ -65,7 +66,7 @@ func (l *ledger) settle(seqs []int64, st settledAs, ready []mark) []mark {
 	}
 	for l.head < len(l.seqs) && l.states[l.head] != rowPending {
 		if st := l.states[l.head]; st != rowParked {
-			ready = append(ready, mark{seq: l.seqs[l.head], ends: st == rowAckedLast})
+			ready = append(ready, mark{seq: l.seqs[l.head], ends: st == rowAckedLast, priority: prio})
 			l.held--
 		}
 		l.head++

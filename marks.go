@@ -39,8 +39,9 @@ const (
 // row of its MQTT message, which the mark then settles (durable.Gate
 // counts messages).
 type mark struct {
-	seq  int64
-	ends bool
+	seq      int64
+	ends     bool
+	priority uint8
 }
 
 // markSlots is how many acknowledged messages may wait for their mark.

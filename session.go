@@ -92,7 +92,8 @@ type session struct {
 	unmarked chan struct{}
 	probeOK  chan struct{}
 
-	ledger  ledger         // which acknowledged rows may be marked
+	ledgers [MaxPriority + 1]ledger // which acknowledged rows may be marked, per priority
+	lanes   lanes
 	readers sync.WaitGroup // batches read ahead
 	gate    *durable.Gate  // a power cut's duplicates within the crash bound
 	// props is the publisher's PropertiesPublisher if its connection
@@ -139,6 +140,7 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		marks:    make(chan mark, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
+		lanes:    newLanes(),
 		// It counts MQTT messages: a batch is one (marks.go).
 		gate: durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
 	}
@@ -195,7 +197,9 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 	wg.Wait()
 	// Rows acknowledged behind one that failed are sent again: no longer
 	// in flight.
-	r.inFlight.Add(-int64(s.ledger.waiting()))
+	for p := range s.ledgers {
+		r.inFlight.Add(-int64(s.ledgers[p].waiting()))
+	}
 	res := s.result(fatal)
 	// The watcher may not yet have seen a connection the broker closed as
 	// it said it was unavailable: ask the publisher too.
@@ -300,55 +304,54 @@ func (s *session) markable(seq int64) bool {
 	return s.barrier == 0 || seq < s.barrier
 }
 
-// dispatch reads pending rows in sequence order and publishes them, keeping
-// at most Window unacknowledged. It returns when the session ends; a non-nil
-// error means the relay cannot go on.
+// dispatch reads pending rows and publishes them, each priority in
+// sequence order, the highest first (lanes.go), keeping at most Window
+// unacknowledged. It returns when the session ends; a non-nil error means
+// the relay cannot go on.
 func (s *session) dispatch() error {
 	r := s.r
-	var cursor int64
+	ls := &s.lanes
 	probe := r.suspect != 0 || r.aloneFirst
-	// ahead is the next batch, read while this one is published: reading
-	// and encoding a batch takes about as long as a window of 64 takes to
-	// be acknowledged on loopback, so reading in turn let the window run dry
-	// once per batch.
+	// ahead is a lane's next batch, read while this one is published:
+	// reading and encoding a batch takes about as long as a window of 64
+	// takes to be acknowledged on loopback, so reading in turn let the
+	// window run dry once per batch.
 	var ahead chan batch
-	woke := false // the last batch read followed a wait for work
+	woke := false // the last pick followed a wait for work
+	stale := true // what the lanes know of the outbox must be read again
 	defer r.notIdle()
+	// slot: a window slot is held for the next hand-off. It is taken
+	// before the lane is chosen, so that a higher priority committed while
+	// the window was full takes the slot that frees first.
+	slot := false
+	defer func() {
+		if slot {
+			<-s.slots
+		}
+	}()
 	for s.dctx.Err() == nil {
 		// The lease is checked before each hand-off, below, not here: a
 		// wait that ends with nothing to read must not renew a lease
 		// that an idle relay let lapse (see keepLease).
-		var b batch
-		if ahead != nil {
-			b, ahead = <-ahead, nil
-		} else {
-			// A suspect goes out alone and first: read just that row, so
-			// that the window in which a network fault is blamed on it is
-			// one round trip, not the time it takes to read and encode a
-			// whole batch.
-			limit := r.readSize()
-			if probe {
-				limit = 1
+		if !slot && !stale {
+			select {
+			case s.slots <- struct{}{}:
+				slot = true
+			case <-s.dctx.Done():
+				return nil
 			}
-			b = s.read(cursor, limit)
-			if !probe {
-				b = s.linger(b, cursor, limit)
-			}
-			s.pack(&b, s.rules(probe))
 		}
-		version, rows, err := b.version, b.rows, b.err
-		if err != nil {
-			if s.dctx.Err() != nil {
-				break
+		if stale || s.committed() {
+			if err := s.repick(); err != nil {
+				if !s.readFailed(err) {
+					break
+				}
+				continue
 			}
-			r.setErr(err)
-			r.log.Error("outbox relay cannot read the outbox", "err", err)
-			if !wait.Sleep(s.dctx, time.Second, nil) {
-				break
-			}
-			continue
+			stale = false
 		}
-		if len(rows) == 0 {
+		p := ls.next()
+		if p < 0 {
 			// Before the nudge, which keepLease judges by it.
 			r.hearsAll.Store(r.watch.HearsAll(s.l.TTL() / 2))
 			if woke {
@@ -360,93 +363,151 @@ func (s *session) dispatch() error {
 				default:
 				}
 			}
-			ok := s.idle(b.wake, version)
-			if !ok {
+			if slot {
+				// An idle relay holds no slot: with none taken, the
+				// outbox clock stands still (idle).
+				<-s.slots
+				slot = false
+			}
+			if !s.idle(ls.wake, ls.version) {
 				break
 			}
-			woke = true
+			woke, stale = true, true
 			continue
 		}
-		woke = false
-		r.notIdle()
-		if !probe && len(rows) == r.readSize() {
-			ahead = make(chan batch, 1)
-			s.readers.Add(1)
-			go func(after int64) {
-				defer s.readers.Done()
-				ahead <- s.fetch(after, r.readSize(), s.rules(false))
-			}(rows[len(rows)-1].seq)
-		}
-		cursor = rows[len(rows)-1].seq
-		s.ledger.add(rows)
-		for i := range b.parcels {
-			p := &b.parcels[i]
-			m := p.first()
-			if m.encErr == nil {
-				r.seal(p, b.rules)
-			}
-			if m.encErr != nil {
-				parked, err := r.refusedForGood(s.conn, m.seq, m.id, m.topic, m.attempts, m.encErr)
-				switch {
-				case err != nil:
-					// It stays pending and nothing after it may be
-					// marked: end the session, and try again on the next.
-					r.writeFailed(err)
-					s.setFail(failure{seq: m.seq, err: err, fault: faultNotSent})
-					return nil
-				case !parked:
-					// The policy wants it tried again: charged, as a
-					// message the broker refused.
-					s.setFail(failure{seq: m.seq, err: m.encErr, fault: faultOf(m.encErr)})
-					return nil
+		ln := &ls.l[p]
+		if len(ln.queue) == 0 {
+			var b batch
+			if ls.aheadFor == p {
+				b, ahead, ls.aheadFor = <-ahead, nil, -1
+			} else {
+				// A suspect goes out alone and first: read just that row,
+				// so that the window in which a network fault is blamed on
+				// it is one round trip, not the time it takes to read and
+				// encode a whole batch. With priorities, that is the first
+				// row of the highest: a suspect of a lower one waits its
+				// turn, and holds nothing back.
+				limit := r.readSize()
+				if probe {
+					limit = 1
 				}
-				s.flights <- flight{seq: m.seq, parked: true}
+				b = s.read(p, ln.cursor, limit)
+				if !probe {
+					b = s.linger(b, ln.cursor, limit)
+				}
+				s.pack(&b, s.rules(probe))
+			}
+			if b.err != nil {
+				if !s.readFailed(b.err) {
+					break
+				}
+				stale = true
 				continue
 			}
+			ln.more = b.more
+			if len(b.rows) == 0 {
+				continue
+			}
+			woke = false
+			r.notIdle()
+			last := b.rows[len(b.rows)-1].seq
+			if b.more && !probe && ahead == nil && p == ls.top() {
+				ahead, ls.aheadFor = make(chan batch, 1), p
+				s.readers.Add(1)
+				go func(after int64) {
+					defer s.readers.Done()
+					ahead <- s.fetch(p, after, r.readSize(), s.rules(false))
+				}(last)
+			}
+			ln.cursor = max(ln.cursor, last)
+			s.ledgers[p].add(b.rows)
+			for i := range b.parcels {
+				ln.queue = append(ln.queue, queued{&b.parcels[i], b.rules})
+			}
+		}
+		q := ln.queue[0]
+		ln.queue[0] = queued{}
+		ln.queue = ln.queue[1:]
+		pc := q.p
+		m := pc.first()
+		if m.encErr == nil {
+			r.seal(pc, q.rules)
+		}
+		if m.encErr != nil {
+			parked, err := r.refusedForGood(s.conn, m.seq, m.id, m.topic, m.attempts, m.encErr)
+			switch {
+			case err != nil:
+				// It stays pending and nothing after it may be
+				// marked: end the session, and try again on the next.
+				r.writeFailed(err)
+				s.setFail(failure{seq: m.seq, err: err, fault: faultNotSent})
+				return nil
+			case !parked:
+				// The policy wants it tried again: charged, as a
+				// message the broker refused.
+				s.setFail(failure{seq: m.seq, err: m.encErr, fault: faultOf(m.encErr)})
+				return nil
+			}
+			s.flights <- flight{seq: m.seq, prio: m.priority, parked: true}
+			continue
+		}
+		if !slot {
 			select {
 			case s.slots <- struct{}{}:
 			case <-s.dctx.Done():
 				return nil
 			}
-			if !s.gate.Admit(s.dctx) {
+		}
+		slot = false // the flight's now: the ack loop gives it back
+		if !s.gate.Admit(s.dctx) {
+			return nil
+		}
+		if h := r.hooks.beforeHandOff; h != nil {
+			h(m.seq)
+		}
+		// Checked before every hand-off, not once per batch: a relay
+		// stopped (SIGSTOP, a frozen VM) for longer than the TTL while
+		// another took over would otherwise, on waking, publish the
+		// rest of its batch before its renewal told it the lease was
+		// gone. It costs a mutex and a monotonic clock read.
+		for !s.l.Valid() {
+			if !s.l.WaitValid(s.dctx, s.l.TTL()/16) {
 				return nil
 			}
-			if h := r.hooks.beforeHandOff; h != nil {
-				h(m.seq)
+		}
+		if len(pc.rows) == 1 {
+			// Only a row with an expiry has one, and it goes alone.
+			if publish, ok := s.atItsTurn(m, pc); !ok {
+				return nil
+			} else if !publish {
+				s.flights <- flight{seq: m.seq, prio: m.priority, parked: true}
+				continue // parked expired (expiry.go)
 			}
-			// Checked before every hand-off, not once per batch: a relay
-			// stopped (SIGSTOP, a frozen VM) for longer than the TTL while
-			// another took over would otherwise, on waking, publish the
-			// rest of its batch before its renewal told it the lease was
-			// gone. It costs a mutex and a monotonic clock read.
-			for !s.l.Valid() {
-				if !s.l.WaitValid(s.dctx, s.l.TTL()/16) {
-					return nil
-				}
+		}
+		tok := s.publish(pc)
+		r.inFlight.Add(int64(len(pc.rows)))
+		s.flights <- newFlight(pc, tok, probe)
+		if probe {
+			select {
+			case <-s.probeOK:
+			case <-s.dctx.Done():
+				return nil
 			}
-			if len(p.rows) == 1 {
-				// Only a row with an expiry has one, and it goes alone.
-				if publish, ok := s.atItsTurn(m, p); !ok {
-					return nil
-				} else if !publish {
-					s.flights <- flight{seq: m.seq, parked: true}
-					continue // parked expired (expiry.go)
-				}
-			}
-			tok := s.publish(p)
-			r.inFlight.Add(int64(len(p.rows)))
-			s.flights <- newFlight(p, tok, probe)
-			if probe {
-				select {
-				case <-s.probeOK:
-				case <-s.dctx.Done():
-					return nil
-				}
-				probe = false
-			}
+			probe = false
 		}
 	}
 	return nil
+}
+
+// readFailed reports a failed read, and waits a second before the next
+// unless the session ends (false).
+func (s *session) readFailed(err error) bool {
+	if s.dctx.Err() != nil {
+		return false
+	}
+	s.r.setErr(err)
+	s.r.log.Error("outbox relay cannot read the outbox", "err", err)
+	return wait.Sleep(s.dctx, time.Second, nil)
 }
 
 // linger waits, with Batch.MaxDelay, for more rows to join the batches
@@ -467,10 +528,14 @@ func (s *session) linger(b batch, cursor int64, limit int) batch {
 		if s.dctx.Err() != nil {
 			return b
 		}
-		if nb := s.read(cursor, limit); nb.err == nil {
+		if nb := s.read(b.prio, cursor, limit); nb.err == nil {
 			b = nb
 		}
 		if !woke {
+			break
+		}
+		// A higher priority committed meanwhile goes first: stop waiting.
+		if err := s.repick(); err == nil && s.lanes.top() > b.prio {
 			break
 		}
 	}

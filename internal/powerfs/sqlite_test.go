@@ -17,8 +17,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/edgeoutbox/outbox/internal/harness"
 	_ "modernc.org/sqlite"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // SQLite on the mount: a child process (this test binary, running

@@ -1,0 +1,188 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// prioEvent is a published event's priority and number, from its data.
+type prioEvent struct{ P, N int }
+
+// commitPriority commits an event of priority p numbered n, by plain SQL.
+func commitPriority(t testing.TB, ob *Outbox, p, n int) {
+	t.Helper()
+	_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload, priority) VALUES ('t', ?, ?)`, fmt.Sprintf(`{"P":%d,"N":%d}`, p, n), p)
+	require.NoError(t, err)
+	ob.Notify()
+}
+
+// publishedPriorities decodes what pub published, in order.
+func publishedPriorities(t testing.TB, pub *fakePublisher) []prioEvent {
+	t.Helper()
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	out := make([]prioEvent, 0, len(pub.published))
+	for _, raw := range pub.published {
+		ev, err := DecodeEvent([]byte(raw))
+		require.NoError(t, err)
+		var e prioEvent
+		require.NoError(t, json.Unmarshal(ev.Data, &e))
+		out = append(out, e)
+	}
+	return out
+}
+
+// requireCommitOrderPerPriority: every event committed (want: numbers per
+// priority, in commit order) published once, in commit order within its
+// priority.
+func requireCommitOrderPerPriority(t testing.TB, got []prioEvent, want map[int][]int) {
+	t.Helper()
+	per := map[int][]int{}
+	for _, e := range got {
+		per[e.P] = append(per[e.P], e.N)
+	}
+	require.Equal(t, want, per, "each priority's events once, in commit order")
+}
+
+// TestRelayPriorityOrder: a backlog of three priorities, committed
+// interleaved, goes out highest first — the priority-9 events before any
+// other — and in commit order within each priority; a lower priority has
+// at most one message in shareEvery while a higher one has more.
+func TestRelayPriorityOrder(t *testing.T) {
+	ob := openTest(t, Options{})
+	want := map[int][]int{}
+	pattern := []int{0, 0, 5, 0, 9, 0, 5, 0}
+	for n := range 200 {
+		p := pattern[n%len(pattern)]
+		commitPriority(t, ob, p, n)
+		want[p] = append(want[p], n)
+	}
+	pub := &fakePublisher{}
+	opts := fastRelay()
+	opts.ReadSize = 16 // several reads per priority
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the backlog", func() bool { return pub.publishedCount() == 200 })
+	got := publishedPriorities(t, pub)
+	requireCommitOrderPerPriority(t, got, want)
+	for i, e := range got[:len(want[9])] {
+		require.Equal(t, 9, e.P, "message %d: the priority-9 events go first", i)
+	}
+	// Until the last priority-5 event, priority 0 has its share and no more.
+	last5 := 0
+	for i, e := range got {
+		if e.P == 5 {
+			last5 = i
+		}
+	}
+	zeros := 0
+	for _, e := range got[:last5] {
+		if e.P == 0 {
+			zeros++
+		}
+	}
+	require.LessOrEqual(t, zeros, (last5+shareEvery-1)/shareEvery, "priority 0 before the last priority-5 event: its share only")
+	require.Positive(t, zeros, "priority 0 has a share while higher ones drain")
+}
+
+// TestRelayPriorityTakesTheNextSlot: a priority-9 event committed while a
+// priority-0 backlog fills the window goes out in the next slot that frees,
+// not after the rows read before it.
+func TestRelayPriorityTakesTheNextSlot(t *testing.T) {
+	ob := openTest(t, Options{})
+	for n := range 100 {
+		commitPriority(t, ob, 0, n)
+	}
+	pub := &fakePublisher{hold: true}
+	opts := fastRelay()
+	opts.Window = 4
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "a full window", func() bool { return pub.heldCount() == 4 })
+	commitPriority(t, ob, 9, 100)
+	pub.release(1)
+	eventually(t, 5*time.Second, "the next publish", func() bool { return pub.publishedCount() == 5 })
+	got := publishedPriorities(t, pub)
+	require.Equal(t, prioEvent{P: 9, N: 100}, got[4], "the freed slot's publish")
+	eventually(t, 10*time.Second, "the rest", func() bool {
+		pub.release(4)
+		return pub.publishedCount() == 101 && pub.heldCount() == 0
+	})
+	want := map[int][]int{9: {100}}
+	for n := range 100 {
+		want[0] = append(want[0], n)
+	}
+	requireCommitOrderPerPriority(t, publishedPriorities(t, pub), want)
+}
+
+// TestRelayPrioritySuspectWaitsItsTurn: after a connection lost with a
+// priority-0 event first in flight (the suspect, retried alone before the
+// window opens: the isolation rule), a priority-9 event committed meanwhile
+// goes first, alone; the suspect is retried alone when its priority's turn
+// comes, charged, and parked dead; the rest follow in commit order.
+func TestRelayPrioritySuspectWaitsItsTurn(t *testing.T) {
+	ob := openTest(t, Options{})
+	for n := range 5 {
+		commitPriority(t, ob, 0, n)
+	}
+	pub := &fakePublisher{}
+	var once sync.Once
+	var tried []prioEvent // every publish, refused ones too; under pub.mu
+	pub.refuse = func(payload []byte) error {
+		ev, err := DecodeEvent(payload)
+		if err != nil {
+			return err
+		}
+		var e prioEvent
+		if err := json.Unmarshal(ev.Data, &e); err != nil {
+			return err
+		}
+		tried = append(tried, e)
+		if e != (prioEvent{P: 0, N: 0}) {
+			return nil
+		}
+		once.Do(func() {
+			// Committed while the connection is being lost.
+			_, err = ob.DB().Exec(`INSERT INTO outbox (topic, payload, priority) VALUES ('t', '{"P":9,"N":100}', 9)`)
+		})
+		if err != nil {
+			return err
+		}
+		return errors.New("connection reset by peer")
+	}
+	opts := fastRelay()
+	opts.Retry = fastRetry(2)
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 10*time.Second, "the rest delivered", func() bool {
+		st, err := ob.Stats(context.Background())
+		return err == nil && st.Pending == 0 && st.Dead == 1
+	})
+	pub.mu.Lock()
+	require.Equal(t, []prioEvent{{P: 0, N: 0}, {P: 9, N: 100}}, tried[:2], "the priority-9 event goes before the suspect is retried")
+	pub.mu.Unlock()
+	// Those acknowledged behind the suspect's lost publish go again: first
+	// deliveries in order, each at least once.
+	first := map[prioEvent]bool{}
+	var firsts []prioEvent
+	for _, e := range publishedPriorities(t, pub) {
+		if !first[e] {
+			first[e] = true
+			firsts = append(firsts, e)
+		}
+	}
+	requireCommitOrderPerPriority(t, firsts, map[int][]int{9: {100}, 0: {1, 2, 3, 4}})
+	var attempts int
+	require.NoError(t, ob.DB().QueryRow(`SELECT attempts FROM outbox WHERE payload = '{"P":0,"N":0}' AND dead_at IS NOT NULL`).Scan(&attempts))
+	require.Equal(t, 2, attempts, "charged only when alone")
+}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -16,16 +15,9 @@ import (
 // calls, counted in messages, with the PUBACKs held so that the window
 // fills and nothing depends on time.
 
-// prioEvent is the data of a test event: its priority and its number
-// within that priority, in commit order.
-type prioEvent struct {
-	P int `json:"p"`
-	N int `json:"n"`
-}
-
-// commitPrio commits n events of priority prio in one transaction,
-// numbered from first.
-func commitPrio(t *testing.T, ob *Outbox, prio, first, n int) {
+// enqueuePriority commits n events of priority prio in one transaction,
+// through Enqueue, numbered from first (their data a prioEvent).
+func enqueuePriority(t *testing.T, ob *Outbox, prio, first, n int) {
 	t.Helper()
 	msgs := make([]Message, n)
 	for i := range msgs {
@@ -37,25 +29,10 @@ func commitPrio(t *testing.T, ob *Outbox, prio, first, n int) {
 	require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
 }
 
-// publishedPrio decodes what p was given, in publish order.
-func publishedPrio(t *testing.T, p *fakePublisher) []prioEvent {
-	t.Helper()
-	p.mu.Lock()
-	payloads := slices.Clone(p.published)
-	p.mu.Unlock()
-	out := make([]prioEvent, len(payloads))
-	for i, pl := range payloads {
-		ev, err := DecodeEvent([]byte(pl))
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(ev.Data, &out[i]), "event %d", i)
-	}
-	return out
-}
-
-// requirePrioOrder checks that each priority's events were first published
-// in commit order: 1, 2, 3, ... with repeats allowed only of an event
-// already out.
-func requirePrioOrder(t *testing.T, evs []prioEvent) {
+// requireOrderWithinPriority checks that each priority's events were first
+// published in commit order, 1, 2, 3, ..., as far as they went, with
+// repeats allowed only of an event already out.
+func requireOrderWithinPriority(t *testing.T, evs []prioEvent) {
 	t.Helper()
 	next := map[int]int{}
 	for i, e := range evs {
@@ -70,18 +47,17 @@ func requirePrioOrder(t *testing.T, evs []prioEvent) {
 // TestPriorityShareNoStarvation: priority 9 always has more pending (a
 // backlog, and one more committed after every window acknowledged, each
 // commit waking the relay while it reads), yet priority 0's events go out,
-// at least one message in 8 (the share), in commit order.
+// at least one message in shareEvery, in commit order.
 func TestPriorityShareNoStarvation(t *testing.T) {
 	const (
 		window  = 4
 		flood   = 200 // priority 9, committed first
 		low     = 40  // priority 0, committed after the flood
-		share   = 8   // one message in share is a lower priority's
-		maxSent = share*low + 4*window
+		maxSent = shareEvery*low + 4*window
 	)
 	ob := openTest(t, Options{Synchronous: SyncNormal})
-	commitPrio(t, ob, 9, 1, flood)
-	commitPrio(t, ob, 0, 1, low)
+	enqueuePriority(t, ob, 9, 1, flood)
+	enqueuePriority(t, ob, 0, 1, low)
 	pub := &fakePublisher{hold: true}
 	opts := fastRelay()
 	opts.Window = window
@@ -93,7 +69,7 @@ func TestPriorityShareNoStarvation(t *testing.T) {
 	for {
 		// Priority 9 always has more, so the relay fills the window.
 		eventually(t, 10*time.Second, "a full window", func() bool { return pub.heldCount() == window })
-		evs := publishedPrio(t, pub)
+		evs := publishedPriorities(t, pub)
 		lows := 0
 		for _, e := range evs {
 			if e.P == 0 {
@@ -104,12 +80,12 @@ func TestPriorityShareNoStarvation(t *testing.T) {
 			break
 		}
 		pub.release(window)
-		commitPrio(t, ob, 9, next9, 1)
+		enqueuePriority(t, ob, 9, next9, 1)
 		next9++
 	}
 
-	evs := publishedPrio(t, pub)
-	requirePrioOrder(t, evs)
+	evs := publishedPriorities(t, pub)
+	requireOrderWithinPriority(t, evs)
 	var at []int // position (1-based) of each priority-0 event's first publish
 	for i, e := range evs {
 		if e.P == 0 && e.N == len(at)+1 {
@@ -121,7 +97,7 @@ func TestPriorityShareNoStarvation(t *testing.T) {
 	for k, pos := range at {
 		// The k-th (from 1) in the k-th share, give or take what the
 		// window and one read had already taken.
-		require.LessOrEqual(t, pos, share*(k+1)+2*window, "priority 0's event %d published as message %d: less than its share", k+1, pos)
+		require.LessOrEqual(t, pos, shareEvery*(k+1)+2*window, "priority 0's event %d published as message %d: less than its share", k+1, pos)
 	}
 }
 
@@ -135,7 +111,7 @@ func TestPriorityOvertakesBacklog(t *testing.T) {
 		before  = 200 // priority 0 published before the commit
 	)
 	ob := openTest(t, Options{Synchronous: SyncNormal})
-	commitPrio(t, ob, 0, 1, backlog)
+	enqueuePriority(t, ob, 0, 1, backlog)
 	pub := &fakePublisher{hold: true}
 	opts := fastRelay()
 	opts.Window = window
@@ -150,14 +126,14 @@ func TestPriorityOvertakesBacklog(t *testing.T) {
 	// The window is full: nothing more goes out until a PUBACK.
 	eventually(t, 10*time.Second, "a full window", func() bool { return pub.heldCount() == window })
 	at := pub.publishedCount()
-	commitPrio(t, ob, 9, 1, 1)
+	enqueuePriority(t, ob, 9, 1, 1)
 
 	// One PUBACK at a time: each frees one slot.
 	found := -1
 	for found < 0 {
 		pub.release(1)
 		eventually(t, 10*time.Second, "the slot taken again", func() bool { return pub.heldCount() == window })
-		evs := publishedPrio(t, pub)
+		evs := publishedPriorities(t, pub)
 		for i := at; i < len(evs); i++ {
 			if evs[i].P == 9 {
 				found = i
@@ -167,8 +143,8 @@ func TestPriorityOvertakesBacklog(t *testing.T) {
 			t.Fatalf("the priority-9 event, committed after message %d, not published by message %d", at, len(evs))
 		}
 	}
-	evs := publishedPrio(t, pub)
-	requirePrioOrder(t, evs)
+	evs := publishedPriorities(t, pub)
+	requireOrderWithinPriority(t, evs)
 	ahead := found - at
 	t.Logf("priority 9 committed after %d messages, published as message %d: %d of priority 0 went out before it", at, found+1, ahead)
 	require.LessOrEqual(t, ahead, window, fmt.Sprintf("the priority-9 event waited for %d messages, more than a window (%d)", ahead, window))

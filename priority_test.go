@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -510,4 +511,53 @@ func TestRetentionNegativeWithPriorities(t *testing.T) {
 	require.NoError(t, r.markSent(rc, append(marksOf(0, s[0], s[1]), marksOf(4, s[5])...)))
 	require.Equal(t, map[int64]string{s[3]: "pending"}, rowStates(t, ob))
 	checkTruth(t, ob, false)
+}
+
+// TestPriorityStatementsSeek: the statements that look for rows of one
+// priority above 0 seek the outbox_priority index (SQLite uses the partial
+// index only when the WHERE has its terms literally), and those of priority
+// 0 read a range of seq: none reads the whole table.
+func TestPriorityStatementsSeek(t *testing.T) {
+	ob, r, _ := markingRelay(t, Options{}, fastRelay())
+	args := append([]any{int64(1), int64(1), 1}, r.lease.HeldArgs()...)
+	plan := func(q string, args ...any) string {
+		t.Helper()
+		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN `+q, args...)
+		require.NoError(t, err, q)
+		defer rows.Close()
+		var b strings.Builder
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
+			b.WriteString(detail + "\n")
+		}
+		require.NoError(t, rows.Err())
+		return b.String()
+	}
+	noScan := func(what, p string) {
+		t.Helper()
+		for _, line := range strings.Split(p, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "SCAN outbox") && !strings.Contains(line, "outbox_") {
+				t.Errorf("%s reads the whole table:\n%s", what, p)
+			}
+		}
+	}
+	for p := 0; p <= MaxPriority; p++ {
+		noScan(fmt.Sprint("fast mark ", p), plan(fastMarkSQLs[p], args...))
+		got := plan(markSQLs[p], args...)
+		noScan(fmt.Sprint("mark ", p), got)
+		require.GreaterOrEqual(t, strings.Count(got, "USING INDEX outbox_priority (priority=? AND seq>?)"), MaxPriority,
+			"mark %d: a seek per priority above 0 for its first pending row:\n%s", p, got)
+		got = plan(deleteSentSQLs[p])
+		noScan(fmt.Sprint("delete ", p), got)
+		if p > 0 {
+			require.Contains(t, got, "USING INDEX outbox_priority", "delete %d", p)
+		}
+	}
+	noScan("sent kept", plan(sentKeptSQL))
+	noScan("charge", plan(chargeSQL, append([]any{"why", int64(1)}, r.lease.HeldArgs()...)...))
+	got := plan(`SELECT ` + sentAheadSQL + ` FROM outbox_state st`)
+	noScan("sent ahead", got)
+	require.Equal(t, MaxPriority, strings.Count(got, "USING INDEX outbox_priority"), got)
 }

@@ -146,7 +146,7 @@ func (s *session) ackLoop() {
 				if stalled {
 					flt = faultStalled
 				}
-				s.setFail(failure{seq: f.seq, last: f.last(), err: cause, probe: f.probe, fault: flt})
+				s.setFail(failure{seq: f.seq, last: f.last(), prio: f.prio, err: cause, probe: f.probe, fault: flt})
 				// Disconnecting completes this token with an error.
 				r.pub.Disconnect()
 			case <-done:
@@ -204,7 +204,7 @@ func (s *session) ackLoop() {
 		r.inFlight.Add(-int64(f.n()))
 		<-s.slots
 		if !abandoned {
-			s.setFail(failure{seq: f.seq, last: f.last(), err: err, probe: f.probe, fault: flt})
+			s.setFail(failure{seq: f.seq, last: f.last(), prio: f.prio, err: err, probe: f.probe, fault: flt})
 		}
 	}
 }

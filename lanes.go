@@ -44,6 +44,7 @@ type lanes struct {
 	since    int // messages of the top lane since a lower one's turn
 	turn     int // the lower lane that had the last turn
 	aheadFor int // the lane whose next batch is being read ahead; -1: none
+	floor    int // the lowest lane that publishes (scope)
 	// From the last pick: a channel closed by the next commit in this
 	// process, and the data_version read before it, and when it was read.
 	wake    <-chan struct{}
@@ -51,11 +52,11 @@ type lanes struct {
 	lookAt  time.Time
 }
 
-func newLanes() lanes { return lanes{aheadFor: -1, turn: MaxPriority + 1} }
+func newLanes(floor int) lanes { return lanes{aheadFor: -1, turn: MaxPriority + 1, floor: floor} }
 
 // busy reports whether lane p has rows to hand off, or may have.
 func (ls *lanes) busy(p int) bool {
-	return len(ls.l[p].queue) > 0 || ls.l[p].more || ls.aheadFor == p
+	return p >= ls.floor && (len(ls.l[p].queue) > 0 || ls.l[p].more || ls.aheadFor == p)
 }
 
 // top is the highest busy lane, or -1.

@@ -186,3 +186,41 @@ func TestRelayPrioritySuspectWaitsItsTurn(t *testing.T) {
 	require.NoError(t, ob.DB().QueryRow(`SELECT attempts FROM outbox WHERE payload = '{"P":0,"N":0}' AND dead_at IS NOT NULL`).Scan(&attempts))
 	require.Equal(t, 2, attempts, "charged only when alone")
 }
+
+// TestRelayPriorityPassesARefusedRetry: a priority-0 event the broker
+// refused waits its retry delay (a minute here) with the connection kept,
+// and the priority-0 events behind it wait with it; a priority-9 event
+// committed meanwhile does not.
+func TestRelayPriorityPassesARefusedRetry(t *testing.T) {
+	ob := openTest(t, Options{})
+	for n := range 3 {
+		commitPriority(t, ob, 0, n)
+	}
+	pub := &fakePublisher{}
+	var once sync.Once
+	pub.refuse = func(payload []byte) error {
+		ev, err := DecodeEvent(payload)
+		if err != nil {
+			return err
+		}
+		var e prioEvent
+		if err := json.Unmarshal(ev.Data, &e); err != nil || e != (prioEvent{P: 0, N: 0}) {
+			return err
+		}
+		once.Do(func() {
+			_, err = ob.DB().Exec(`INSERT INTO outbox (topic, payload, priority) VALUES ('t', '{"P":9,"N":100}', 9)`)
+		})
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: quota exceeded", ErrRejected)
+	}
+	opts := fastRelay()
+	opts.Retry = DefaultRetryPolicy{Backoff: Backoff{Initial: time.Minute, Max: time.Minute}}
+	r, err := ob.NewRelay(pub, opts)
+	require.NoError(t, err)
+	startRelay(t, r)
+	eventually(t, 5*time.Second, "the priority-9 event", func() bool { return pub.publishedCount() == 1 })
+	require.Equal(t, []prioEvent{{P: 9, N: 100}}, publishedPriorities(t, pub), "nothing of priority 0 passes the refused one")
+	require.Equal(t, 1, pub.connectCount(), "on the kept connection")
+}

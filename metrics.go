@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,7 +202,8 @@ func (r *Relay) Metrics() RelayMetrics {
 type Gauges struct {
 	// Pending is the number of pending messages. With a message limit set
 	// it comes from the counters the triggers keep, exact. Without, it is
-	// the sequence numbers above the relay's mark less the dead rows there:
+	// the sequence numbers above the relay's common mark less the dead rows
+	// there and the rows sent ahead of it by their priority's mark:
 	// exact unless numbers above the mark hold no row — a requeue of a
 	// message the relay had not passed, rows deleted by hand — and then
 	// more than the truth until the relay passes them.
@@ -225,17 +227,36 @@ type Gauges struct {
 	FreeBytesKnown bool
 }
 
+// sentAheadSQL counts the rows sent ahead of the common mark by their
+// priority's mark (st is outbox_state): a range of priority 0's, empty
+// unless priorities mix, and index ranges of the others'.
+var sentAheadSQL = func() string {
+	q := `((SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND seq <= st.sent_seq_0 AND ` + liveOfSQL(0) + `)`
+	for p := 1; p <= MaxPriority; p++ {
+		q += `
+				+ (SELECT count(*) FROM outbox WHERE ` + liveOfSQL(p) + ` AND seq > st.sent_seq AND seq <= st.sent_seq_` + strconv.Itoa(p) + `)`
+	}
+	return q + `)`
+}()
+
 // Gauges reads the figures that cost no scan of the table.
 func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
+	// A file of a schema before priorities, read as it is, has no marks
+	// of priorities.
+	sentAhead, pending := sentAheadSQL, pendingSQL("o", "st")
+	if o.schema < 9 {
+		sentAhead, pending = `0`, `o.dead_at IS NULL`
+	}
 	var g Gauges
 	var maxCount, maxBytes int64
 	err := o.db.QueryRowContext(ctx, `SELECT
 		CASE WHEN st.max_pending_count > 0
 			THEN max(coalesce((SELECT max(seq) FROM outbox), 0), st.seq_floor, st.sent_seq) - st.sent_seq - st.skipped
 			ELSE max(coalesce((SELECT max(seq) FROM outbox), 0), st.sent_seq) - st.sent_seq
-				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq) END,
+				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq)
+				- `+sentAhead+` END,
 		st.pending_bytes, st.max_pending_count, st.max_pending_bytes,
-		(SELECT created_at FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL ORDER BY seq LIMIT 1),
+		(SELECT o.created_at FROM outbox o WHERE o.seq > st.sent_seq AND `+pending+` ORDER BY o.seq LIMIT 1),
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
 		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead)
 	if err != nil {

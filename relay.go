@@ -503,7 +503,7 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) e
 		r.log.Info("outbox relay connected", "after_attempts", failures+1, "protocol", r.Protocol(), "broker", r.broker())
 		failures, lastMsg = 0, ""
 		start := time.Now()
-		res := r.session(ctx, conn, l)
+		res := r.session(ctx, conn, l, scope{})
 		progress := res.progress
 		for res.keep {
 			// The broker refused a message, or said it is unavailable, and
@@ -511,18 +511,27 @@ func (r *Relay) drain(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) e
 			// starts on it once the message's retry delay, or the wait of
 			// an outage, has passed.
 			r.setErr(res.err)
-			delay, what := res.retryAfter, "the broker refused a message; connection kept"
+			delay, what, refused := res.retryAfter, "the broker refused a message; connection kept", res.refused
 			if r.noteOutcome(res.err) {
 				if res.progress {
 					bo.Reset()
 				}
-				delay, what = bo.NextBackOff(), "the broker is unavailable; connection kept"
+				delay, what, refused = bo.NextBackOff(), "the broker is unavailable; connection kept", -1
 			}
 			r.log.Warn("outbox relay: "+what, "err", res.err, "retry_in", delay.Round(time.Millisecond))
-			if !wait.Sleep(ctx, delay, nil) {
+			if refused >= 0 && refused < MaxPriority {
+				// The higher priorities need not wait with the refused
+				// message: they go meanwhile, on the same connection.
+				sub := r.session(ctx, conn, l, scope{floor: refused + 1, until: time.Now().Add(delay)})
+				progress = progress || sub.progress
+				if sub.keep || sub.err != nil || sub.fatal != nil || ctx.Err() != nil {
+					res = sub
+					continue
+				}
+			} else if !wait.Sleep(ctx, delay, nil) {
 				break
 			}
-			res = r.session(ctx, conn, l)
+			res = r.session(ctx, conn, l, scope{})
 			progress = progress || res.progress
 		}
 		r.pub.Disconnect()

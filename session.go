@@ -52,6 +52,7 @@ import (
 type failure struct {
 	seq   int64
 	last  int64 // a batch's last row's seq; seq for one row
+	prio  uint8 // its priority
 	err   error
 	probe bool
 	fault fault // whose fault it was (faultOf)
@@ -94,6 +95,7 @@ type session struct {
 
 	ledgers [MaxPriority + 1]ledger // which acknowledged rows may be marked, per priority
 	lanes   lanes
+	scope   scope
 	readers sync.WaitGroup // batches read ahead
 	gate    *durable.Gate  // a power cut's duplicates within the crash bound
 	// props is the publisher's PropertiesPublisher if its connection
@@ -118,10 +120,21 @@ type sessionResult struct {
 	err        error         // why the connection ended; nil on shutdown
 	retryAfter time.Duration // minimum wait before reconnecting
 	fatal      error         // the relay cannot go on
+	// refused is the priority of the message the broker refused, which
+	// waits retryAfter; -1 if none was.
+	refused int
+}
+
+// scope limits a session to the priorities above a refused message that
+// waits its retry on the kept connection, until then: they need not wait
+// with it. The zero scope is a whole session.
+type scope struct {
+	floor int       // the lowest priority published
+	until time.Time // when the session ends, having nothing above
 }
 
 // session publishes over one connection until it fails or ctx ends.
-func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease) sessionResult {
+func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease, sc scope) sessionResult {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	dctx, halt := context.WithCancelCause(sctx)
@@ -140,7 +153,8 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 		marks:    make(chan mark, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
-		lanes:    newLanes(),
+		lanes:    newLanes(sc.floor),
+		scope:    sc,
 		// It counts MQTT messages: a batch is one (marks.go).
 		gate: durable.NewGate(r.syncWAL(), &r.markSyncs, int64(r.opts.Window+markSlots(r.opts.Window))),
 	}
@@ -212,7 +226,7 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease)
 // if any, and chooses the suspect for the next connection.
 func (s *session) result(fatal error) sessionResult {
 	r := s.r
-	res := sessionResult{progress: s.progress.Load(), fatal: fatal}
+	res := sessionResult{progress: s.progress.Load(), fatal: fatal, refused: -1}
 	f := s.fail
 	if f == nil {
 		if s.ctx.Err() == nil && fatal == nil {
@@ -234,6 +248,7 @@ func (s *session) result(fatal error) sessionResult {
 	switch {
 	case f.refused():
 		r.suspect = f.seq
+		res.refused = int(f.prio)
 		retryAfter, _, err := r.failed(s.conn, f.seq, f.err)
 		if err != nil {
 			r.writeFailed(err)
@@ -311,7 +326,9 @@ func (s *session) markable(seq int64) bool {
 func (s *session) dispatch() error {
 	r := s.r
 	ls := &s.lanes
-	probe := r.suspect != 0 || r.aloneFirst
+	// A scoped session runs on a connection that stays up beside a refused
+	// message: nothing to isolate, and that message stays the suspect.
+	probe := s.scope.floor == 0 && (r.suspect != 0 || r.aloneFirst)
 	// ahead is a lane's next batch, read while this one is published:
 	// reading and encoding a batch takes about as long as a window of 64
 	// takes to be acknowledged on loopback, so reading in turn let the
@@ -351,6 +368,22 @@ func (s *session) dispatch() error {
 			stale = false
 		}
 		p := ls.next()
+		if p < 0 && s.scope.floor > 0 {
+			// Nothing above the refused message: wait for a commit until
+			// its retry is due, then end.
+			if slot {
+				<-s.slots
+				slot = false
+			}
+			wctx, cancel := context.WithDeadline(s.dctx, s.scope.until)
+			r.waitForWork(wctx, r.reader, ls.wake, ls.version)
+			cancel()
+			if s.dctx.Err() != nil || !time.Now().Before(s.scope.until) {
+				break
+			}
+			stale = true
+			continue
+		}
 		if p < 0 {
 			// Before the nudge, which keepLease judges by it.
 			r.hearsAll.Store(r.watch.HearsAll(s.l.TTL() / 2))
@@ -445,7 +478,7 @@ func (s *session) dispatch() error {
 			case !parked:
 				// The policy wants it tried again: charged, as a
 				// message the broker refused.
-				s.setFail(failure{seq: m.seq, err: m.encErr, fault: faultOf(m.encErr)})
+				s.setFail(failure{seq: m.seq, prio: m.priority, err: m.encErr, fault: faultOf(m.encErr)})
 				return nil
 			}
 			s.flights <- flight{seq: m.seq, prio: m.priority, parked: true}

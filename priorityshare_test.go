@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
 
 // The relay's priorities seen from the publisher: the order of its Publish
@@ -51,8 +53,8 @@ func requireOrderWithinPriority(t *testing.T, evs []prioEvent) {
 func TestPriorityShareNoStarvation(t *testing.T) {
 	const (
 		window  = 4
-		flood   = 200 // priority 9, committed first
-		low     = 40  // priority 0, committed after the flood
+		flood   = 200 // priority 9, committed first: more than it sends before priority 0's last
+		low     = 20  // priority 0, committed after the flood
 		maxSent = shareEvery*low + 4*window
 	)
 	ob := openTest(t, Options{Synchronous: SyncNormal})
@@ -68,7 +70,9 @@ func TestPriorityShareNoStarvation(t *testing.T) {
 	next9 := flood + 1
 	for {
 		// Priority 9 always has more, so the relay fills the window.
-		eventually(t, 10*time.Second, "a full window", func() bool { return pub.heldCount() == window })
+		if !harness.WaitFor(10*time.Second, func() bool { return pub.heldCount() == window }) {
+			t.Fatalf("no full window after 10 s: %d held, %d published, %d committed of priority 9", pub.heldCount(), pub.publishedCount(), next9-1)
+		}
 		evs := publishedPriorities(t, pub)
 		lows := 0
 		for _, e := range evs {

@@ -197,8 +197,10 @@ func (r *Relay) Metrics() RelayMetrics {
 }
 
 // Gauges are the outbox's figures that need no scan of the table: a read of
-// outbox_state, two seeks and the dead rows' index, whatever the backlog
-// (BenchmarkGauges100k), where Stats counts rows.
+// outbox_state, two seeks and the dead rows' index (and, without a message
+// limit, the rows sent ahead of the common mark, in the outbox_priority
+// index), whatever the backlog (BenchmarkGauges100k), where Stats counts
+// rows.
 type Gauges struct {
 	// Pending is the number of pending messages. With a message limit set
 	// it comes from the counters the triggers keep, exact. Without, it is

@@ -37,6 +37,11 @@ import (
 //	OUTBOX_POWERLOSS_CUTS=500 go test -race -run TestPowerLoss -v ./tests/integration  # per mode (default 20)
 //	OUTBOX_POWERLOSS_SEED=12345 ...                                                     # the same schedule again
 
+// powerBiteCuts is the fewest cuts per mode from which a run must show
+// that at NORMAL they undid commits (TestPowerLoss's 20 do; the batched
+// and priority runs' 4 need not).
+const powerBiteCuts = 10
+
 // powerEnvChild carries a child's orders (ordersChild): set,
 // TestPowerLossChild runs them.
 const powerEnvChild = "OUTBOX_POWERLOSS_CHILD"
@@ -284,9 +289,14 @@ func testPowerLoss(t *testing.T, mode string, sync outbox.Synchronous, cuts int,
 	require.Zero(t, chk.seqChanged, "duplicates must carry their event's sequence")
 	require.Empty(t, chk.disorder, "first deliveries out of commit order")
 	require.Equal(t, run.undone, gone, "commits undone, counted after each cut and at the end")
-	if sync == outbox.SyncFull {
+	switch {
+	case sync == outbox.SyncFull:
 		require.Zero(t, gone, "at FULL a commit that returned is durable")
-	} else {
+	case cuts < powerBiteCuts:
+		// A few cuts may all fall just after a checkpoint (the child's,
+		// which syncs): too few to require that they bite.
+		t.Logf("  %d cuts: whether they undid commits is checked from %d cuts (undone %d; with the broker away %d)", cuts, powerBiteCuts, gone, run.awayUndid)
+	default:
 		require.Positive(t, gone, "at NORMAL the cuts must undo commits, or they do not bite")
 		if run.kinds[cutAwayFirst]+run.kinds[cutAwayLater] > 0 {
 			require.Positive(t, run.awayUndid, "at NORMAL, with the broker away, nothing makes a commit durable: the cuts then must undo some")

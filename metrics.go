@@ -223,6 +223,12 @@ type Gauges struct {
 	WALBytes       int64
 	FreeBytes      int64
 	FreeBytesKnown bool
+	// Priorities are the pending messages by priority, highest first: one
+	// for each priority that has any. Those above 0 are counted in their
+	// index, exact; priority 0's Pending is Pending less theirs, as exact
+	// as Pending. OldestPending is the first in line's, as OldestPending
+	// above.
+	Priorities []PriorityStats
 }
 
 // Gauges reads the figures that cost no scan of the table.
@@ -253,6 +259,9 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 		g.WALBytes = fi.Size()
 	}
 	g.FreeBytes, g.FreeBytesKnown = reserve.FreeBytes(o.path)
+	if err := o.readGaugesPriorities(ctx, &g); err != nil {
+		return Gauges{}, err
+	}
 	return g, nil
 }
 

@@ -1,0 +1,193 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// byPriority writes rows of the given priorities by plain SQL, in this
+// order, each created a second after the one before from base, and
+// returns their seqs.
+func byPriority(t *testing.T, ob *Outbox, base time.Time, prios ...int) []int64 {
+	t.Helper()
+	var seqs []int64
+	for _, p := range prios {
+		var seq int64
+		err := ob.DB().QueryRow(`INSERT INTO outbox (topic, payload, priority, created_at) VALUES ('stores/1/orders', '{}', ?, ?) RETURNING seq`,
+			p, base.Add(time.Duration(len(seqs))*time.Second).UnixMilli()).Scan(&seq)
+		require.NoError(t, err)
+		seqs = append(seqs, seq)
+	}
+	return seqs
+}
+
+// TestStatsAndGaugesByPriority: Stats and Gauges say how many messages
+// wait at each priority that has any, highest first, and since when, as
+// the marks of each priority and the common one move, rows die and are
+// requeued.
+func TestStatsAndGaugesByPriority(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{})
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	at := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second) }
+	check := func(what string, want ...PriorityStats) {
+		t.Helper()
+		s, err := ob.Stats(ctx)
+		require.NoError(t, err)
+		g, err := ob.Gauges(ctx)
+		require.NoError(t, err)
+		var total int64
+		for _, p := range want {
+			total += p.Pending
+		}
+		require.Equal(t, total, s.Pending, "%s: Stats.Pending", what)
+		for name, got := range map[string][]PriorityStats{"Stats": s.Priorities, "Gauges": g.Priorities} {
+			require.Len(t, got, len(want), "%s: %s.Priorities %v", what, name, got)
+			for i := range want {
+				require.Equal(t, want[i].Priority, got[i].Priority, "%s: %s %v", what, name, got)
+				require.Equal(t, want[i].Pending, got[i].Pending, "%s: %s %v", what, name, got)
+				require.True(t, want[i].OldestPending.Equal(got[i].OldestPending), "%s: %s priority %d: oldest %v, want %v",
+					what, name, want[i].Priority, got[i].OldestPending, want[i].OldestPending)
+			}
+		}
+	}
+	check("empty")
+
+	// seq:      1  2  3  4  5  6  7  8
+	// priority: 0  0  0  9  9  3  0  9
+	byPriority(t, ob, base, 0, 0, 0, 9, 9, 3, 0, 9)
+	check("eight pending", PriorityStats{9, 3, at(3)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 4, at(0)})
+
+	// The relay sent 4 and 5 (priority 9's mark) and 1 (priority 0's, and
+	// the common one, which stops before 2).
+	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq_9 = 5, sent_seq_0 = 1, sent_seq = 1, seq_floor = max(seq_floor, 5)`)
+	require.NoError(t, err)
+	check("some sent by their priority's mark", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 3, at(1)})
+
+	// Priority 3's only message dies: nothing waits at 3.
+	_, err = ob.DB().Exec(`UPDATE outbox SET dead_at = 1, attempts = 5, last_error = 'refused' WHERE seq = 6`)
+	require.NoError(t, err)
+	check("priority 3 dead", PriorityStats{9, 1, at(7)}, PriorityStats{0, 3, at(1)})
+
+	// Priority 0 all sent: the common mark passes every row but 8.
+	_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq_0 = 7, sent_seq = 7, seq_floor = max(seq_floor, 7)`)
+	require.NoError(t, err)
+	check("only priority 9 waits", PriorityStats{9, 1, at(7)})
+
+	// Requeued, priority 3's message waits again, behind everything, with
+	// its creation time.
+	n, err := ob.RequeueDead(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	check("priority 3 requeued", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)})
+
+	_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq_9 = 8, sent_seq_3 = (SELECT max(seq) FROM outbox), seq_floor = (SELECT max(seq) FROM outbox)`)
+	require.NoError(t, err)
+	check("all sent")
+}
+
+// TestPrioritiesFromTheRelay: what the relay sends leaves its priority's
+// figures, whichever mark it moves.
+func TestPrioritiesFromTheRelay(t *testing.T) {
+	ctx := context.Background()
+	for _, limits := range []bool{false, true} {
+		t.Run(fmt.Sprint("limits=", limits), func(t *testing.T) {
+			opts := Options{}
+			if limits {
+				opts.MaxPendingMessages, opts.MaxPendingBytes = 1000, 1<<20
+			}
+			ob := openTest(t, opts)
+			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+			byPriority(t, ob, base, 0, 5, 0, 5, 9)
+			s, err := ob.Stats(ctx)
+			require.NoError(t, err)
+			require.Len(t, s.Priorities, 3)
+			r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
+			require.NoError(t, err)
+			stop := startRelay(t, r)
+			eventually(t, 5*time.Second, "drained", func() bool {
+				s, err := ob.Stats(ctx)
+				return err == nil && s.Pending == 0
+			})
+			stop()
+			s, err = ob.Stats(ctx)
+			require.NoError(t, err)
+			require.Empty(t, s.Priorities)
+			g, err := ob.Gauges(ctx)
+			require.NoError(t, err)
+			require.Zero(t, g.Pending)
+			require.Empty(t, g.Priorities)
+		})
+	}
+}
+
+// TestPriorityQueriesAreSeeks: the per-priority reads of Stats and Gauges
+// find a priority above 0 through the outbox_priority index and priority
+// 0 by rowid from its mark, never by reading the whole table: that is
+// what keeps a scrape cheap whatever the backlog.
+func TestPriorityQueriesAreSeeks(t *testing.T) {
+	ob := openTest(t, Options{})
+	table := regexp.MustCompile(`^(SCAN|SEARCH) (outbox|o)( |$)`)
+	for name, query := range map[string]string{"stats": statsPrioritiesSQL, "gauges": gaugesPrioritiesSQL, "gauges, priority 0": gaugesFirstOfZeroSQL} {
+		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN ` + query)
+		require.NoError(t, err)
+		var plan []string
+		for rows.Next() {
+			var id, parent, notUsed int
+			var detail string
+			require.NoError(t, rows.Scan(&id, &parent, &notUsed, &detail))
+			plan = append(plan, detail)
+		}
+		require.NoError(t, rows.Err())
+		require.NoError(t, rows.Close())
+		text := strings.Join(plan, "\n")
+		var byIndex, byRowid int
+		for _, step := range plan {
+			if !table.MatchString(step) {
+				continue
+			}
+			switch {
+			case strings.HasSuffix(step, "USING INDEX outbox_priority (priority=? AND seq>?)"):
+				byIndex++
+			case strings.HasSuffix(step, "USING INTEGER PRIMARY KEY (rowid>?)"):
+				byRowid++
+			default:
+				t.Fatalf("%s: %q reads the table otherwise:\n%s", name, step, text)
+			}
+		}
+		switch name {
+		case "stats":
+			require.Equal(t, []int{2, 1}, []int{byIndex, byRowid}, "%s: count and oldest of 1 to 9 by the index, 0 by rowid:\n%s", name, text)
+		case "gauges":
+			require.Equal(t, []int{2, 0}, []int{byIndex, byRowid}, "%s: count and first of 1 to 9 by the index:\n%s", name, text)
+		default:
+			require.Equal(t, []int{0, 1}, []int{byIndex, byRowid}, "%s: by rowid:\n%s", name, text)
+		}
+	}
+}
+
+// BenchmarkGaugesPriorities100k is BenchmarkGauges100k with the backlog
+// spread over priorities 0, 5 and 9: the priorities above 0 are counted
+// in their index.
+func BenchmarkGaugesPriorities100k(b *testing.B) {
+	ob := backlogOutbox(b, 100_000)
+	if _, err := ob.DB().Exec(`UPDATE outbox SET priority = CASE seq % 3 WHEN 1 THEN 5 WHEN 2 THEN 9 ELSE 0 END`); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		g, err := ob.Gauges(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(g.Priorities) != 3 {
+			b.Fatalf("priorities %v", g.Priorities)
+		}
+	}
+}

@@ -139,6 +139,7 @@ type Record struct {
 	CreatedAt   time.Time
 	SentAt      time.Time // zero unless sent: when the relay recorded the acknowledgement
 	DeadAt      time.Time // zero unless dead or expired: when it was parked
+	Priority    int       // Message.Priority; 0 in a file of a schema before priorities
 }
 
 // ListOptions selects rows for List.
@@ -186,10 +187,11 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	if opts.WithPayload {
 		payload = `payload`
 	}
+	priority := o.priorityColumn()
 	// The view outbox_messages derives state and sent_at (schema 2 has no
 	// such columns); where selects by seq, so that SQLite reads a range.
 	rows, err := o.db.QueryContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)), `+payload+`,
-		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
+		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at, `+priority+`
 		FROM outbox_messages WHERE `+where+` ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list: %w", err)
@@ -199,7 +201,7 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	for rows.Next() {
 		r := Record{State: state}
 		if err := rows.Scan(&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size, &r.Payload,
-			&r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt}); err != nil {
+			&r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt}, &r.Priority); err != nil {
 			return nil, fmt.Errorf("outbox: list: %w", err)
 		}
 		out = append(out, r)
@@ -218,10 +220,10 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	var r Record
 	var state string
 	err := o.db.QueryRowContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)),
-		state, attempts, coalesce(last_error, ''), created_at, sent_at, dead_at
+		state, attempts, coalesce(last_error, ''), created_at, sent_at, dead_at, `+o.priorityColumn()+`
 		FROM outbox_messages WHERE id = ? ORDER BY seq DESC LIMIT 1`, id).Scan(
 		&r.Seq, &r.ID, &r.Topic, &r.Type, &r.ContentType, &r.Size,
-		&state, &r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt})
+		&state, &r.Attempts, &r.LastError, millis{&r.CreatedAt}, nullMillis{&r.SentAt}, nullMillis{&r.DeadAt}, &r.Priority)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, fmt.Errorf("%w: no message with id %q", ErrNotFound, id)
 	}
@@ -230,6 +232,15 @@ func (o *Outbox) Get(ctx context.Context, id string) (Record, error) {
 	}
 	r.State = State(state)
 	return r, nil
+}
+
+// priorityColumn is the view's priority column, or 0 in a file of an older
+// schema, read as it is.
+func (o *Outbox) priorityColumn() string {
+	if o.schema < 9 {
+		return `0`
+	}
+	return `priority`
 }
 
 // Requeue makes the dead or expired messages with the given ids pending

@@ -35,6 +35,11 @@ type Message struct {
 	// a backlog, and time the device was off does not count. Zero means
 	// none; negative is refused with ErrInvalidMessage.
 	Expiry time.Duration
+	// Priority is 0 (the default) to MaxPriority, higher first: the relay
+	// publishes the highest priority pending first, and each priority in
+	// commit order; across priorities, commit order does not hold. Out of
+	// range is refused with ErrInvalidMessage.
+	Priority int
 }
 
 // Enqueue writes msgs into the outbox inside tx, the caller's transaction:
@@ -87,6 +92,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		life := expiryMillis(m.Expiry)
 		k := insertPlain
 		switch {
+		case m.Priority > 0:
+			k = insertPriority
 		case life > 0:
 			k = insertExpiring
 		case m.ContentType == "":
@@ -103,6 +110,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life)
 		case insertNoContentType:
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, created)
+		case insertPriority:
+			expiring = expiring || life > 0
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life, m.Priority)
 		default:
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
 		}
@@ -139,6 +149,7 @@ const (
 	insertPlain = iota
 	insertNoContentType
 	insertExpiring
+	insertPriority
 )
 
 var insertSQLs = [...]string{
@@ -148,6 +159,10 @@ var insertSQLs = [...]string{
 	// one: a clock that lags another process's must not shorten it.
 	insertExpiring: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8)`,
+	// A priority above 0, with or without an expiry (?8 = 0: none): rare
+	// enough that one statement binds everything.
+	insertPriority: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at, priority)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END, ?9)`,
 }
 
 // inserts are insertSQLs prepared on an Outbox's database.
@@ -193,6 +208,9 @@ func (o *Outbox) validate(msgs []Message) error {
 		}
 		if m.Expiry < 0 {
 			return fmt.Errorf("message %d: %w: negative Expiry %s", i, ErrInvalidMessage, m.Expiry)
+		}
+		if m.Priority < 0 || m.Priority > MaxPriority {
+			return fmt.Errorf("message %d: %w: Priority %d outside 0..%d", i, ErrInvalidMessage, m.Priority, MaxPriority)
 		}
 		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
 			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)

@@ -160,7 +160,7 @@ const markSQL = `UPDATE outbox_state SET
 		ELSE max(skipped - (?1 - sent_seq)
 			+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
 			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) END,
-	sent_seq = ?1, sent_at = ?2
+	sent_seq = ?1, sent_seq_0 = ?1, seq_floor = max(seq_floor, ?1), sent_at = ?2
 WHERE id = 1 AND sent_seq < ?1
 	AND (?1 - sent_seq <= ?3
 		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)

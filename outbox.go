@@ -100,6 +100,7 @@ type Outbox struct {
 	path       string           // the database file, as SQLite names it
 	ownsDB     bool
 	readOnly   bool // Options.ReadOnly: insert is nil
+	schema     int  // the schema version: SchemaVersion, or older when readOnly
 	maxPayload int
 	prefix     string
 	log        *slog.Logger
@@ -189,7 +190,7 @@ func openInspector(ctx context.Context, path string, opts Options) (*Outbox, err
 		db.Close()
 		return nil, err
 	}
-	o := &Outbox{db: db, ownsDB: true, readOnly: true, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, schema: v, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -251,6 +252,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		path:       file,
 		maxPayload: maxPayload,
 		prefix:     opts.TopicPrefix,
+		schema:     SchemaVersion,
 		log:        opts.Logger,
 		now:        opts.Now,
 		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),

@@ -753,7 +753,7 @@ func TestPurgeTakesTheWriteLockInAGap(t *testing.T) {
 		commitOrder(t, ob, "t", i)
 	}
 	// Sent: what a relay leaves.
-	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = (SELECT max(seq) FROM outbox), sent_at = 1000`)
+	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = (SELECT max(seq) FROM outbox), sent_seq_0 = (SELECT max(seq) FROM outbox), sent_at = 1000`)
 	require.NoError(t, err)
 	rc, err := sqlconn.Open(ctx, ob.DB())
 	require.NoError(t, err)

@@ -1,18 +1,19 @@
--- The outbox schema, version 7: what a new database gets, in one step.
+-- The outbox schema, version 9: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
 --
 -- The contract for writers in any language: INSERT INTO outbox (topic,
--- payload) in the same transaction as the business rows; every other column
--- has a default. Writers never set seq (a trigger renumbers a row whose seq is
+-- payload) in the same transaction as the business rows, and priority (0 to
+-- 9, higher first) if not 0; every other column has a default. Writers never set seq (a trigger renumbers a row whose seq is
 -- at or below what was sent or deleted, and the relay one it finds behind
 -- it), never update rows, and never write outbox_state.
 
--- One row per message. A row is sent when seq <= outbox_state.sent_seq and
--- dead_at is NULL, dead when dead_at is set (expired when expired = 1 too),
+-- One row per message. A row is dead when dead_at is set (expired when
+-- expired = 1 too); sent when dead_at is NULL and its seq is at or below
+-- outbox_state.sent_seq or its priority's mark (sent_seq_0 ... sent_seq_9);
 -- pending otherwise. Nothing else is written per message: no state column,
--- no index on the hot path.
+-- and a row of priority 0 (the default) costs no index entry.
 CREATE TABLE outbox (
 	seq          INTEGER PRIMARY KEY,
 	-- A UUIDv7 built in plain SQL (milliseconds, then random bits), so rows
@@ -33,13 +34,18 @@ CREATE TABLE outbox (
 	expires_at   INTEGER,
 	-- Set, with dead_at, by the relay for a message whose time was up at
 	-- its turn: parked, not published.
-	expired      INTEGER NOT NULL DEFAULT 0
+	expired      INTEGER NOT NULL DEFAULT 0,
+	-- 0 to 9, higher first: the relay publishes the highest priority
+	-- pending first, and each priority in seq (commit) order.
+	priority     INTEGER NOT NULL DEFAULT 0 CHECK (priority IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9))
 );
 
 -- The relay's progress and the limits, in one row.
 CREATE TABLE outbox_state (
 	id                INTEGER PRIMARY KEY CHECK (id = 1),
-	-- Every message up to sent_seq is settled (acknowledged or dead).
+	-- Every message up to sent_seq is settled (acknowledged or dead): the
+	-- common mark, of every priority. A mark moves it up to the first
+	-- pending row, or may leave it behind (never ahead).
 	sent_seq          INTEGER NOT NULL DEFAULT 0,
 	sent_at           INTEGER,
 	max_pending_count INTEGER NOT NULL DEFAULT 0,
@@ -47,12 +53,15 @@ CREATE TABLE outbox_state (
 	-- The payload bytes of pending messages, kept only while a byte limit
 	-- is set.
 	pending_bytes     INTEGER NOT NULL DEFAULT 0,
-	-- The seq of the newest row ever deleted: numbers are never reused.
+	-- A new row is numbered above it: the newest seq ever deleted or ever
+	-- marked (sent_seq_P). Numbers are never reused, and a row renumbered
+	-- above max(seq_floor, sent_seq) is above every priority's mark.
 	seq_floor         INTEGER NOT NULL DEFAULT 0,
 	-- Sequence numbers above sent_seq that hold no pending message (dead
-	-- rows and the gaps deleted dead rows leave), kept only while a message
-	-- limit is set: pending = max(max(seq), seq_floor, sent_seq) - sent_seq
-	-- - skipped, without counting rows.
+	-- rows, rows sent by their priority's mark, and the gaps deleted rows
+	-- leave), kept only while a message limit is set: pending =
+	-- max(max(seq), seq_floor, sent_seq) - sent_seq - skipped, without
+	-- counting rows.
 	skipped           INTEGER NOT NULL DEFAULT 0,
 	-- The outbox clock that expiry is measured on: milliseconds of monotonic
 	-- time during which an outbox ran on this database (downtime does not
@@ -62,14 +71,30 @@ CREATE TABLE outbox_state (
 	-- The largest payload, in bytes, that an INSERT takes, whoever writes
 	-- it; the relay parks a longer one, already stored, dead without
 	-- reading it. Options.MaxPayloadBytes and outboxctl init set it.
-	max_payload_bytes INTEGER NOT NULL DEFAULT 262144
+	max_payload_bytes INTEGER NOT NULL DEFAULT 262144,
+	-- The mark of each priority: every message of priority P up to
+	-- sent_seq_P is settled. The relay publishes a priority in seq order,
+	-- so one number per priority says what was sent ahead of sent_seq.
+	sent_seq_0        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_1        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_2        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_3        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_4        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_5        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_6        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_7        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_8        INTEGER NOT NULL DEFAULT 0,
+	sent_seq_9        INTEGER NOT NULL DEFAULT 0
 );
 INSERT INTO outbox_state (id) VALUES (1);
 
--- When each mark was recorded, for retention and Record.SentAt.
+-- When each mark of a priority was recorded, for retention and
+-- Record.SentAt: a row's sent_at is its priority's first entry at or above
+-- its seq (the marked rows' seqs, so unique across priorities).
 CREATE TABLE outbox_sent_log (
-	seq     INTEGER PRIMARY KEY,
-	sent_at INTEGER NOT NULL
+	seq      INTEGER PRIMARY KEY,
+	sent_at  INTEGER NOT NULL,
+	priority INTEGER NOT NULL DEFAULT 0
 );
 
 -- Which relay drains this database. The holder bumps token on every renewal;
@@ -109,9 +134,32 @@ CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;
 CREATE UNIQUE INDEX outbox_chosen_id ON outbox (id)
 WHERE NOT (length(id) = 36 AND substr(id, 15, 1) = '7' AND substr(id, 9, 1) = '-');
 
--- A mark is one statement on outbox_state; this logs when it was made.
-CREATE TRIGGER outbox_sent_logged AFTER UPDATE OF sent_seq ON outbox_state
-BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at) VALUES (NEW.sent_seq, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))); END;
+-- The next pending row of a priority above 0 is a seek here; so are the
+-- counts of a priority. Rows of priority 0 are read by seq.
+CREATE INDEX outbox_priority ON outbox (priority, seq) WHERE priority > 0 AND dead_at IS NULL;
+
+-- A mark of a priority is one statement on outbox_state; these log when it
+-- was made, one trigger per priority so that a mark runs only its own.
+CREATE TRIGGER outbox_sent_logged_0 AFTER UPDATE OF sent_seq_0 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_0, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 0); END;
+CREATE TRIGGER outbox_sent_logged_1 AFTER UPDATE OF sent_seq_1 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_1, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 1); END;
+CREATE TRIGGER outbox_sent_logged_2 AFTER UPDATE OF sent_seq_2 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_2, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 2); END;
+CREATE TRIGGER outbox_sent_logged_3 AFTER UPDATE OF sent_seq_3 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_3, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 3); END;
+CREATE TRIGGER outbox_sent_logged_4 AFTER UPDATE OF sent_seq_4 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_4, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 4); END;
+CREATE TRIGGER outbox_sent_logged_5 AFTER UPDATE OF sent_seq_5 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_5, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 5); END;
+CREATE TRIGGER outbox_sent_logged_6 AFTER UPDATE OF sent_seq_6 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_6, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 6); END;
+CREATE TRIGGER outbox_sent_logged_7 AFTER UPDATE OF sent_seq_7 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_7, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 7); END;
+CREATE TRIGGER outbox_sent_logged_8 AFTER UPDATE OF sent_seq_8 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_8, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 8); END;
+CREATE TRIGGER outbox_sent_logged_9 AFTER UPDATE OF sent_seq_9 ON outbox_state
+BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_9, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 9); END;
 
 -- The work an insert needs only rarely, in this order (outbox_inserted
 -- runs it through the view, so that its registers are set up only then):
@@ -223,13 +271,14 @@ BEGIN
 END;
 
 -- Schema 1's columns, state and sent_at derived, for readers and tools;
--- since schema 5 state may also be 'expired'.
+-- since schema 5 state may also be 'expired', since schema 9 each row says
+-- its priority.
 CREATE VIEW outbox_messages AS
 SELECT o.seq, o.id, o.topic, o.payload, o.type, o.content_type, o.created_at,
 	CASE WHEN o.dead_at IS NOT NULL THEN CASE WHEN o.expired THEN 'expired' ELSE 'dead' END
-		WHEN o.seq <= st.sent_seq THEN 'sent' ELSE 'pending' END AS state,
+		WHEN o.seq <= st.sent_seq OR o.seq <= CASE o.priority WHEN 0 THEN st.sent_seq_0 WHEN 1 THEN st.sent_seq_1 WHEN 2 THEN st.sent_seq_2 WHEN 3 THEN st.sent_seq_3 WHEN 4 THEN st.sent_seq_4 WHEN 5 THEN st.sent_seq_5 WHEN 6 THEN st.sent_seq_6 WHEN 7 THEN st.sent_seq_7 WHEN 8 THEN st.sent_seq_8 WHEN 9 THEN st.sent_seq_9 END THEN 'sent' ELSE 'pending' END AS state,
 	o.attempts, o.last_error,
-	CASE WHEN o.dead_at IS NULL AND o.seq <= st.sent_seq
-		THEN (SELECT l.sent_at FROM outbox_sent_log l WHERE l.seq >= o.seq ORDER BY l.seq LIMIT 1) END AS sent_at,
-	o.dead_at
+	CASE WHEN o.dead_at IS NULL AND (o.seq <= st.sent_seq OR o.seq <= CASE o.priority WHEN 0 THEN st.sent_seq_0 WHEN 1 THEN st.sent_seq_1 WHEN 2 THEN st.sent_seq_2 WHEN 3 THEN st.sent_seq_3 WHEN 4 THEN st.sent_seq_4 WHEN 5 THEN st.sent_seq_5 WHEN 6 THEN st.sent_seq_6 WHEN 7 THEN st.sent_seq_7 WHEN 8 THEN st.sent_seq_8 WHEN 9 THEN st.sent_seq_9 END)
+		THEN (SELECT l.sent_at FROM outbox_sent_log l WHERE l.seq >= o.seq AND l.priority = o.priority ORDER BY l.seq LIMIT 1) END AS sent_at,
+	o.dead_at, o.priority
 FROM outbox o, outbox_state st WHERE st.id = 1;

@@ -41,7 +41,7 @@ func closedOutbox(t *testing.T, extra ...string) string {
 		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":2}`)},
 		outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":3}`)},
 	)
-	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = 3, sent_at = 1000`)
+	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = 3, sent_seq_0 = 3, sent_at = 1000`)
 	require.NoError(t, err)
 	for _, q := range extra {
 		_, err := ob.DB().Exec(q)

@@ -282,7 +282,7 @@ func TestStatusListRequeuePurge(t *testing.T) {
 	)
 	db := ob.DB()
 	// What a relay leaves: seq 1 sent, 2 and 3 dead.
-	_, err := db.Exec(`UPDATE outbox_state SET sent_seq = 1, sent_at = 1000`)
+	_, err := db.Exec(`UPDATE outbox_state SET sent_seq = 1, sent_seq_0 = 1, sent_at = 1000`)
 	require.NoError(t, err)
 	_, err = db.Exec(`UPDATE outbox SET attempts = 5, last_error = 'refused', dead_at = 2000 WHERE seq IN (2, 3)`)
 	require.NoError(t, err)

@@ -187,19 +187,19 @@ func benchMarkSent(b *testing.B, batch int) {
 	r, rc := relayConnFor(b, ob)
 	next := int64(1)
 	marked := 0
-	acked := make([]int64, batch)
+	acked := make([]mark, batch)
 	b.ReportAllocs()
 	for b.Loop() {
 		if next+int64(batch) > n+1 {
 			b.StopTimer()
-			if _, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = 0`); err != nil {
+			if _, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq = 0, sent_seq_0 = 0`); err != nil {
 				b.Fatal(err)
 			}
 			next = 1
 			b.StartTimer()
 		}
 		for i := range acked {
-			acked[i] = next + int64(i)
+			acked[i] = mark{seq: next + int64(i)}
 		}
 		next += int64(batch)
 		if err := r.markSent(rc, acked); err != nil {

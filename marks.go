@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/edgeoutbox/outbox/internal/lease"
@@ -37,10 +39,11 @@ const (
 
 // mark is an acknowledged row for the mark loop; ends says it is the last
 // row of its MQTT message, which the mark then settles (durable.Gate
-// counts messages).
+// counts messages); priority is the row's, whose mark it moves.
 type mark struct {
-	seq  int64
-	ends bool
+	seq      int64
+	ends     bool
+	priority uint8
 }
 
 // markSlots is how many acknowledged messages may wait for their mark.
@@ -49,7 +52,7 @@ func markSlots(window int) int { return max(window, minMarkSlots) }
 // markLoop records acknowledged messages as sent, many per statement.
 func (s *session) markLoop() {
 	r := s.r
-	batch := make([]int64, 0, maxMarkBatch)
+	batch := make([]mark, 0, maxMarkBatch)
 	ends := int64(0) // messages the batch settles
 	// A mark costs about the same however many messages it records
 	// (BenchmarkMarkSent64): when few acknowledgements are queued, wait a
@@ -60,7 +63,7 @@ func (s *session) markLoop() {
 	wait := time.NewTimer(0)
 	defer wait.Stop()
 	add := func(m mark) {
-		batch = append(batch, m.seq)
+		batch = append(batch, m)
 		if m.ends {
 			ends++
 		}
@@ -95,8 +98,9 @@ func (s *session) markLoop() {
 		}
 		wait.Stop()
 		for attempt := 0; ; attempt++ {
-			// Marks arrive in sequence order and only while nothing
-			// before them failed: everything up to the last is settled.
+			// Marks arrive in sequence order within each priority, and
+			// only while nothing before them failed: everything of a
+			// priority up to its last is settled.
 			err := r.markSent(s.conn, batch)
 			if err == nil {
 				s.gate.Settle(ends)
@@ -129,29 +133,62 @@ func (s *session) markLoop() {
 	}
 }
 
-// markSQL is the mark: one statement on one row, whatever the batch's
-// size; a trigger logs when. ?1 is the seq up to which everything is
-// settled, ?3 how many of the rows after the last mark were acknowledged.
+// markSQLs[p] is the mark of priority p: one statement on one row, whatever
+// the batch's size; a trigger logs when. ?1 is the seq up to which every
+// message of priority p is settled, ?3 how many of them were acknowledged
+// since p's last mark. It is made when fastMarkSQLs[p], tried first, was
+// not.
+//
+// It sets p's mark, and raises seq_floor to it (a new row is numbered above
+// every mark), and moves the common mark, sent_seq, up to just below the
+// first pending row of any priority. That search is a seek per priority
+// above 0 in the outbox_priority index, then a walk by seq from the common
+// mark (or priority 0's, if higher) for the first pending row of priority 0,
+// which stops at the others' first and after markWalk numbers: the common
+// mark may lag (that is conservative, and the next mark goes on), but a
+// mark never reads more than that many rows.
 //
 // Pending bytes are counted only while a byte limit is set, the numbers
-// that hold no pending message only while a message limit is: those the
-// mark passes leave the count, and a mark that passes every row leaves
-// nothing pending, which puts right a pending row an INSERT OR REPLACE
-// deleted without a DELETE trigger (schema/outbox.sql). All are counts
-// over the rows just acknowledged; count(*) over a range of seq reads no
-// column, and the dead ones are in the outbox_dead index.
+// that hold no pending message only while a message limit is: p's live rows
+// just marked leave the pending count (skipped grows by them) and the
+// numbers the common mark passes leave the range it is counted over
+// (skipped shrinks by them); a mark after which nothing is pending leaves
+// both at 0, which puts right a pending row an INSERT OR REPLACE deleted
+// without a DELETE trigger (schema/outbox.sql). The counts are over p's
+// range only: index seeks for a priority above 0; for priority 0, the
+// numbers in the range less its dead rows (the outbox_dead index) and the
+// live rows of the other priorities (seeks), so that no row is read.
 //
-// The mark is not made when the range holds more live rows than were
-// acknowledged: a writer set a seq into a gap the relay had read past
-// (the insert looks for that only while a limit is set), and the mark would
-// take that row as sent. markSent moves it to the end first. A range whose
-// every number was acknowledged (no dead rows, no gaps: the common case)
-// has no room for such a row, and is not counted.
+// The mark is not made when p's range holds more live rows of p than were
+// acknowledged: a writer set a seq into a gap the relay had read past (the
+// insert looks for that only while a limit is set), and the mark would take
+// that row as sent. markSent moves it to the end first. A range whose every
+// number was acknowledged (the common case with one priority) has no room
+// for such a row, and is not counted.
 //
 // Nor is it made once the lease is another relay's (lease.HeldSQL, its
 // arguments after ?3): a relay stopped while its PUBACKs came would record
 // as sent what its successor is sending.
-const markSQL = `UPDATE outbox_state SET
+//
+// The subqueries in FROM end in LIMIT 1 so that SQLite does not flatten
+// them, which would evaluate their seeks once per use.
+var markSQLs = func() (q [MaxPriority + 1]string) {
+	for p := range q {
+		q[p] = markSQLFor(p)
+	}
+	return q
+}()
+
+// fastMarkSQLs[p] is the mark of priority p where p's range starts at the
+// common mark and every number in it was acknowledged: the common case, and
+// the only one with priority 0 alone. Those numbers are all p's settled
+// rows, so the common mark moves with p's to ?1 with no search (and may lag
+// behind rows of other priorities sent ahead, until a mark of markSQLs
+// passes them); the counts are markSQLs', over the range. It changes
+// nothing in any other case, at the cost of a comparison.
+var fastMarkSQLs = func() (q [MaxPriority + 1]string) {
+	for p := range q {
+		q[p] = `UPDATE outbox_state SET
 	pending_bytes = CASE WHEN max_pending_bytes = 0 OR ?1 >= coalesce((SELECT max(seq) FROM outbox), 0) THEN 0
 		ELSE max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
 			WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NULL), 0) END,
@@ -160,41 +197,118 @@ const markSQL = `UPDATE outbox_state SET
 		ELSE max(skipped - (?1 - sent_seq)
 			+ (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
 			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL), 0) END,
-	sent_seq = ?1, sent_seq_0 = ?1, seq_floor = max(seq_floor, ?1), sent_at = ?2
-WHERE id = 1 AND sent_seq < ?1
-	AND (?1 - sent_seq <= ?3
-		OR (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1)
-			- (SELECT count(*) FROM outbox WHERE seq > outbox_state.sent_seq AND seq <= ?1 AND dead_at IS NOT NULL) <= ?3)
+	sent_seq = ?1, sent_seq_` + strconv.Itoa(p) + ` = ?1, seq_floor = max(seq_floor, ?1), sent_at = ?2
+WHERE id = 1 AND sent_seq < ?1 AND sent_seq >= sent_seq_` + strconv.Itoa(p) + ` AND ?1 - sent_seq <= ?3
 	AND ` + lease.HeldSQL
+	}
+	return q
+}()
 
-// markSent records that every message up to and including the last of
-// acked is settled; acked are the messages acknowledged since the last
-// mark, in order. With a negative Retention the sent rows are then deleted.
-func (r *Relay) markSent(conn *sqlconn.Conn, acked []int64) error {
-	seq, n := acked[len(acked)-1], len(acked)
+// markWalk bounds the numbers a mark walks for priority 0's first pending
+// row.
+const markWalk = 1024
+
+// noSeq stands for "no pending row" in the mark's search for the first.
+const noSeq = "9223372036854775807"
+
+func markSQLFor(p int) string {
+	// Each priority's mark as it will be: ?1 for p.
+	markOf := func(q int) string {
+		if q == p {
+			return "?1"
+		}
+		return "s.sent_seq_" + strconv.Itoa(q)
+	}
+	var firsts []string
+	for q := 1; q <= MaxPriority; q++ {
+		firsts = append(firsts, `coalesce((SELECT seq FROM outbox WHERE priority = `+strconv.Itoa(q)+` AND priority > 0 AND dead_at IS NULL
+				AND seq > max(s.sent_seq, `+markOf(q)+`) ORDER BY seq LIMIT 1), `+noSeq+`)`)
+	}
+	// p's live rows in (x.a, ?1]: what the mark settles.
+	inRange := `seq > x.a AND seq <= ?1`
+	live := `priority = ` + strconv.Itoa(p) + ` AND priority > 0 AND dead_at IS NULL AND ` + inRange
+	count := `(SELECT count(*) FROM outbox WHERE ` + live + `)`
+	if p == 0 {
+		live = inRange + ` AND priority = 0 AND dead_at IS NULL`
+		count = `((SELECT count(*) FROM outbox WHERE ` + inRange + `)
+				- (SELECT count(*) FROM outbox WHERE ` + inRange + ` AND dead_at IS NOT NULL)`
+		for q := 1; q <= MaxPriority; q++ {
+			count += `
+				- (SELECT count(*) FROM outbox WHERE priority = ` + strconv.Itoa(q) + ` AND priority > 0 AND dead_at IS NULL AND ` + inRange + `)`
+		}
+		count += `)`
+	}
+	return `UPDATE outbox_state SET
+	pending_bytes = CASE WHEN max_pending_bytes = 0 OR y.l >= y.top THEN 0
+		ELSE max(pending_bytes - (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+			WHERE ` + strings.ReplaceAll(live, "x.a", "y.a") + `), 0) END,
+	skipped = CASE WHEN max_pending_count = 0 OR y.l >= y.top THEN 0
+		ELSE max(skipped + y.k - (y.l - sent_seq), 0) END,
+	sent_seq = y.l, sent_seq_` + strconv.Itoa(p) + ` = ?1, seq_floor = max(seq_floor, ?1), sent_at = ?2
+FROM (SELECT x.a, x.top,
+		CASE WHEN x.count_limit OR ?1 - x.a > ?3 THEN ` + count + ` END AS k,
+		min(coalesce((SELECT seq FROM outbox WHERE seq > x.a0 AND seq < min(x.bound, x.a0 + ` + strconv.Itoa(markWalk) + `)
+				AND priority = 0 AND dead_at IS NULL ORDER BY seq LIMIT 1),
+			min(x.bound, x.a0 + ` + strconv.Itoa(markWalk) + `)) - 1, x.top) AS l
+	FROM (SELECT max(s.sent_seq, s.sent_seq_` + strconv.Itoa(p) + `) AS a, max(s.sent_seq, ` + markOf(0) + `) AS a0,
+			max(coalesce((SELECT max(seq) FROM outbox), 0), s.seq_floor, s.sent_seq, ?1) AS top,
+			s.max_pending_count > 0 AS count_limit,
+			min(` + strings.Join(firsts, `,
+				`) + `) AS bound
+		FROM outbox_state s WHERE s.id = 1 LIMIT 1) x LIMIT 1) y
+WHERE id = 1 AND ?1 > y.a
+	AND (?1 - y.a <= ?3 OR y.k <= ?3)
+	AND ` + lease.HeldSQL
+}
+
+// markSent records that every message of each priority in acked up to and
+// including its last there is settled; acked are the messages acknowledged
+// since the last mark, in order within each priority (priorities may mix).
+// One priority is one statement; several are made in one transaction. With
+// a negative Retention the sent rows are then deleted.
+func (r *Relay) markSent(conn *sqlconn.Conn, acked []mark) error {
+	var last [MaxPriority + 1]int64
+	var count [MaxPriority + 1]int
+	marked := 0 // priorities in acked
+	for _, m := range acked {
+		if count[m.priority] == 0 {
+			marked++
+		}
+		last[m.priority] = m.seq
+		count[m.priority]++
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := conn.Do(func(c *sql.Conn) error {
-		marked, err := conn.ExecPollingCount(ctx, c, markSQL, r.markArgs(seq, n)...)
-		if err != nil {
-			return err
-		}
-		if marked == 0 {
-			if err := r.markPastIntruders(ctx, conn, c, acked); err != nil {
+		if marked == 1 {
+			p := acked[0].priority
+			args := r.markArgs(last[p], count[p])
+			n, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
+			if err == nil && n == 0 {
+				n, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
+			}
+			if err != nil {
 				return err
 			}
+			if n == 0 {
+				if err := r.markPastIntruders(ctx, conn, c, p, acked, false); err != nil {
+					return err
+				}
+			}
+		} else if err := r.markPriorities(ctx, conn, c, acked, &last, &count); err != nil {
+			return err
 		}
 		if r.opts.Retention < 0 {
 			// Not atomic with the mark, and need not be: rows left by a
 			// crash in between are sent, and the purge takes them.
-			return conn.ExecPolling(ctx, c, `DELETE FROM outbox WHERE seq <= ? AND dead_at IS NULL`, seq)
+			return deleteSent(ctx, conn, c, &count)
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: mark sent: %w", classifyWriteErr(err))
 	}
-	r.sent.Add(int64(n))
+	r.sent.Add(int64(len(acked)))
 	r.metrics.writeFailed.Store(false)
 	r.mu.Lock()
 	r.lastAck = r.ob.now()
@@ -202,21 +316,104 @@ func (r *Relay) markSent(conn *sqlconn.Conn, acked []int64) error {
 	return nil
 }
 
-// markArgs are markSQL's arguments for a mark up to seq of n messages.
+// deleteSentSQLs[p] deletes the sent rows, for a negative Retention: [0]
+// those up to the common mark, a range; [p] those of priority p above 0
+// sent ahead of it, a seek in the outbox_priority index. A row of priority
+// 0 sent ahead of the common mark waits for it to pass.
+var deleteSentSQLs = func() (q [MaxPriority + 1]string) {
+	q[0] = `DELETE FROM outbox WHERE seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL`
+	for p := 1; p <= MaxPriority; p++ {
+		q[p] = `DELETE FROM outbox WHERE ` + liveOfSQL(p) + `
+			AND seq <= (SELECT sent_seq_` + strconv.Itoa(p) + ` FROM outbox_state WHERE id = 1)`
+	}
+	return q
+}()
+
+// deleteSent deletes the sent rows up to the common mark and those of the
+// priorities above 0 just marked.
+func deleteSent(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, count *[MaxPriority + 1]int) error {
+	for p, q := range deleteSentSQLs {
+		if p == 0 || count[p] > 0 {
+			if err := conn.ExecPolling(ctx, c, q); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// markPriorities makes the marks of several priorities in one transaction.
+func (r *Relay) markPriorities(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, acked []mark, last *[MaxPriority + 1]int64, count *[MaxPriority + 1]int) error {
+	if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+		return err
+	}
+	err := func() error {
+		for p := MaxPriority; p >= 0; p-- {
+			if count[p] == 0 {
+				continue
+			}
+			args := r.markArgs(last[p], count[p])
+			n, err := execCount(ctx, c, fastMarkSQLs[p], args)
+			if err == nil && n == 0 {
+				n, err = execCount(ctx, c, markSQLs[p], args)
+			}
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				if err := r.markPastIntruders(ctx, conn, c, uint8(p), acked, true); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}()
+	return endTx(ctx, c, err)
+}
+
+// execCount runs q and reports how many rows it changed.
+func execCount(ctx context.Context, c *sql.Conn, q string, args []any) (int64, error) {
+	res, err := c.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// endTx commits a transaction, or rolls it back after err.
+func endTx(ctx context.Context, c *sql.Conn, err error) error {
+	if err == nil {
+		_, err = c.ExecContext(ctx, `COMMIT`)
+	}
+	if err != nil {
+		c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	}
+	return err
+}
+
+// markArgs are a mark's arguments for a mark up to seq of n messages.
 func (r *Relay) markArgs(seq int64, n int) []any {
 	return append([]any{seq, r.ob.now().UnixMilli(), n}, r.lease.HeldArgs()...)
 }
 
-// markPastIntruders is markSent's slow road, for a mark markSQL did not
-// make: the lease is gone (ErrLeaseLost), the mark was already made
-// (nothing to do), or the range holds rows the relay never read. Those are
-// moved above every number used, as the insert moves a row it catches, and
-// are published in their turn; then the mark is made, in the same
-// transaction, so no writer comes in between.
-func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, acked []int64) error {
-	seq, n := acked[len(acked)-1], len(acked)
-	if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
-		return err
+// markPastIntruders is markSent's slow road, for a mark of priority p that
+// markSQLs[p] did not make: the lease is gone (ErrLeaseLost), the mark was
+// already made (nothing to do), or p's range holds rows of p the relay never
+// read. Those are moved above every number used, as the insert moves a row
+// it catches, and are published in their turn; then the mark is made, in
+// the same transaction (inTx: the caller's), so no writer comes in between.
+func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, p uint8, acked []mark, inTx bool) error {
+	var seqs []int64 // p's acknowledged rows, in order
+	for _, m := range acked {
+		if m.priority == p {
+			seqs = append(seqs, m.seq)
+		}
+	}
+	seq, n := seqs[len(seqs)-1], len(seqs)
+	if !inTx {
+		if err := conn.ExecPolling(ctx, c, `BEGIN IMMEDIATE`); err != nil {
+			return err
+		}
 	}
 	err := func() error {
 		// Not made because the lease is gone? Then nothing is moved either.
@@ -224,7 +421,8 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 			return err
 		}
 		rows, err := c.QueryContext(ctx, `SELECT seq FROM outbox
-			WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND seq <= ? AND dead_at IS NULL ORDER BY seq`, seq)
+			WHERE `+liveOfSQL(int(p))+` AND seq > (SELECT max(sent_seq, `+markOfSQL(strconv.Itoa(int(p)), "outbox_state")+`)
+				FROM outbox_state WHERE id = 1) AND seq <= ? ORDER BY seq`, seq)
 		if err != nil {
 			return err
 		}
@@ -235,7 +433,7 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 				rows.Close()
 				return err
 			}
-			if _, ok := slices.BinarySearch(acked, s); !ok {
+			if _, ok := slices.BinarySearch(seqs, s); !ok {
 				intruders = append(intruders, s)
 			}
 		}
@@ -253,18 +451,23 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 			if _, err := c.ExecContext(ctx, `UPDATE outbox_state SET skipped = skipped + 1 WHERE id = 1 AND max_pending_count > 0`); err != nil {
 				return err
 			}
-			r.log.Warn("outbox row written behind the relay (a seq set into a gap) moved to the end", "seq", s)
+			r.log.Warn("outbox row written behind the relay (a seq set into a gap) moved to the end", "seq", s, "priority", p)
 		}
-		_, err = c.ExecContext(ctx, markSQL, r.markArgs(seq, n)...)
+		_, err = c.ExecContext(ctx, markSQLs[p], r.markArgs(seq, n)...)
 		return err
 	}()
-	if err != nil {
-		c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	if inTx {
 		return err
 	}
-	if _, err := c.ExecContext(ctx, `COMMIT`); err != nil {
-		c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-		return err
+	return endTx(ctx, c, err)
+}
+
+// liveOfSQL is the SQL condition that a row is live (not dead) and of
+// priority p, in the terms that let SQLite seek the outbox_priority index
+// for a priority above 0.
+func liveOfSQL(p int) string {
+	if p == 0 {
+		return `priority = 0 AND dead_at IS NULL`
 	}
-	return nil
+	return `priority = ` + strconv.Itoa(p) + ` AND priority > 0 AND dead_at IS NULL`
 }

@@ -74,18 +74,20 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 	var s Stats
 	// The pending rows are read once for their count, bytes and oldest
 	// creation time: not the first in line's, since a requeued message
-	// joins the back of the line with its own.
+	// joins the back of the line with its own. Above the common mark,
+	// the view's state says which rows their priority's mark passed.
 	err := q.QueryRowContext(ctx, `SELECT
 		p.n, p.bytes,
 		max_pending_count, max_pending_bytes,
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL),
-		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL),
+		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL)
+			+ (SELECT count(*) FROM outbox_messages WHERE seq > st.sent_seq AND dead_at IS NULL AND state = 'sent'),
 		p.oldest,
 		(SELECT coalesce(max(version), 0) FROM outbox_schema),
 		coalesce((SELECT owner FROM outbox_lease WHERE name = 'relay'), ''),
 		(SELECT expires_at FROM outbox_lease WHERE name = 'relay' AND owner <> '' AND expires_at > 0)
 		FROM outbox_state st, (SELECT count(*) AS n, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes, min(created_at) AS oldest
-			FROM outbox WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL) p
+			FROM outbox_messages WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL AND state = 'pending') p
 		WHERE st.id = 1`).Scan(
 		&s.Pending, &s.PendingBytes, &s.MaxPendingMessages, &s.MaxPendingBytes,
 		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, nullMillis{&s.LeaseExpires})
@@ -162,9 +164,12 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	var where string
 	switch state {
 	case StatePending:
-		where = `seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL`
+		// state is the view's, as below: above the common mark, a row
+		// its priority's mark passed is sent.
+		where = `seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL AND state = 'pending'`
 	case StateSent:
-		where = `seq > ? AND seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL`
+		// Every mark raises seq_floor to what it marks.
+		where = `seq > ? AND seq <= (SELECT max(seq_floor, sent_seq) FROM outbox_state WHERE id = 1) AND dead_at IS NULL AND state = 'sent'`
 	case StateDead, StateExpired:
 		// state is the view's: a file of an older schema, read as it is,
 		// has no expired column, and no expired row.

@@ -201,10 +201,10 @@ func (r *Relay) Metrics() RelayMetrics {
 type Gauges struct {
 	// Pending is the number of pending messages. With a message limit set
 	// it comes from the counters the triggers keep, exact. Without, it is
-	// the sequence numbers above the relay's mark less the dead rows there:
-	// exact unless numbers above the mark hold no row — a requeue of a
-	// message the relay had not passed, rows deleted by hand — and then
-	// more than the truth until the relay passes them.
+	// the sum of Priorities' (see there): exact unless numbers above the
+	// mark of priority 0 hold no row — a requeue of a message the relay
+	// had not passed, rows deleted by hand — and then more than the truth
+	// until the relay passes them.
 	Pending int64
 	// PendingBytes is their payload bytes, known (PendingBytesKnown) only
 	// while a byte limit is set; otherwise Stats counts them.
@@ -225,9 +225,10 @@ type Gauges struct {
 	FreeBytesKnown bool
 	// Priorities are the pending messages by priority, highest first: one
 	// for each priority that has any. Those above 0 are counted in their
-	// index, exact; priority 0's Pending is Pending less theirs, as exact
-	// as Pending. OldestPending is the first in line's, as OldestPending
-	// above.
+	// index, exact. Priority 0's, which has no index, is Pending less
+	// theirs with a message limit set; without, the numbers above its mark
+	// less the dead rows and the other priorities' rows there. Each
+	// OldestPending is the first in line's, as OldestPending above.
 	Priorities []PriorityStats
 }
 
@@ -241,7 +242,7 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 			ELSE max(coalesce((SELECT max(seq) FROM outbox), 0), st.sent_seq) - st.sent_seq
 				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq) END,
 		st.pending_bytes, st.max_pending_count, st.max_pending_bytes,
-		(SELECT created_at FROM outbox WHERE seq > st.sent_seq AND dead_at IS NULL ORDER BY seq LIMIT 1),
+		(SELECT o.created_at FROM outbox o WHERE o.seq > st.sent_seq AND `+pendingSQL("o", "st")+` ORDER BY o.seq LIMIT 1),
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
 		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead)
 	if err != nil {
@@ -259,7 +260,7 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 		g.WALBytes = fi.Size()
 	}
 	g.FreeBytes, g.FreeBytesKnown = reserve.FreeBytes(o.path)
-	if err := o.readGaugesPriorities(ctx, &g); err != nil {
+	if err := o.readGaugesPriorities(ctx, &g, maxCount > 0); err != nil {
 		return Gauges{}, err
 	}
 	return g, nil

@@ -49,6 +49,16 @@ var statsPrioritiesSQL = aboveZeroSQL + `SELECT k.p, (SELECT count(*) FROM outbo
 var gaugesPrioritiesSQL = aboveZeroSQL + `SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
 	(SELECT o.created_at FROM outbox o WHERE ` + pendingOfKSQL + ` ORDER BY o.seq LIMIT 1) FROM k`
 
+// gaugesZeroSQL counts the numbers above priority 0's mark less those
+// that hold a dead row (in the outbox_dead index) or a live row of a
+// priority above 0 (in the outbox_priority index).
+var gaugesZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `),
+	x(s) AS (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + `) FROM outbox_state st WHERE st.id = 1)
+	SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), x.s) - x.s
+		- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > x.s)
+		- (SELECT coalesce(sum((SELECT count(*) FROM outbox o WHERE o.priority = m.p AND o.priority > 0 AND o.dead_at IS NULL AND o.seq > x.s)), 0) FROM m)
+	FROM x`
+
 // gaugesFirstOfZeroSQL reads the creation time of the first pending
 // message of priority 0 in line.
 var gaugesFirstOfZeroSQL = `SELECT created_at FROM outbox WHERE ` + zeroPendingSQL + ` ORDER BY seq LIMIT 1`
@@ -86,16 +96,21 @@ func readStatsPriorities(ctx context.Context, q querier, s *Stats) error {
 
 // readGaugesPriorities reads Gauges.Priorities without a scan of the
 // table: the priorities above 0 from their index; priority 0, which has
-// none, as g.Pending less theirs, and its first in line by a seek from
-// its mark, made only when that leaves any.
-func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges) error {
+// none, from the numbers above its mark. With a message limit set,
+// g.Pending comes from the counters, exact, and priority 0's is what the
+// others leave of it. Without, priority 0's is the numbers above its mark
+// less those that hold a dead row or a row of another priority (each
+// counted in its index), and g.Pending the sum: more than the truth only
+// while numbers there hold no row (Gauges.Pending). Its first in line is
+// read by a seek from its mark, made only when it has any.
+func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bool) error {
 	rows, err := o.db.QueryContext(ctx, gaugesPrioritiesSQL)
 	if err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
 	defer rows.Close()
 	g.Priorities = nil
-	rest := g.Pending
+	var above int64
 	for rows.Next() {
 		var ps PriorityStats
 		if err := rows.Scan(&ps.Priority, &ps.Pending, nullMillis{&ps.OldestPending}); err != nil {
@@ -103,18 +118,25 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges) error {
 		}
 		if ps.Pending > 0 {
 			g.Priorities = append(g.Priorities, ps)
-			rest -= ps.Pending
+			above += ps.Pending
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
-	if rest > 0 {
-		zero := PriorityStats{Priority: 0, Pending: rest}
+	zero := PriorityStats{Priority: 0, Pending: g.Pending - above}
+	if !counted {
+		if err := o.db.QueryRowContext(ctx, gaugesZeroSQL).Scan(&zero.Pending); err != nil {
+			return fmt.Errorf("outbox: gauges: %w", err)
+		}
+		zero.Pending = max(zero.Pending, 0)
+		g.Pending = zero.Pending + above
+	}
+	if zero.Pending > 0 {
 		err := o.db.QueryRowContext(ctx, gaugesFirstOfZeroSQL).Scan(nullMillis{&zero.OldestPending})
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			// Pending counted numbers that hold no message of priority 0.
+			// The numbers counted hold no message of priority 0.
 		case err != nil:
 			return fmt.Errorf("outbox: gauges: %w", err)
 		default:

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/edgeoutbox/outbox/internal/sqlconn"
 )
 
 // byPriority writes rows of the given priorities by plain SQL, in this
@@ -29,67 +31,91 @@ func byPriority(t *testing.T, ob *Outbox, base time.Time, prios ...int) []int64 
 
 // TestStatsAndGaugesByPriority: Stats and Gauges say how many messages
 // wait at each priority that has any, highest first, and since when, as
-// the marks of each priority and the common one move, rows die and are
-// requeued.
+// the relay's marks of each priority (and so the common one) move, rows
+// die and are requeued; with a message limit (the counters) and without.
 func TestStatsAndGaugesByPriority(t *testing.T) {
-	ctx := context.Background()
-	ob := openTest(t, Options{})
-	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
-	at := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second) }
-	check := func(what string, want ...PriorityStats) {
-		t.Helper()
-		s, err := ob.Stats(ctx)
-		require.NoError(t, err)
-		g, err := ob.Gauges(ctx)
-		require.NoError(t, err)
-		var total int64
-		for _, p := range want {
-			total += p.Pending
-		}
-		require.Equal(t, total, s.Pending, "%s: Stats.Pending", what)
-		for name, got := range map[string][]PriorityStats{"Stats": s.Priorities, "Gauges": g.Priorities} {
-			require.Len(t, got, len(want), "%s: %s.Priorities %v", what, name, got)
-			for i := range want {
-				require.Equal(t, want[i].Priority, got[i].Priority, "%s: %s %v", what, name, got)
-				require.Equal(t, want[i].Pending, got[i].Pending, "%s: %s %v", what, name, got)
-				require.True(t, want[i].OldestPending.Equal(got[i].OldestPending), "%s: %s priority %d: oldest %v, want %v",
-					what, name, want[i].Priority, got[i].OldestPending, want[i].OldestPending)
+	for _, limits := range []bool{false, true} {
+		t.Run(fmt.Sprint("limits=", limits), func(t *testing.T) {
+			ctx := context.Background()
+			opts := Options{}
+			if limits {
+				opts.MaxPendingMessages, opts.MaxPendingBytes = 1000, 1<<20
 			}
-		}
+			ob := openTest(t, opts)
+			r, err := ob.NewRelay(&fakePublisher{}, RelayOptions{Source: "/outbox/device"})
+			require.NoError(t, err)
+			rc, err := sqlconn.Open(ctx, ob.DB())
+			require.NoError(t, err)
+			t.Cleanup(rc.Close)
+			holdLease(t, r, rc)
+			sent := func(prio uint8, seqs ...int64) {
+				t.Helper()
+				var acked []mark
+				for _, seq := range seqs {
+					acked = append(acked, mark{seq: seq, ends: true, priority: prio})
+				}
+				require.NoError(t, r.markSent(rc, acked))
+			}
+			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+			at := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second) }
+			check := func(what string, want ...PriorityStats) {
+				t.Helper()
+				s, err := ob.Stats(ctx)
+				require.NoError(t, err)
+				g, err := ob.Gauges(ctx)
+				require.NoError(t, err)
+				var total int64
+				for _, p := range want {
+					total += p.Pending
+				}
+				require.Equal(t, total, s.Pending, "%s: Stats.Pending", what)
+				require.Equal(t, total, g.Pending, "%s: Gauges.Pending", what)
+				for name, got := range map[string][]PriorityStats{"Stats": s.Priorities, "Gauges": g.Priorities} {
+					require.Len(t, got, len(want), "%s: %s.Priorities %v", what, name, got)
+					for i := range want {
+						require.Equal(t, want[i].Priority, got[i].Priority, "%s: %s %v", what, name, got)
+						require.Equal(t, want[i].Pending, got[i].Pending, "%s: %s %v", what, name, got)
+						require.True(t, want[i].OldestPending.Equal(got[i].OldestPending), "%s: %s priority %d: oldest %v, want %v",
+							what, name, want[i].Priority, got[i].OldestPending, want[i].OldestPending)
+					}
+				}
+			}
+			check("empty")
+
+			// seq:      1  2  3  4  5  6  7  8
+			// priority: 0  0  0  9  9  3  0  9
+			byPriority(t, ob, base, 0, 0, 0, 9, 9, 3, 0, 9)
+			check("eight pending", PriorityStats{9, 3, at(3)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 4, at(0)})
+
+			// The relay sent 4 and 5 (priority 9's mark), then 1
+			// (priority 0's, and the common one, which stops before 2).
+			sent(9, 4, 5)
+			sent(0, 1)
+			check("some sent by their priority's mark", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 3, at(1)})
+
+			// Priority 3's only message dies: nothing waits at 3.
+			_, err = ob.DB().Exec(`UPDATE outbox SET dead_at = 1, attempts = 5, last_error = 'refused' WHERE seq = 6`)
+			require.NoError(t, err)
+			check("priority 3 dead", PriorityStats{9, 1, at(7)}, PriorityStats{0, 3, at(1)})
+
+			// Priority 0 all sent: the common mark passes every row but 8.
+			sent(0, 2, 3, 7)
+			check("only priority 9 waits", PriorityStats{9, 1, at(7)})
+
+			// Requeued, priority 3's message waits again, behind
+			// everything, with its creation time.
+			n, err := ob.RequeueDead(ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+			check("priority 3 requeued", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)})
+
+			sent(9, 8)
+			var requeued int64
+			require.NoError(t, ob.DB().QueryRow(`SELECT seq FROM outbox WHERE priority = 3`).Scan(&requeued))
+			sent(3, requeued)
+			check("all sent")
+		})
 	}
-	check("empty")
-
-	// seq:      1  2  3  4  5  6  7  8
-	// priority: 0  0  0  9  9  3  0  9
-	byPriority(t, ob, base, 0, 0, 0, 9, 9, 3, 0, 9)
-	check("eight pending", PriorityStats{9, 3, at(3)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 4, at(0)})
-
-	// The relay sent 4 and 5 (priority 9's mark) and 1 (priority 0's, and
-	// the common one, which stops before 2).
-	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq_9 = 5, sent_seq_0 = 1, sent_seq = 1, seq_floor = max(seq_floor, 5)`)
-	require.NoError(t, err)
-	check("some sent by their priority's mark", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)}, PriorityStats{0, 3, at(1)})
-
-	// Priority 3's only message dies: nothing waits at 3.
-	_, err = ob.DB().Exec(`UPDATE outbox SET dead_at = 1, attempts = 5, last_error = 'refused' WHERE seq = 6`)
-	require.NoError(t, err)
-	check("priority 3 dead", PriorityStats{9, 1, at(7)}, PriorityStats{0, 3, at(1)})
-
-	// Priority 0 all sent: the common mark passes every row but 8.
-	_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq_0 = 7, sent_seq = 7, seq_floor = max(seq_floor, 7)`)
-	require.NoError(t, err)
-	check("only priority 9 waits", PriorityStats{9, 1, at(7)})
-
-	// Requeued, priority 3's message waits again, behind everything, with
-	// its creation time.
-	n, err := ob.RequeueDead(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	check("priority 3 requeued", PriorityStats{9, 1, at(7)}, PriorityStats{3, 1, at(5)})
-
-	_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq_9 = 8, sent_seq_3 = (SELECT max(seq) FROM outbox), seq_floor = (SELECT max(seq) FROM outbox)`)
-	require.NoError(t, err)
-	check("all sent")
 }
 
 // TestPrioritiesFromTheRelay: what the relay sends leaves its priority's
@@ -134,8 +160,22 @@ func TestPrioritiesFromTheRelay(t *testing.T) {
 func TestPriorityQueriesAreSeeks(t *testing.T) {
 	ob := openTest(t, Options{})
 	table := regexp.MustCompile(`^(SCAN|SEARCH) (outbox|o)( |$)`)
-	for name, query := range map[string]string{"stats": statsPrioritiesSQL, "gauges": gaugesPrioritiesSQL, "gauges, priority 0": gaugesFirstOfZeroSQL} {
-		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN ` + query)
+	const (
+		byIndex = "outbox_priority (priority=? AND seq>?)"
+		byRowid = "rowid>?"
+		byDead  = "outbox_dead (seq>?)"
+		newest  = "max(seq)"
+	)
+	for _, c := range []struct {
+		name, query string
+		want        map[string]int
+	}{
+		{"stats", statsPrioritiesSQL, map[string]int{byIndex: 2, byRowid: 1}},
+		{"gauges", gaugesPrioritiesSQL, map[string]int{byIndex: 2}},
+		{"gauges, priority 0", gaugesZeroSQL, map[string]int{byIndex: 1, byDead: 1, newest: 1}},
+		{"gauges, priority 0's first", gaugesFirstOfZeroSQL, map[string]int{byRowid: 1}},
+	} {
+		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN ` + c.query)
 		require.NoError(t, err)
 		var plan []string
 		for rows.Next() {
@@ -147,28 +187,25 @@ func TestPriorityQueriesAreSeeks(t *testing.T) {
 		require.NoError(t, rows.Err())
 		require.NoError(t, rows.Close())
 		text := strings.Join(plan, "\n")
-		var byIndex, byRowid int
+		got := map[string]int{}
 		for _, step := range plan {
 			if !table.MatchString(step) {
 				continue
 			}
 			switch {
-			case strings.HasSuffix(step, "USING INDEX outbox_priority (priority=? AND seq>?)"):
-				byIndex++
-			case strings.HasSuffix(step, "USING INTEGER PRIMARY KEY (rowid>?)"):
-				byRowid++
+			case strings.HasSuffix(step, "USING INDEX "+byIndex):
+				got[byIndex]++
+			case strings.HasSuffix(step, "USING INTEGER PRIMARY KEY ("+byRowid+")"):
+				got[byRowid]++
+			case strings.HasSuffix(step, "USING INDEX "+byDead):
+				got[byDead]++
+			case step == "SEARCH outbox":
+				got[newest]++
 			default:
-				t.Fatalf("%s: %q reads the table otherwise:\n%s", name, step, text)
+				t.Fatalf("%s: %q reads the table otherwise:\n%s", c.name, step, text)
 			}
 		}
-		switch name {
-		case "stats":
-			require.Equal(t, []int{2, 1}, []int{byIndex, byRowid}, "%s: count and oldest of 1 to 9 by the index, 0 by rowid:\n%s", name, text)
-		case "gauges":
-			require.Equal(t, []int{2, 0}, []int{byIndex, byRowid}, "%s: count and first of 1 to 9 by the index:\n%s", name, text)
-		default:
-			require.Equal(t, []int{0, 1}, []int{byIndex, byRowid}, "%s: by rowid:\n%s", name, text)
-		}
+		require.Equal(t, c.want, got, "%s:\n%s", c.name, text)
 	}
 }
 

@@ -54,6 +54,7 @@ func TestPrioritiesShown(t *testing.T) {
 	_, err = ob.DB().Exec(`UPDATE outbox_state SET sent_seq_0 = 3, sent_seq = 1, seq_floor = max(seq_floor, 3)`)
 	require.NoError(t, err)
 	page = get("/")
+	require.Contains(t, page, `id="pending">3<`)
 	require.Regexp(t, `id="priorities">priority 9: 3 pending, oldest 2 min \d+ s</div>`, page)
 	body = get("/metrics")
 	require.Contains(t, body, "\noutbox_priority_pending_messages{priority=\"9\"} 3\n")

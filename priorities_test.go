@@ -228,3 +228,40 @@ func BenchmarkGaugesPriorities100k(b *testing.B) {
 		}
 	}
 }
+
+// TestListByPriority: List's pending and sent follow each priority's mark,
+// and ListOptions.Priority selects one priority's rows.
+func TestListByPriority(t *testing.T) {
+	ctx := context.Background()
+	ob := openTest(t, Options{})
+	// seq: 1 2 3 4 5; priority: 0 9 0 9 4. Priority 9's mark passes 2
+	// and 4; the common one stays at 0, below 1.
+	byPriority(t, ob, time.Now().Add(-time.Hour), 0, 9, 0, 9, 4)
+	_, err := ob.DB().Exec(`UPDATE outbox_state SET sent_seq_9 = 4, seq_floor = max(seq_floor, 4)`)
+	require.NoError(t, err)
+	seqs := func(opts ListOptions) []int64 {
+		t.Helper()
+		recs, err := ob.List(ctx, opts)
+		require.NoError(t, err)
+		out := []int64{}
+		for _, r := range recs {
+			if opts.Priority != nil {
+				require.Equal(t, *opts.Priority, r.Priority)
+			}
+			out = append(out, r.Seq)
+		}
+		return out
+	}
+	p := func(n int) *int { return &n }
+	require.Equal(t, []int64{1, 3, 5}, seqs(ListOptions{}))
+	require.Equal(t, []int64{2, 4}, seqs(ListOptions{State: StateSent}))
+	require.Equal(t, []int64{}, seqs(ListOptions{Priority: p(9)}))
+	require.Equal(t, []int64{2, 4}, seqs(ListOptions{State: StateSent, Priority: p(9)}))
+	require.Equal(t, []int64{1, 3}, seqs(ListOptions{Priority: p(0)}))
+	require.Equal(t, []int64{5}, seqs(ListOptions{Priority: p(4)}))
+	require.Equal(t, []int64{3}, seqs(ListOptions{Priority: p(0), AfterSeq: 1}))
+	for _, bad := range []int{-1, MaxPriority + 1} {
+		_, err := ob.List(ctx, ListOptions{Priority: p(bad)})
+		require.ErrorContains(t, err, "outside 0..9")
+	}
+}

@@ -20,10 +20,14 @@ type PriorityStats struct {
 	OldestPending time.Time
 }
 
+// prioritiesAboveZeroSQL is a WITH clause's table m(p): the priorities
+// above 0.
+var prioritiesAboveZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `)`
+
 // aboveZeroSQL is a WITH clause of k(p, s): each priority p above 0 with
 // the number s above which its messages are pending (the common mark or
 // p's own, whichever is higher).
-var aboveZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `),
+var aboveZeroSQL = prioritiesAboveZeroSQL + `,
 	k(p, s) AS (SELECT m.p, max(st.sent_seq, ` + markOfSQL("m.p", "st") + `) FROM m, outbox_state st WHERE st.id = 1) `
 
 // pendingOfKSQL selects the pending rows o of k's priority through the
@@ -52,7 +56,7 @@ var gaugesPrioritiesSQL = aboveZeroSQL + `SELECT k.p, (SELECT count(*) FROM outb
 // gaugesZeroSQL counts the numbers above priority 0's mark less those
 // that hold a dead row (in the outbox_dead index) or a live row of a
 // priority above 0 (in the outbox_priority index).
-var gaugesZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `),
+var gaugesZeroSQL = prioritiesAboveZeroSQL + `,
 	x(s) AS (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + `) FROM outbox_state st WHERE st.id = 1)
 	SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), x.s) - x.s
 		- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > x.s)
@@ -101,8 +105,8 @@ func readStatsPriorities(ctx context.Context, q querier, s *Stats) error {
 // others leave of it. Without, priority 0's is the numbers above its mark
 // less those that hold a dead row or a row of another priority (each
 // counted in its index), and g.Pending the sum: more than the truth only
-// while numbers there hold no row (Gauges.Pending). Its first in line is
-// read by a seek from its mark, made only when it has any.
+// while numbers there hold no row (Gauges.Pending), and exact when the
+// seek of its first in line, made only when it has any, finds none.
 func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bool) error {
 	rows, err := o.db.QueryContext(ctx, gaugesPrioritiesSQL)
 	if err != nil {
@@ -137,6 +141,9 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			// The numbers counted hold no message of priority 0.
+			if !counted {
+				g.Pending = above
+			}
 		case err != nil:
 			return fmt.Errorf("outbox: gauges: %w", err)
 		default:

@@ -114,6 +114,13 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 			require.NoError(t, ob.DB().QueryRow(`SELECT seq FROM outbox WHERE priority = 3`).Scan(&requeued))
 			sent(3, requeued)
 			check("all sent")
+
+			// A pending row deleted by hand leaves a number that holds no
+			// row above priority 0's mark: nothing of priority 0 waits.
+			seqs := byPriority(t, ob, at(8), 9, 0)
+			_, err = ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, seqs[1])
+			require.NoError(t, err)
+			check("a row deleted by hand", PriorityStats{9, 1, at(8)})
 		})
 	}
 }

@@ -210,10 +210,11 @@ type Gauges struct {
 	// while a byte limit is set; otherwise Stats counts them.
 	PendingBytes      int64
 	PendingBytesKnown bool
-	// OldestPending is the creation time of the first pending message in
-	// line, found by a seek; zero if none. A requeued message waits at the
-	// back of the line with its own, earlier, creation time, which only
-	// Stats, reading every pending row, finds.
+	// OldestPending is the earliest creation time among the first pending
+	// messages in line of each priority (Priorities), found by seeks; zero
+	// if none. A requeued message waits at the back of its line with its
+	// own, earlier, creation time, which only Stats, reading every pending
+	// row, finds.
 	OldestPending time.Time
 	Dead          int64
 	// DatabaseBytes and WALBytes are the sizes of the database file and its
@@ -242,9 +243,8 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 			ELSE max(coalesce((SELECT max(seq) FROM outbox), 0), st.sent_seq) - st.sent_seq
 				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq) END,
 		st.pending_bytes, st.max_pending_count, st.max_pending_bytes,
-		(SELECT o.created_at FROM outbox o WHERE o.seq > st.sent_seq AND `+pendingSQL("o", "st")+` ORDER BY o.seq LIMIT 1),
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
-		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead)
+		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, &g.Dead)
 	if err != nil {
 		return Gauges{}, fmt.Errorf("outbox: gauges: %w", err)
 	}

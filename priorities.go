@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -20,22 +21,22 @@ type PriorityStats struct {
 	OldestPending time.Time
 }
 
-// prioritiesAboveZeroSQL is a WITH clause's table m(p): the priorities
-// above 0.
-var prioritiesAboveZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `)`
-
 // aboveZeroSQL is a WITH clause of k(p, s): each priority p above 0 with
 // the number s above which its messages are pending (the common mark or
 // p's own, whichever is higher).
-var aboveZeroSQL = prioritiesAboveZeroSQL + `,
-	k(p, s) AS (SELECT m.p, max(st.sent_seq, ` + markOfSQL("m.p", "st") + `) FROM m, outbox_state st WHERE st.id = 1) `
+var aboveZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM m WHERE p < ` + strconv.Itoa(MaxPriority) + `),
+	k(p, s) AS (SELECT m.p, max(st.sent_seq, ` + markOfSQL("m.p", "st") + `) FROM m, outbox_state st WHERE st.id = 1)`
 
 // pendingOfKSQL selects the pending rows o of k's priority through the
 // outbox_priority index, which a query uses only when its WHERE has the
 // index's own terms literally: cheap, whatever the backlog at other
 // priorities. (The statements here are short, as SQLite compiles one at
 // every call, and that would cost a scrape more than the reads.)
-const pendingOfKSQL = `o.priority = k.p AND o.priority > 0 AND o.dead_at IS NULL AND o.seq > k.s`
+const pendingOfKSQL = liveOfKSQL + ` AND o.seq > k.s`
+
+// liveOfKSQL selects the rows o of k's priority that are not dead, as the
+// outbox_priority index holds them.
+const liveOfKSQL = `o.priority = k.p AND o.priority > 0 AND o.dead_at IS NULL`
 
 // zeroPendingSQL selects the pending rows of priority 0, which has no
 // index entries, by rowid from its mark.
@@ -43,29 +44,75 @@ var zeroPendingSQL = `seq > (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + 
 
 // statsPrioritiesSQL counts the pending rows of every priority and finds
 // the oldest creation time among them: one row per priority.
-var statsPrioritiesSQL = aboveZeroSQL + `SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
+var statsPrioritiesSQL = aboveZeroSQL + ` SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
 	(SELECT min(o.created_at) FROM outbox o WHERE ` + pendingOfKSQL + `) FROM k
 	UNION ALL SELECT 0, count(*), min(created_at) FROM outbox WHERE ` + zeroPendingSQL
 
-// gaugesPrioritiesSQL counts the pending rows of every priority above 0 in
-// the index alone, and reads the creation time of the first in line of
-// each: one row per priority above 0.
-var gaugesPrioritiesSQL = aboveZeroSQL + `SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
-	(SELECT o.created_at FROM outbox o WHERE ` + pendingOfKSQL + ` ORDER BY o.seq LIMIT 1) FROM k`
-
-// gaugesZeroSQL counts the numbers above priority 0's mark less those
-// that hold a dead row (in the outbox_dead index) or a live row of a
-// priority above 0 (in the outbox_priority index).
-var gaugesZeroSQL = prioritiesAboveZeroSQL + `,
-	x(s) AS (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + `) FROM outbox_state st WHERE st.id = 1)
-	SELECT max(coalesce((SELECT max(seq) FROM outbox), 0), x.s) - x.s
-		- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > x.s)
-		- (SELECT coalesce(sum((SELECT count(*) FROM outbox o WHERE o.priority = m.p AND o.priority > 0 AND o.dead_at IS NULL AND o.seq > x.s)), 0) FROM m)
-	FROM x`
+// gaugesPrioritiesSQL reads, in one statement (SQLite compiles one at
+// every call), a row per priority above 0: its pending count, in the
+// index alone, and the creation time of its first in line; then a row for
+// priority 0, which has no index entries: the numbers above its mark less
+// those that hold a dead row (in the outbox_dead index) or a live row of
+// another priority (the pending ones just counted, give or take the few
+// between the two marks).
+var gaugesPrioritiesSQL = aboveZeroSQL + `,
+	x(s) AS (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + `) FROM outbox_state st WHERE st.id = 1),
+	c(p, n, first, above) AS MATERIALIZED (SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
+		(SELECT o.created_at FROM outbox o WHERE ` + pendingOfKSQL + ` ORDER BY o.seq LIMIT 1),
+		(SELECT count(*) FROM outbox o WHERE ` + liveOfKSQL + ` AND o.seq > x.s AND o.seq <= k.s)
+			- (SELECT count(*) FROM outbox o WHERE ` + liveOfKSQL + ` AND o.seq > k.s AND o.seq <= x.s)
+		FROM k, x)
+	SELECT p, n, first FROM c
+	UNION ALL SELECT 0, max(coalesce((SELECT max(seq) FROM outbox), 0), x.s) - x.s
+		- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > x.s) - (SELECT sum(n + above) FROM c), NULL FROM x`
 
 // gaugesFirstOfZeroSQL reads the creation time of the first pending
 // message of priority 0 in line.
 var gaugesFirstOfZeroSQL = `SELECT created_at FROM outbox WHERE ` + zeroPendingSQL + ` ORDER BY seq LIMIT 1`
+
+// gaugeStmts are Gauges' statements of the priorities, prepared at their
+// first use: SQLite compiles a statement at every call otherwise, which
+// costs a scrape several times what running them does.
+type gaugeStmts struct {
+	mu     sync.Mutex
+	closed bool
+	byPrio *sql.Stmt // gaugesPrioritiesSQL
+	zero   *sql.Stmt // gaugesFirstOfZeroSQL
+}
+
+// get returns the statements, preparing them on db the first time.
+func (s *gaugeStmts) get(ctx context.Context, db *sql.DB) (byPrio, zero *sql.Stmt, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, ErrClosed
+	}
+	if s.byPrio == nil {
+		if s.byPrio, err = db.PrepareContext(ctx, gaugesPrioritiesSQL); err != nil {
+			s.byPrio = nil
+			return nil, nil, err
+		}
+	}
+	if s.zero == nil {
+		if s.zero, err = db.PrepareContext(ctx, gaugesFirstOfZeroSQL); err != nil {
+			s.zero = nil
+			return nil, nil, err
+		}
+	}
+	return s.byPrio, s.zero, nil
+}
+
+// close closes the statements; get fails after.
+func (s *gaugeStmts) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, st := range []*sql.Stmt{s.byPrio, s.zero} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
 
 // readStatsPriorities reads Stats.Priorities. A file of an older schema,
 // read as it is, has no priorities: everything pending there is at 0.
@@ -108,19 +155,27 @@ func readStatsPriorities(ctx context.Context, q querier, s *Stats) error {
 // while numbers there hold no row (Gauges.Pending), and exact when the
 // seek of its first in line, made only when it has any, finds none.
 func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bool) error {
-	rows, err := o.db.QueryContext(ctx, gaugesPrioritiesSQL)
+	byPrio, zeroFirst, err := o.gaugeStmts.get(ctx, o.db)
+	if err != nil {
+		return fmt.Errorf("outbox: gauges: %w", err)
+	}
+	rows, err := byPrio.QueryContext(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
 	defer rows.Close()
 	g.Priorities = nil
 	var above int64
+	zero := PriorityStats{Priority: 0}
 	for rows.Next() {
 		var ps PriorityStats
 		if err := rows.Scan(&ps.Priority, &ps.Pending, nullMillis{&ps.OldestPending}); err != nil {
 			return fmt.Errorf("outbox: gauges: %w", err)
 		}
-		if ps.Pending > 0 {
+		switch {
+		case ps.Priority == 0:
+			zero.Pending = ps.Pending
+		case ps.Pending > 0:
 			g.Priorities = append(g.Priorities, ps)
 			above += ps.Pending
 		}
@@ -128,16 +183,14 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
-	zero := PriorityStats{Priority: 0, Pending: g.Pending - above}
-	if !counted {
-		if err := o.db.QueryRowContext(ctx, gaugesZeroSQL).Scan(&zero.Pending); err != nil {
-			return fmt.Errorf("outbox: gauges: %w", err)
-		}
+	if counted {
+		zero.Pending = g.Pending - above
+	} else {
 		zero.Pending = max(zero.Pending, 0)
 		g.Pending = zero.Pending + above
 	}
 	if zero.Pending > 0 {
-		err := o.db.QueryRowContext(ctx, gaugesFirstOfZeroSQL).Scan(nullMillis{&zero.OldestPending})
+		err := zeroFirst.QueryRowContext(ctx).Scan(nullMillis{&zero.OldestPending})
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			// The numbers counted hold no message of priority 0.
@@ -151,6 +204,12 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		}
 	}
 	sortPriorities(g.Priorities)
+	g.OldestPending = time.Time{}
+	for _, p := range g.Priorities {
+		if g.OldestPending.IsZero() || p.OldestPending.Before(g.OldestPending) {
+			g.OldestPending = p.OldestPending
+		}
+	}
 	return nil
 }
 

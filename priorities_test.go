@@ -121,6 +121,13 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 			_, err = ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, seqs[1])
 			require.NoError(t, err)
 			check("a row deleted by hand", PriorityStats{9, 1, at(8)})
+
+			// Priority 0's mark passes priority 9's waiting message.
+			seqs = byPriority(t, ob, at(10), 0, 0)
+			sent(0, seqs...)
+			check("priority 0's mark above a waiting message of 9", PriorityStats{9, 1, at(8)})
+			seqs = byPriority(t, ob, at(12), 0)
+			check("and one more of 0", PriorityStats{9, 1, at(8)}, PriorityStats{0, 1, at(12)})
 		})
 	}
 }
@@ -169,6 +176,7 @@ func TestPriorityQueriesAreSeeks(t *testing.T) {
 	table := regexp.MustCompile(`^(SCAN|SEARCH) (outbox|o)( |$)`)
 	const (
 		byIndex = "outbox_priority (priority=? AND seq>?)"
+		between = "outbox_priority (priority=? AND seq>? AND seq<?)"
 		byRowid = "rowid>?"
 		byDead  = "outbox_dead (seq>?)"
 		newest  = "max(seq)"
@@ -178,8 +186,7 @@ func TestPriorityQueriesAreSeeks(t *testing.T) {
 		want        map[string]int
 	}{
 		{"stats", statsPrioritiesSQL, map[string]int{byIndex: 2, byRowid: 1}},
-		{"gauges", gaugesPrioritiesSQL, map[string]int{byIndex: 2}},
-		{"gauges, priority 0", gaugesZeroSQL, map[string]int{byIndex: 1, byDead: 1, newest: 1}},
+		{"gauges", gaugesPrioritiesSQL, map[string]int{byIndex: 2, between: 2, byDead: 1, newest: 1}},
 		{"gauges, priority 0's first", gaugesFirstOfZeroSQL, map[string]int{byRowid: 1}},
 	} {
 		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN ` + c.query)
@@ -202,6 +209,8 @@ func TestPriorityQueriesAreSeeks(t *testing.T) {
 			switch {
 			case strings.HasSuffix(step, "USING INDEX "+byIndex):
 				got[byIndex]++
+			case strings.HasSuffix(step, "USING INDEX "+between):
+				got[between]++
 			case strings.HasSuffix(step, "USING INTEGER PRIMARY KEY ("+byRowid+")"):
 				got[byRowid]++
 			case strings.HasSuffix(step, "USING INDEX "+byDead):

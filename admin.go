@@ -72,25 +72,32 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 
 func readStats(ctx context.Context, q querier) (Stats, error) {
 	var s Stats
+	if err := q.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema`).Scan(&s.SchemaVersion); err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
 	// The pending rows are read once for their count, bytes and oldest
 	// creation time: not the first in line's, since a requeued message
-	// joins the back of the line with its own. Above the common mark,
-	// the view's state says which rows their priority's mark passed.
+	// joins the back of the line with its own. Sent rows are those up to
+	// the common mark and those sent ahead of it by their priority's mark;
+	// a file of a schema before priorities, read as it is, has no such
+	// marks.
+	pending, sentAhead := `o.dead_at IS NULL`, `0`
+	if s.SchemaVersion >= 9 {
+		pending, sentAhead = pendingSQL("o", "st"), sentAheadSQL
+	}
 	err := q.QueryRowContext(ctx, `SELECT
 		p.n, p.bytes,
 		max_pending_count, max_pending_bytes,
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL),
-		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL)
-			+ (SELECT count(*) FROM outbox_messages WHERE seq > st.sent_seq AND dead_at IS NULL AND state = 'sent'),
+		(SELECT count(*) FROM outbox WHERE seq <= st.sent_seq AND dead_at IS NULL) + `+sentAhead+`,
 		p.oldest,
-		(SELECT coalesce(max(version), 0) FROM outbox_schema),
 		coalesce((SELECT owner FROM outbox_lease WHERE name = 'relay'), ''),
 		(SELECT expires_at FROM outbox_lease WHERE name = 'relay' AND owner <> '' AND expires_at > 0)
-		FROM outbox_state st, (SELECT count(*) AS n, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes, min(created_at) AS oldest
-			FROM outbox_messages WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL AND state = 'pending') p
+		FROM outbox_state st, (SELECT count(*) AS n, coalesce(sum(length(CAST(o.payload AS BLOB))), 0) AS bytes, min(o.created_at) AS oldest
+			FROM outbox o, outbox_state st WHERE st.id = 1 AND o.seq > st.sent_seq AND `+pending+`) p
 		WHERE st.id = 1`).Scan(
 		&s.Pending, &s.PendingBytes, &s.MaxPendingMessages, &s.MaxPendingBytes,
-		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.SchemaVersion, &s.LeaseOwner, nullMillis{&s.LeaseExpires})
+		&s.Dead, &s.Sent, nullMillis{&s.OldestPending}, &s.LeaseOwner, nullMillis{&s.LeaseExpires})
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
@@ -161,15 +168,19 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	if state == "" {
 		state = StatePending
 	}
+	// state is the view's (outbox_messages), and where also selects by seq,
+	// so that SQLite reads a range: pending rows lie above the common mark,
+	// sent ones at or below the highest mark.
 	var where string
 	switch state {
 	case StatePending:
-		// state is the view's, as below: above the common mark, a row
-		// its priority's mark passed is sent.
 		where = `seq > max(?, (SELECT sent_seq FROM outbox_state WHERE id = 1)) AND dead_at IS NULL AND state = 'pending'`
 	case StateSent:
-		// Every mark raises seq_floor to what it marks.
-		where = `seq > ? AND seq <= (SELECT max(seq_floor, sent_seq) FROM outbox_state WHERE id = 1) AND dead_at IS NULL AND state = 'sent'`
+		highest := `sent_seq`
+		if o.schema >= 9 {
+			highest = `max(sent_seq, sent_seq_0, sent_seq_1, sent_seq_2, sent_seq_3, sent_seq_4, sent_seq_5, sent_seq_6, sent_seq_7, sent_seq_8, sent_seq_9)`
+		}
+		where = `seq > ? AND seq <= (SELECT ` + highest + ` FROM outbox_state WHERE id = 1) AND dead_at IS NULL AND state = 'sent'`
 	case StateDead, StateExpired:
 		// state is the view's: a file of an older schema, read as it is,
 		// has no expired column, and no expired row.
@@ -194,7 +205,7 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 	}
 	priority := o.priorityColumn()
 	// The view outbox_messages derives state and sent_at (schema 2 has no
-	// such columns); where selects by seq, so that SQLite reads a range.
+	// such columns).
 	rows, err := o.db.QueryContext(ctx, `SELECT seq, id, topic, type, content_type, length(CAST(payload AS BLOB)), `+payload+`,
 		attempts, coalesce(last_error, ''), created_at, sent_at, dead_at, `+priority+`
 		FROM outbox_messages WHERE `+where+` ORDER BY seq LIMIT ?`, opts.AfterSeq, limit)
@@ -360,23 +371,55 @@ func (o *Outbox) PurgeSent(ctx context.Context, before time.Time) (int64, error)
 	if o.readOnly {
 		return 0, ErrReadOnly
 	}
-	return purgeSent(ctx, o.db, before.UnixMilli(), math.MaxInt64)
+	cuts, err := sentCuts(ctx, o.db, before.UnixMilli(), math.MaxInt64)
+	if err != nil {
+		return 0, err
+	}
+	return purgeSent(ctx, o.db, cuts)
 }
 
-// purgeSent deletes the sent rows whose marks were recorded before
-// beforeMS or after futureMS, in bounded batches, and the marks that no
-// longer cover a row.
-func purgeSent(ctx context.Context, db txn.Execer, beforeMS, futureMS int64) (int64, error) {
-	const cut = `(SELECT coalesce(max(seq), 0) FROM outbox_sent_log WHERE sent_at < ? OR sent_at > ?)`
-	n, err := txn.InBatches(ctx, db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
-		WHERE seq <= `+cut+` AND dead_at IS NULL LIMIT ?)`, beforeMS, futureMS, txn.BatchRows)
+// purgeSent deletes the sent rows up to each priority's cut (sentCuts), in
+// bounded batches, and the marks that no longer cover a row. Marks are per
+// priority: each priority's rows are cut at its own mark, so that a pending
+// row of another priority, below a newer mark of this one, stays.
+func purgeSent(ctx context.Context, db txn.Execer, cuts [MaxPriority + 1]int64) (int64, error) {
+	var total int64
+	for p, cut := range cuts {
+		if cut == 0 {
+			continue
+		}
+		n, err := txn.InBatches(ctx, db, `DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox
+			WHERE `+liveOfSQL(p)+` AND seq <= ? LIMIT ?)`, cut, txn.BatchRows)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if _, err := db.ExecContext(ctx, `DELETE FROM outbox_sent_log WHERE priority = ? AND seq < ?`, p, cut); err != nil {
+			return total, fmt.Errorf("outbox: purge: %w", classifyWriteErr(err))
+		}
+	}
+	return total, nil
+}
+
+// sentCuts is, for each priority, the newest of its marks recorded before
+// beforeMS or after futureMS (0: none), read from the log in one pass.
+func sentCuts(ctx context.Context, db querier, beforeMS, futureMS int64) (cuts [MaxPriority + 1]int64, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT priority, max(seq) FROM outbox_sent_log
+		WHERE sent_at < ? OR sent_at > ? GROUP BY priority`, beforeMS, futureMS)
 	if err != nil {
-		return n, err
+		return cuts, fmt.Errorf("outbox: purge: %w", err)
 	}
-	if _, err := db.ExecContext(ctx, `DELETE FROM outbox_sent_log WHERE seq < `+cut, beforeMS, futureMS); err != nil {
-		return n, fmt.Errorf("outbox: purge: %w", classifyWriteErr(err))
+	defer rows.Close()
+	for rows.Next() {
+		var p, seq int64
+		if err := rows.Scan(&p, &seq); err != nil {
+			return cuts, err
+		}
+		if p >= 0 && p <= MaxPriority {
+			cuts[p] = seq
+		}
 	}
-	return n, nil
+	return cuts, rows.Err()
 }
 
 type querier interface {

@@ -352,10 +352,12 @@ func (r *Relay) markPriorities(ctx context.Context, conn *sqlconn.Conn, c *sql.C
 			if count[p] == 0 {
 				continue
 			}
+			// The statements prepared once per connection, as markSent's:
+			// markSQLs' take longer to prepare than to run.
 			args := r.markArgs(last[p], count[p])
-			n, err := execCount(ctx, c, fastMarkSQLs[p], args)
+			n, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
 			if err == nil && n == 0 {
-				n, err = execCount(ctx, c, markSQLs[p], args)
+				n, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
 			}
 			if err != nil {
 				return err
@@ -369,15 +371,6 @@ func (r *Relay) markPriorities(ctx context.Context, conn *sqlconn.Conn, c *sql.C
 		return nil
 	}()
 	return endTx(ctx, c, err)
-}
-
-// execCount runs q and reports how many rows it changed.
-func execCount(ctx context.Context, c *sql.Conn, q string, args []any) (int64, error) {
-	res, err := c.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
 }
 
 // endTx commits a transaction, or rolls it back after err.
@@ -453,8 +446,7 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 			}
 			r.log.Warn("outbox row written behind the relay (a seq set into a gap) moved to the end", "seq", s, "priority", p)
 		}
-		_, err = c.ExecContext(ctx, markSQLs[p], r.markArgs(seq, n)...)
-		return err
+		return conn.ExecPolling(ctx, c, markSQLs[p], r.markArgs(seq, n)...)
 	}()
 	if inTx {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -196,25 +197,27 @@ func (r *Relay) Metrics() RelayMetrics {
 }
 
 // Gauges are the outbox's figures that need no scan of the table: a read of
-// outbox_state, two seeks and the dead rows' index, whatever the backlog
-// (BenchmarkGauges100k), where Stats counts rows.
+// outbox_state, two seeks and the dead rows' index (and, without a message
+// limit, the rows sent ahead of the common mark, in the outbox_priority
+// index), whatever the backlog (BenchmarkGauges100k), where Stats counts
+// rows.
 type Gauges struct {
 	// Pending is the number of pending messages. With a message limit set
 	// it comes from the counters the triggers keep, exact. Without, it is
-	// the sum of Priorities' (see there): exact unless numbers above the
-	// mark of priority 0 hold no row — a requeue of a message the relay
-	// had not passed, rows deleted by hand — and then more than the truth
-	// until the relay passes them.
+	// the sequence numbers above the relay's common mark less the dead rows
+	// there and the rows sent ahead of it by their priority's mark:
+	// exact unless numbers above the mark hold no row — a requeue of a
+	// message the relay had not passed, rows deleted by hand — and then
+	// more than the truth until the relay passes them.
 	Pending int64
 	// PendingBytes is their payload bytes, known (PendingBytesKnown) only
 	// while a byte limit is set; otherwise Stats counts them.
 	PendingBytes      int64
 	PendingBytesKnown bool
-	// OldestPending is the earliest creation time among the first pending
-	// messages in line of each priority (Priorities), found by seeks; zero
-	// if none. A requeued message waits at the back of its line with its
-	// own, earlier, creation time, which only Stats, reading every pending
-	// row, finds.
+	// OldestPending is the creation time of the first pending message in
+	// line, found by a seek; zero if none. A requeued message waits at the
+	// back of the line with its own, earlier, creation time, which only
+	// Stats, reading every pending row, finds.
 	OldestPending time.Time
 	Dead          int64
 	// DatabaseBytes and WALBytes are the sizes of the database file and its
@@ -226,25 +229,44 @@ type Gauges struct {
 	FreeBytesKnown bool
 	// Priorities are the pending messages by priority, highest first: one
 	// for each priority that has any. Those above 0 are counted in their
-	// index, exact. Priority 0's, which has no index, is Pending less
-	// theirs with a message limit set; without, the numbers above its mark
-	// less the dead rows and the other priorities' rows there. Each
-	// OldestPending is the first in line's, as OldestPending above.
+	// index, exact; priority 0's, which has no index, is Pending less
+	// theirs, as exact as Pending. Each OldestPending is the first in
+	// line's, as OldestPending above.
 	Priorities []PriorityStats
 }
 
+// sentAheadSQL counts the rows sent ahead of the common mark by their
+// priority's mark (st is outbox_state): a range of priority 0's, empty
+// unless priorities mix, and index ranges of the others'.
+var sentAheadSQL = func() string {
+	q := `((SELECT count(*) FROM outbox WHERE seq > st.sent_seq AND seq <= st.sent_seq_0 AND ` + liveOfSQL(0) + `)`
+	for p := 1; p <= MaxPriority; p++ {
+		q += `
+				+ (SELECT count(*) FROM outbox WHERE ` + liveOfSQL(p) + ` AND seq > st.sent_seq AND seq <= st.sent_seq_` + strconv.Itoa(p) + `)`
+	}
+	return q + `)`
+}()
+
 // Gauges reads the figures that cost no scan of the table.
 func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
+	// A file of a schema before priorities, read as it is, has no marks
+	// of priorities.
+	sentAhead, pending := sentAheadSQL, pendingSQL("o", "st")
+	if o.schema < 9 {
+		sentAhead, pending = `0`, `o.dead_at IS NULL`
+	}
 	var g Gauges
 	var maxCount, maxBytes int64
 	err := o.db.QueryRowContext(ctx, `SELECT
 		CASE WHEN st.max_pending_count > 0
 			THEN max(coalesce((SELECT max(seq) FROM outbox), 0), st.seq_floor, st.sent_seq) - st.sent_seq - st.skipped
 			ELSE max(coalesce((SELECT max(seq) FROM outbox), 0), st.sent_seq) - st.sent_seq
-				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq) END,
+				- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > st.sent_seq)
+				- `+sentAhead+` END,
 		st.pending_bytes, st.max_pending_count, st.max_pending_bytes,
+		(SELECT o.created_at FROM outbox o WHERE o.seq > st.sent_seq AND `+pending+` ORDER BY o.seq LIMIT 1),
 		(SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
-		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, &g.Dead)
+		FROM outbox_state st WHERE id = 1`).Scan(&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead)
 	if err != nil {
 		return Gauges{}, fmt.Errorf("outbox: gauges: %w", err)
 	}

@@ -23,10 +23,7 @@ func (r *Relay) charge(conn *sqlconn.Conn, seq int64, cause error) (attempts int
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = conn.Do(func(c *sql.Conn) error {
-		err := conn.QueryRowPolling(ctx, c, `UPDATE outbox SET attempts = attempts + 1, last_error = ?
-			WHERE seq = ? AND dead_at IS NULL AND seq > (SELECT sent_seq FROM outbox_state WHERE id = 1)
-				AND `+lease.HeldSQL+`
-			RETURNING attempts, id`,
+		err := conn.QueryRowPolling(ctx, c, chargeSQL,
 			append([]any{cause.Error(), seq}, r.lease.HeldArgs()...), &attempts, &id)
 		if errors.Is(err, sql.ErrNoRows) {
 			if err := r.leaseGone(ctx, c); err != nil {
@@ -44,6 +41,14 @@ func (r *Relay) charge(conn *sqlconn.Conn, seq int64, cause error) (attempts int
 	r.metrics.charged.Add(1)
 	return attempts, id, true, nil
 }
+
+// chargeSQL counts an attempt against a pending row: not dead, above the
+// common mark and above its priority's.
+var chargeSQL = `UPDATE outbox SET attempts = attempts + 1, last_error = ?
+	WHERE seq = ? AND dead_at IS NULL
+		AND seq > (SELECT max(st.sent_seq, ` + markOfSQL("outbox.priority", "st") + `) FROM outbox_state st WHERE st.id = 1)
+		AND ` + lease.HeldSQL + `
+	RETURNING attempts, id`
 
 // parking is a message to park, and how.
 type parking struct {

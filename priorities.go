@@ -32,11 +32,7 @@ var aboveZeroSQL = `WITH RECURSIVE m(p) AS (SELECT 1 UNION ALL SELECT p + 1 FROM
 // index's own terms literally: cheap, whatever the backlog at other
 // priorities. (The statements here are short, as SQLite compiles one at
 // every call, and that would cost a scrape more than the reads.)
-const pendingOfKSQL = liveOfKSQL + ` AND o.seq > k.s`
-
-// liveOfKSQL selects the rows o of k's priority that are not dead, as the
-// outbox_priority index holds them.
-const liveOfKSQL = `o.priority = k.p AND o.priority > 0 AND o.dead_at IS NULL`
+const pendingOfKSQL = `o.priority = k.p AND o.priority > 0 AND o.dead_at IS NULL AND o.seq > k.s`
 
 // zeroPendingSQL selects the pending rows of priority 0, which has no
 // index entries, by rowid from its mark.
@@ -48,23 +44,11 @@ var statsPrioritiesSQL = aboveZeroSQL + ` SELECT k.p, (SELECT count(*) FROM outb
 	(SELECT min(o.created_at) FROM outbox o WHERE ` + pendingOfKSQL + `) FROM k
 	UNION ALL SELECT 0, count(*), min(created_at) FROM outbox WHERE ` + zeroPendingSQL
 
-// gaugesPrioritiesSQL reads, in one statement (SQLite compiles one at
-// every call), a row per priority above 0: its pending count, in the
-// index alone, and the creation time of its first in line; then a row for
-// priority 0, which has no index entries: the numbers above its mark less
-// those that hold a dead row (in the outbox_dead index) or a live row of
-// another priority (the pending ones just counted, give or take the few
-// between the two marks).
-var gaugesPrioritiesSQL = aboveZeroSQL + `,
-	x(s) AS (SELECT max(st.sent_seq, ` + markOfSQL("0", "st") + `) FROM outbox_state st WHERE st.id = 1),
-	c(p, n, first, above) AS MATERIALIZED (SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
-		(SELECT o.created_at FROM outbox o WHERE ` + pendingOfKSQL + ` ORDER BY o.seq LIMIT 1),
-		(SELECT count(*) FROM outbox o WHERE ` + liveOfKSQL + ` AND o.seq > x.s AND o.seq <= k.s)
-			- (SELECT count(*) FROM outbox o WHERE ` + liveOfKSQL + ` AND o.seq > k.s AND o.seq <= x.s)
-		FROM k, x)
-	SELECT p, n, first FROM c
-	UNION ALL SELECT 0, max(coalesce((SELECT max(seq) FROM outbox), 0), x.s) - x.s
-		- (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL AND seq > x.s) - (SELECT sum(n + above) FROM c), NULL FROM x`
+// gaugesPrioritiesSQL counts the pending rows of every priority above 0
+// in the index alone, and reads the creation time of the first in line of
+// each: one row per priority above 0.
+var gaugesPrioritiesSQL = aboveZeroSQL + ` SELECT k.p, (SELECT count(*) FROM outbox o WHERE ` + pendingOfKSQL + `),
+	(SELECT o.created_at FROM outbox o WHERE ` + pendingOfKSQL + ` ORDER BY o.seq LIMIT 1) FROM k`
 
 // gaugesFirstOfZeroSQL reads the creation time of the first pending
 // message of priority 0 in line.
@@ -147,14 +131,19 @@ func readStatsPriorities(ctx context.Context, q querier, s *Stats) error {
 
 // readGaugesPriorities reads Gauges.Priorities without a scan of the
 // table: the priorities above 0 from their index; priority 0, which has
-// none, from the numbers above its mark. With a message limit set,
-// g.Pending comes from the counters, exact, and priority 0's is what the
-// others leave of it. Without, priority 0's is the numbers above its mark
-// less those that hold a dead row or a row of another priority (each
-// counted in its index), and g.Pending the sum: more than the truth only
-// while numbers there hold no row (Gauges.Pending), and exact when the
-// seek of its first in line, made only when it has any, finds none.
+// none, as what they leave of g.Pending, its first in line by a seek from
+// its mark, made only when it has any. When that finds none, g.Pending
+// without a message limit (more than the truth while numbers above the
+// mark hold no row) is theirs, exact. A file of a schema before
+// priorities, read as it is, has everything at 0.
 func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bool) error {
+	g.Priorities = nil
+	if o.schema < 9 {
+		if g.Pending > 0 {
+			g.Priorities = []PriorityStats{{Priority: 0, Pending: g.Pending, OldestPending: g.OldestPending}}
+		}
+		return nil
+	}
 	byPrio, zeroFirst, err := o.gaugeStmts.get(ctx, o.db)
 	if err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
@@ -164,18 +153,13 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
 	defer rows.Close()
-	g.Priorities = nil
 	var above int64
-	zero := PriorityStats{Priority: 0}
 	for rows.Next() {
 		var ps PriorityStats
 		if err := rows.Scan(&ps.Priority, &ps.Pending, nullMillis{&ps.OldestPending}); err != nil {
 			return fmt.Errorf("outbox: gauges: %w", err)
 		}
-		switch {
-		case ps.Priority == 0:
-			zero.Pending = ps.Pending
-		case ps.Pending > 0:
+		if ps.Pending > 0 {
 			g.Priorities = append(g.Priorities, ps)
 			above += ps.Pending
 		}
@@ -183,13 +167,7 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
-	if counted {
-		zero.Pending = g.Pending - above
-	} else {
-		zero.Pending = max(zero.Pending, 0)
-		g.Pending = zero.Pending + above
-	}
-	if zero.Pending > 0 {
+	if zero := (PriorityStats{Priority: 0, Pending: g.Pending - above}); zero.Pending > 0 {
 		err := zeroFirst.QueryRowContext(ctx).Scan(nullMillis{&zero.OldestPending})
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
@@ -204,12 +182,6 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		}
 	}
 	sortPriorities(g.Priorities)
-	g.OldestPending = time.Time{}
-	for _, p := range g.Priorities {
-		if g.OldestPending.IsZero() || p.OldestPending.Before(g.OldestPending) {
-			g.OldestPending = p.OldestPending
-		}
-	}
 	return nil
 }
 

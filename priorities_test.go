@@ -58,6 +58,7 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 			}
 			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 			at := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second) }
+			gap := false
 			check := func(what string, want ...PriorityStats) {
 				t.Helper()
 				s, err := ob.Stats(ctx)
@@ -68,13 +69,25 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 				for _, p := range want {
 					total += p.Pending
 				}
+				// Without the counters, a number that holds no row above
+				// the common mark (a row deleted by hand) counts at
+				// priority 0, unless nothing of 0 waits (Gauges.Pending).
+				over := gap && !limits
 				require.Equal(t, total, s.Pending, "%s: Stats.Pending", what)
-				require.Equal(t, total, g.Pending, "%s: Gauges.Pending", what)
+				if over {
+					require.GreaterOrEqual(t, g.Pending, total, "%s: Gauges.Pending", what)
+				} else {
+					require.Equal(t, total, g.Pending, "%s: Gauges.Pending", what)
+				}
 				for name, got := range map[string][]PriorityStats{"Stats": s.Priorities, "Gauges": g.Priorities} {
 					require.Len(t, got, len(want), "%s: %s.Priorities %v", what, name, got)
 					for i := range want {
 						require.Equal(t, want[i].Priority, got[i].Priority, "%s: %s %v", what, name, got)
-						require.Equal(t, want[i].Pending, got[i].Pending, "%s: %s %v", what, name, got)
+						if over && name == "Gauges" && want[i].Priority == 0 {
+							require.GreaterOrEqual(t, got[i].Pending, want[i].Pending, "%s: %s %v", what, name, got)
+						} else {
+							require.Equal(t, want[i].Pending, got[i].Pending, "%s: %s %v", what, name, got)
+						}
 						require.True(t, want[i].OldestPending.Equal(got[i].OldestPending), "%s: %s priority %d: oldest %v, want %v",
 							what, name, want[i].Priority, got[i].OldestPending, want[i].OldestPending)
 					}
@@ -116,18 +129,22 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 			check("all sent")
 
 			// A pending row deleted by hand leaves a number that holds no
-			// row above priority 0's mark: nothing of priority 0 waits.
-			seqs := byPriority(t, ob, at(8), 9, 0)
+			// row above the common mark: nothing of priority 0 waits.
+			seqs := byPriority(t, ob, at(8), 9, 0, 9)
 			_, err = ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, seqs[1])
 			require.NoError(t, err)
-			check("a row deleted by hand", PriorityStats{9, 1, at(8)})
+			gap = true
+			check("a row deleted by hand", PriorityStats{9, 2, at(8)})
+			g, err := ob.Gauges(ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 2, g.Pending, "nothing of priority 0 waits: the number left does not count")
 
-			// Priority 0's mark passes priority 9's waiting message.
-			seqs = byPriority(t, ob, at(10), 0, 0)
+			// Priority 0's mark passes priority 9's waiting messages.
+			seqs = byPriority(t, ob, at(11), 0, 0)
 			sent(0, seqs...)
-			check("priority 0's mark above a waiting message of 9", PriorityStats{9, 1, at(8)})
-			seqs = byPriority(t, ob, at(12), 0)
-			check("and one more of 0", PriorityStats{9, 1, at(8)}, PriorityStats{0, 1, at(12)})
+			check("priority 0's mark above waiting messages of 9", PriorityStats{9, 2, at(8)})
+			byPriority(t, ob, at(13), 0)
+			check("and one more of 0", PriorityStats{9, 2, at(8)}, PriorityStats{0, 1, at(13)})
 		})
 	}
 }
@@ -186,7 +203,7 @@ func TestPriorityQueriesAreSeeks(t *testing.T) {
 		want        map[string]int
 	}{
 		{"stats", statsPrioritiesSQL, map[string]int{byIndex: 2, byRowid: 1}},
-		{"gauges", gaugesPrioritiesSQL, map[string]int{byIndex: 2, between: 2, byDead: 1, newest: 1}},
+		{"gauges", gaugesPrioritiesSQL, map[string]int{byIndex: 2}},
 		{"gauges, priority 0's first", gaugesFirstOfZeroSQL, map[string]int{byRowid: 1}},
 	} {
 		rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN ` + c.query)

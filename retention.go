@@ -40,12 +40,24 @@ func (r *Relay) purgeLoop(ctx context.Context, conn *sqlconn.Conn) {
 	})
 }
 
+// sentKeptSQL says whether any sent row is kept: one up to the common mark,
+// or one sent ahead of it by its priority's mark (a range for priority 0,
+// empty unless priorities mix; a seek for each other).
+var sentKeptSQL = func() string {
+	q := `SELECT EXISTS (SELECT 1 FROM outbox WHERE seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)
+	OR EXISTS (SELECT 1 FROM outbox, outbox_state st WHERE st.id = 1 AND seq > st.sent_seq AND seq <= st.sent_seq_0 AND ` + liveOfSQL(0) + `)`
+	for p := 1; p <= MaxPriority; p++ {
+		q += `
+	OR EXISTS (SELECT 1 FROM outbox WHERE ` + liveOfSQL(p) + ` AND seq <= (SELECT sent_seq_` + strconv.Itoa(p) + ` FROM outbox_state WHERE id = 1))`
+	}
+	return q
+}()
+
 // sentKept reports whether any sent row is kept (or this cannot be told).
 func sentKept(ctx context.Context, conn *sqlconn.Conn) bool {
 	kept := true
 	err := conn.Do(func(c *sql.Conn) error {
-		st, err := conn.Stmt(ctx, c, `SELECT EXISTS (SELECT 1 FROM outbox
-			WHERE seq <= (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`)
+		st, err := conn.Stmt(ctx, c, sentKeptSQL)
 		if err != nil {
 			return err
 		}
@@ -68,7 +80,15 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *sqlconn.Conn) (free int64, 
 	// A row sent "in the future" means the clock has since jumped back; it
 	// would otherwise be kept until the clock catches up, without bound.
 	future := now.Add(max(retention, time.Hour)).UnixMilli()
-	deleted, err := purgeSent(ctx, conn, before, future)
+	var cuts [MaxPriority + 1]int64
+	err = conn.Do(func(c *sql.Conn) error {
+		cuts, err = sentCuts(ctx, c, before, future)
+		return err
+	})
+	var deleted int64
+	if err == nil {
+		deleted, err = purgeSent(ctx, conn, cuts)
+	}
 	if err == nil && deleted > 0 {
 		r.log.Debug("outbox purged sent rows", "rows", deleted)
 	}
@@ -79,8 +99,8 @@ func (r *Relay) purgeOnce(ctx context.Context, conn *sqlconn.Conn) (free int64, 
 		// last mark wakes this loop again).
 		var draining bool
 		err = conn.Do(func(c *sql.Conn) error {
-			return c.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
-				WHERE seq > (SELECT sent_seq FROM outbox_state WHERE id = 1) AND dead_at IS NULL)`).Scan(&draining)
+			return c.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox o, outbox_state st
+				WHERE st.id = 1 AND o.seq > st.sent_seq AND `+pendingSQL("o", "st")+`)`).Scan(&draining)
 		})
 		if err == nil && draining {
 			r.diskFull.Store(true)

@@ -227,19 +227,20 @@ BEGIN INSERT INTO outbox_insert_checks (seq, bytes, topic) VALUES (NEW.seq, leng
 
 -- A message parked dead (by the relay) or brought back in place leaves or
 -- joins the pending count. A requeue moves the row to a new seq at the end:
--- its old number stays skipped, as a gap.
+-- its old number stays skipped, as a gap. A row at or below its priority's
+-- mark is sent, not pending, dead or not: it is skipped either way.
 CREATE TRIGGER outbox_dead_changed AFTER UPDATE OF dead_at ON outbox
 WHEN (OLD.dead_at IS NULL) <> (NEW.dead_at IS NULL)
 	AND (SELECT max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
 BEGIN
 	UPDATE outbox_state SET
 		skipped = CASE WHEN max_pending_count = 0 THEN 0
-			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq THEN skipped + 1
-			WHEN NEW.dead_at IS NULL AND NEW.seq = OLD.seq AND OLD.seq > sent_seq THEN max(skipped - 1, 0)
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN skipped + 1
+			WHEN NEW.dead_at IS NULL AND NEW.seq = OLD.seq AND OLD.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN max(skipped - 1, 0)
 			ELSE skipped END,
 		pending_bytes = CASE WHEN max_pending_bytes = 0 THEN 0
-			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0)
-			WHEN NEW.dead_at IS NULL AND NEW.seq > sent_seq THEN pending_bytes + length(CAST(NEW.payload AS BLOB))
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0)
+			WHEN NEW.dead_at IS NULL AND NEW.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN pending_bytes + length(CAST(NEW.payload AS BLOB))
 			ELSE pending_bytes END
 	WHERE id = 1;
 END;
@@ -247,7 +248,7 @@ END;
 -- An upsert that changes a pending payload changes the pending bytes.
 CREATE TRIGGER outbox_payload_changed AFTER UPDATE OF payload ON outbox
 WHEN OLD.dead_at IS NULL AND NEW.dead_at IS NULL
-	AND (SELECT max_pending_bytes > 0 AND NEW.seq > sent_seq FROM outbox_state WHERE id = 1)
+	AND (SELECT max_pending_bytes > 0 AND NEW.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END FROM outbox_state WHERE id = 1)
 BEGIN
 	UPDATE outbox_state SET pending_bytes = max(pending_bytes - length(CAST(OLD.payload AS BLOB)) + length(CAST(NEW.payload AS BLOB)), 0)
 	WHERE id = 1;
@@ -262,7 +263,7 @@ BEGIN UPDATE outbox_state SET seq_floor = max(seq_floor, OLD.seq) WHERE id = 1; 
 -- leaves the counts.
 CREATE TRIGGER outbox_pending_deleted AFTER DELETE ON outbox
 WHEN OLD.dead_at IS NULL
-	AND (SELECT OLD.seq > sent_seq AND (max_pending_count > 0 OR max_pending_bytes > 0) FROM outbox_state WHERE id = 1)
+	AND (SELECT OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END AND (max_pending_count > 0 OR max_pending_bytes > 0) FROM outbox_state WHERE id = 1)
 BEGIN
 	UPDATE outbox_state SET
 		skipped = CASE WHEN max_pending_count > 0 THEN skipped + 1 ELSE 0 END,

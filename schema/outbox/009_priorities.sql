@@ -60,6 +60,45 @@ BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NE
 CREATE TRIGGER outbox_sent_logged_9 AFTER UPDATE OF sent_seq_9 ON outbox_state
 BEGIN INSERT OR REPLACE INTO outbox_sent_log (seq, sent_at, priority) VALUES (NEW.sent_seq_9, coalesce(NEW.sent_at, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)), 9); END;
 
+-- The triggers that keep the limits' counters test "pending" as above.
+DROP TRIGGER outbox_dead_changed;
+DROP TRIGGER outbox_payload_changed;
+DROP TRIGGER outbox_pending_deleted;
+
+CREATE TRIGGER outbox_dead_changed AFTER UPDATE OF dead_at ON outbox
+WHEN (OLD.dead_at IS NULL) <> (NEW.dead_at IS NULL)
+	AND (SELECT max_pending_count > 0 OR max_pending_bytes > 0 FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET
+		skipped = CASE WHEN max_pending_count = 0 THEN 0
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN skipped + 1
+			WHEN NEW.dead_at IS NULL AND NEW.seq = OLD.seq AND OLD.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN max(skipped - 1, 0)
+			ELSE skipped END,
+		pending_bytes = CASE WHEN max_pending_bytes = 0 THEN 0
+			WHEN NEW.dead_at IS NOT NULL AND OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0)
+			WHEN NEW.dead_at IS NULL AND NEW.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END THEN pending_bytes + length(CAST(NEW.payload AS BLOB))
+			ELSE pending_bytes END
+	WHERE id = 1;
+END;
+
+CREATE TRIGGER outbox_payload_changed AFTER UPDATE OF payload ON outbox
+WHEN OLD.dead_at IS NULL AND NEW.dead_at IS NULL
+	AND (SELECT max_pending_bytes > 0 AND NEW.seq > sent_seq AND NEW.seq > CASE NEW.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET pending_bytes = max(pending_bytes - length(CAST(OLD.payload AS BLOB)) + length(CAST(NEW.payload AS BLOB)), 0)
+	WHERE id = 1;
+END;
+
+CREATE TRIGGER outbox_pending_deleted AFTER DELETE ON outbox
+WHEN OLD.dead_at IS NULL
+	AND (SELECT OLD.seq > sent_seq AND OLD.seq > CASE OLD.priority WHEN 0 THEN sent_seq_0 WHEN 1 THEN sent_seq_1 WHEN 2 THEN sent_seq_2 WHEN 3 THEN sent_seq_3 WHEN 4 THEN sent_seq_4 WHEN 5 THEN sent_seq_5 WHEN 6 THEN sent_seq_6 WHEN 7 THEN sent_seq_7 WHEN 8 THEN sent_seq_8 WHEN 9 THEN sent_seq_9 END AND (max_pending_count > 0 OR max_pending_bytes > 0) FROM outbox_state WHERE id = 1)
+BEGIN
+	UPDATE outbox_state SET
+		skipped = CASE WHEN max_pending_count > 0 THEN skipped + 1 ELSE 0 END,
+		pending_bytes = CASE WHEN max_pending_bytes > 0 THEN max(pending_bytes - length(CAST(OLD.payload AS BLOB)), 0) ELSE 0 END
+	WHERE id = 1;
+END;
+
 DROP VIEW outbox_messages;
 CREATE VIEW outbox_messages AS
 SELECT o.seq, o.id, o.topic, o.payload, o.type, o.content_type, o.created_at,

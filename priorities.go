@@ -132,10 +132,10 @@ func readStatsPriorities(ctx context.Context, q querier, s *Stats) error {
 // readGaugesPriorities reads Gauges.Priorities without a scan of the
 // table: the priorities above 0 from their index; priority 0, which has
 // none, as what they leave of g.Pending, its first in line by a seek from
-// its mark, made only when it has any. When that finds none, g.Pending
-// without a message limit (more than the truth while numbers above the
-// mark hold no row) is theirs, exact. A file of a schema before
-// priorities, read as it is, has everything at 0.
+// its mark, made only when it has any and others wait too. When that
+// finds none, g.Pending without a message limit (more than the truth while
+// numbers above the mark hold no row) is theirs, exact. A file of a schema
+// before priorities, read as it is, has everything at 0.
 func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bool) error {
 	g.Priorities = nil
 	if o.schema < 9 {
@@ -168,7 +168,13 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}
 	if zero := (PriorityStats{Priority: 0, Pending: g.Pending - above}); zero.Pending > 0 {
-		err := zeroFirst.QueryRowContext(ctx).Scan(nullMillis{&zero.OldestPending})
+		var err error
+		if above == 0 && !g.OldestPending.IsZero() {
+			// Nothing above 0 waits: the first in line is priority 0's.
+			zero.OldestPending = g.OldestPending
+		} else {
+			err = zeroFirst.QueryRowContext(ctx).Scan(nullMillis{&zero.OldestPending})
+		}
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			// The numbers counted hold no message of priority 0.

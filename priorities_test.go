@@ -149,8 +149,17 @@ func TestStatsAndGaugesByPriority(t *testing.T) {
 	}
 }
 
-// TestPrioritiesFromTheRelay: what the relay sends leaves its priority's
-// figures, whichever mark it moves.
+// normal returns ps with their times in UTC, for require.Equal.
+func normal(ps []PriorityStats) []PriorityStats {
+	for i := range ps {
+		ps[i].OldestPending = ps[i].OldestPending.UTC()
+	}
+	return ps
+}
+
+// TestPrioritiesFromTheRelay: a backlog at priority 0 alone is shown as
+// one priority's; what the relay sends leaves its priority's figures,
+// whichever mark it moves.
 func TestPrioritiesFromTheRelay(t *testing.T) {
 	ctx := context.Background()
 	for _, limits := range []bool{false, true} {
@@ -161,8 +170,17 @@ func TestPrioritiesFromTheRelay(t *testing.T) {
 			}
 			ob := openTest(t, opts)
 			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
-			byPriority(t, ob, base, 0, 5, 0, 5, 9)
+			// Priority 0 alone, as a device that never sets one has it.
+			byPriority(t, ob, base, 0, 0)
 			s, err := ob.Stats(ctx)
+			require.NoError(t, err)
+			g, err := ob.Gauges(ctx)
+			require.NoError(t, err)
+			want := []PriorityStats{{Priority: 0, Pending: 2, OldestPending: base.UTC()}}
+			require.Equal(t, want, normal(s.Priorities))
+			require.Equal(t, want, normal(g.Priorities))
+			byPriority(t, ob, base, 5, 0, 5, 9)
+			s, err = ob.Stats(ctx)
 			require.NoError(t, err)
 			require.Len(t, s.Priorities, 3)
 			r, err := ob.NewRelay(&fakePublisher{}, fastRelay())
@@ -176,7 +194,7 @@ func TestPrioritiesFromTheRelay(t *testing.T) {
 			s, err = ob.Stats(ctx)
 			require.NoError(t, err)
 			require.Empty(t, s.Priorities)
-			g, err := ob.Gauges(ctx)
+			g, err = ob.Gauges(ctx)
 			require.NoError(t, err)
 			require.Zero(t, g.Pending)
 			require.Empty(t, g.Priorities)

@@ -453,13 +453,3 @@ func (r *Relay) markPastIntruders(ctx context.Context, conn *sqlconn.Conn, c *sq
 	}
 	return endTx(ctx, c, err)
 }
-
-// liveOfSQL is the SQL condition that a row is live (not dead) and of
-// priority p, in the terms that let SQLite seek the outbox_priority index
-// for a priority above 0.
-func liveOfSQL(p int) string {
-	if p == 0 {
-		return `priority = 0 AND dead_at IS NULL`
-	}
-	return `priority = ` + strconv.Itoa(p) + ` AND priority > 0 AND dead_at IS NULL`
-}

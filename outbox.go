@@ -112,6 +112,7 @@ type Outbox struct {
 
 	mu      sync.Mutex
 	closed  bool
+	gauges  *sql.Stmt // Gauges' statement, prepared on its first call
 	relays  map[*Relay]struct{}
 	relayWG sync.WaitGroup
 	// hooks are set by tests: beforeTx runs in Transact between its check
@@ -320,6 +321,10 @@ func (o *Outbox) Close() error {
 	o.closed = true
 	for r := range o.relays {
 		r.stop()
+	}
+	if o.gauges != nil {
+		o.gauges.Close()
+		o.gauges = nil
 	}
 	o.mu.Unlock()
 	o.relayWG.Wait()

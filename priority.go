@@ -34,3 +34,13 @@ func pendingSQL(o, st string) string {
 	return "(" + o + ".dead_at IS NULL AND " + o + ".seq > " + st + ".sent_seq AND " +
 		o + ".seq > " + markOfSQL(o+".priority", st) + ")"
 }
+
+// liveOfSQL is the SQL condition that a row is live (not dead) and of
+// priority p, in the terms that let SQLite seek the outbox_priority index
+// for a priority above 0.
+func liveOfSQL(p int) string {
+	if p == 0 {
+		return `priority = 0 AND dead_at IS NULL`
+	}
+	return `priority = ` + strconv.Itoa(p) + ` AND priority > 0 AND dead_at IS NULL`
+}

@@ -56,6 +56,10 @@ type Stats struct {
 	LeaseNoSubscribers      int64
 	LeaseNoSubscribersTopic string
 	LeaseNoSubscribersAt    time.Time
+	// Priorities are the pending messages by priority, highest first: one
+	// for each priority that has any, its OldestPending as OldestPending
+	// above.
+	Priorities []PriorityStats
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
@@ -123,6 +127,9 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 		}
 	}
+	if err := readStatsPriorities(ctx, q, &s); err != nil {
+		return Stats{}, err
+	}
 	return s, nil
 }
 
@@ -150,6 +157,9 @@ type ListOptions struct {
 	AfterSeq    int64 // rows with a larger sequence number only, for paging
 	Limit       int   // zero means 100
 	WithPayload bool  // payloads are left out unless asked for
+	// Priority, if set, selects the messages of that priority (0 to
+	// MaxPriority) only.
+	Priority *int
 }
 
 // List returns outbox rows in sequence order.
@@ -177,6 +187,13 @@ func (o *Outbox) List(ctx context.Context, opts ListOptions) ([]Record, error) {
 		where = `dead_at IS NOT NULL AND state = '` + string(state) + `' AND seq > ?`
 	default:
 		return nil, fmt.Errorf("outbox: list: unknown state %q", state)
+	}
+	if opts.Priority != nil {
+		w, err := o.listPriority(*opts.Priority)
+		if err != nil {
+			return nil, err
+		}
+		where += w
 	}
 	limit := opts.Limit
 	if limit <= 0 {

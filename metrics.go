@@ -228,6 +228,12 @@ type Gauges struct {
 	WALBytes       int64
 	FreeBytes      int64
 	FreeBytesKnown bool
+	// Priorities are the pending messages by priority, highest first: one
+	// for each priority that has any. Those above 0 are counted in their
+	// index, exact; priority 0's, which has no index, is Pending less
+	// theirs, as exact as Pending. Each OldestPending is the first in
+	// line's, as OldestPending above.
+	Priorities []PriorityStats
 }
 
 // sentAheadSQL counts the rows sent ahead of the common mark by their
@@ -301,6 +307,9 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 		g.WALBytes = fi.Size()
 	}
 	g.FreeBytes, g.FreeBytesKnown = reserve.FreeBytes(o.path)
+	if err := o.readGaugesPriorities(ctx, &g, maxCount > 0); err != nil {
+		return Gauges{}, err
+	}
 	return g, nil
 }
 

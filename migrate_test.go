@@ -98,7 +98,8 @@ func TestMigrationFromSchema1(t *testing.T) {
 		st, err := ob.Stats(ctx)
 		require.NoError(t, err)
 		require.Equal(t, Stats{Pending: 3, PendingBytes: 6, OldestPending: st.OldestPending, Dead: 1, Sent: 2,
-			MaxPendingMessages: 100, MaxPendingBytes: 1000, SchemaVersion: SchemaVersion, LeaseExpires: st.LeaseExpires}, st)
+			MaxPendingMessages: 100, MaxPendingBytes: 1000, SchemaVersion: SchemaVersion, LeaseExpires: st.LeaseExpires,
+			Priorities: []PriorityStats{{Priority: 0, Pending: 3, OldestPending: st.OldestPending}}}, st)
 		var pendingBytes int64
 		require.NoError(t, ob.DB().QueryRow(`SELECT pending_bytes FROM outbox_state`).Scan(&pendingBytes))
 		require.EqualValues(t, 6, pendingBytes, "the byte counter starts right")

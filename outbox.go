@@ -108,6 +108,7 @@ type Outbox struct {
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
 	durable    durable.Commits // what Transact committed at FULL
+	gaugeStmts gaugeStmts      // Gauges' statements of the priorities (priorities.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -341,6 +342,7 @@ func (o *Outbox) Close() error {
 	if o.insert != nil {
 		o.insert.close()
 	}
+	o.gaugeStmts.close()
 	if o.ownsDB {
 		return o.db.Close()
 	}

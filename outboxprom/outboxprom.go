@@ -19,8 +19,9 @@
 //
 // A scrape reads the outbox's counters, two seeks and the dead rows' index
 // (Outbox.Gauges) and the relay's memory (Relay.Metrics), whatever the
-// backlog (BenchmarkScrape100k measures it at 100,000 pending messages;
-// docs/metrics.md has the figures). The one figure that needs a scan,
+// backlog of priority 0, the default; a message of a higher priority is
+// counted in that priority's index (BenchmarkScrape100k measures it at
+// 100,000 pending messages; docs/metrics.md has the figures). The one figure that needs a scan,
 // outbox_pending_bytes without a byte limit, is counted in the background
 // every Options.RefreshInterval.
 package outboxprom

@@ -15,6 +15,7 @@ import (
 // recordJSON is one message in the stable output of `list --json`.
 type recordJSON struct {
 	Seq           int64      `json:"seq"`
+	Priority      int        `json:"priority"`
 	ID            string     `json:"id"`
 	Topic         string     `json:"topic"`
 	Type          string     `json:"type"`
@@ -35,21 +36,24 @@ func listCmd(a *cli.App) *cobra.Command {
 	var state string
 	var limit int
 	var after int64
+	var priority int
 	var asJSON, payload bool
 	cmd := &cobra.Command{
-		Use:   "list --db PATH [--state pending|dead|expired|sent] [--limit N] [--json]",
+		Use:   "list --db PATH [--state pending|dead|expired|sent] [--priority P] [--limit N] [--json]",
 		Short: "List messages in an outbox",
-		Long: `list prints messages in sequence order: sequence number, id, topic, type,
-size, age, attempts and last error. Payloads are shown only with --payload.
-Like status, it never writes anything.
+		Long: `list prints messages in sequence order: sequence number, priority, id,
+topic, type, size, age, attempts and last error; --priority P only those of
+priority P (0 to 9). Payloads are shown only with --payload. Like status, it
+never writes anything.
 
---json prints an array of objects with these keys: seq, id, topic, type,
+--json prints an array of objects with these keys: seq, priority, id, topic, type,
 content_type, size, state, attempts, last_error, created_at, age_seconds,
 sent_at, dead_at (for a dead or expired message: when it was parked), and
 payload_base64 with --payload.`,
 		Example: `  outboxctl list --db till.db
   outboxctl list --db till.db --state dead --json
   outboxctl list --db till.db --state expired
+  outboxctl list --db till.db --priority 9
   outboxctl list --db till.db --after 1500 --limit 50 --payload`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,12 +64,19 @@ payload_base64 with --payload.`,
 			if limit < 1 {
 				return cli.Usagef("--limit %d: want at least 1", limit)
 			}
+			opts := outbox.ListOptions{State: st, Limit: limit, AfterSeq: after, WithPayload: payload}
+			if cmd.Flags().Changed("priority") {
+				if priority < 0 || priority > outbox.MaxPriority {
+					return cli.Usagef("--priority %d: want 0 to %d", priority, outbox.MaxPriority)
+				}
+				opts.Priority = &priority
+			}
 			ob, err := db.open(cmd.Context(), a, inspect)
 			if err != nil {
 				return err
 			}
 			defer ob.Close()
-			recs, err := ob.List(cmd.Context(), outbox.ListOptions{State: st, Limit: limit, AfterSeq: after, WithPayload: payload})
+			recs, err := ob.List(cmd.Context(), opts)
 			if err != nil {
 				return db.explain(err)
 			}
@@ -73,7 +84,7 @@ payload_base64 with --payload.`,
 			out := make([]recordJSON, 0, len(recs))
 			for _, r := range recs {
 				j := recordJSON{
-					Seq: r.Seq, ID: r.ID, Topic: r.Topic, Type: r.Type, ContentType: r.ContentType,
+					Seq: r.Seq, Priority: r.Priority, ID: r.ID, Topic: r.Topic, Type: r.Type, ContentType: r.ContentType,
 					Size: r.Size, State: string(r.State), Attempts: r.Attempts, LastError: r.LastError,
 					CreatedAt: r.CreatedAt.UTC(), AgeS: now.Sub(r.CreatedAt).Seconds(),
 					SentAt: timeOrNil(r.SentAt), DeadAt: timeOrNil(r.DeadAt),
@@ -88,13 +99,13 @@ payload_base64 with --payload.`,
 				return writeJSON(a.Stdout, out)
 			}
 			w := tabwriter.NewWriter(a.Stdout, 0, 0, 2, ' ', 0)
-			header := "SEQ\tID\tTOPIC\tTYPE\tSIZE\tAGE\tATTEMPTS\tLAST ERROR"
+			header := "SEQ\tPRIORITY\tID\tTOPIC\tTYPE\tSIZE\tAGE\tATTEMPTS\tLAST ERROR"
 			if payload {
 				header += "\tPAYLOAD"
 			}
 			fmt.Fprintln(w, header)
 			for i, r := range out {
-				line := fmt.Sprintf("%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s", r.Seq, r.ID, r.Topic, orDash(r.Type), r.Size, ageText(r.AgeS), r.Attempts, orDash(r.LastError))
+				line := fmt.Sprintf("%d\t%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s", r.Seq, r.Priority, r.ID, r.Topic, orDash(r.Type), r.Size, ageText(r.AgeS), r.Attempts, orDash(r.LastError))
 				if payload {
 					line += "\t" + fmt.Sprintf("%q", recs[i].Payload)
 				}
@@ -105,6 +116,7 @@ payload_base64 with --payload.`,
 	}
 	db.register(cmd)
 	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead, expired or sent")
+	cmd.Flags().IntVar(&priority, "priority", 0, "only messages of this priority (0 to 9); all when not given")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many messages")
 	cmd.Flags().Int64Var(&after, "after", 0, "only messages with a larger sequence number (for paging)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -699,6 +699,15 @@ func TestInspectionWritesNothing(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 		require.EqualValues(t, outbox.SchemaVersion-1, st["schema_version"], "read as it is")
 		require.EqualValues(t, 1, st["pending"])
+		require.Len(t, st["priorities"], 1, "everything at priority 0")
+		require.Equal(t, map[string]any{"priority": 0.0, "pending": 1.0}, map[string]any{
+			"priority": st["priorities"].([]any)[0].(map[string]any)["priority"], "pending": st["priorities"].([]any)[0].(map[string]any)["pending"]})
+		r = ctl(t, "list", "--db", path, "--priority", "0", "--json")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Contains(t, r.Stdout, `"priority": 0`)
+		r = ctl(t, "list", "--db", path, "--priority", "9", "--json")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Equal(t, "[]\n", r.Stdout)
 		require.Equal(t, before, dirState(t, filepath.Dir(path)), "not migrated, nothing written")
 	})
 	t.Run("an older schema", func(t *testing.T) {

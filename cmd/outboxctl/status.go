@@ -41,6 +41,17 @@ type statusJSON struct {
 	NoSubscribersAt    *time.Time `json:"no_subscribers_at"`
 	FileBytes          int64      `json:"file_bytes"`
 	WALBytes           int64      `json:"wal_bytes"`
+	// Priorities are the pending messages by priority, highest first, one
+	// for each priority that has any; an empty array when none.
+	Priorities []priorityJSON `json:"priorities"`
+}
+
+// priorityJSON is what waits at one priority, in statusJSON.
+type priorityJSON struct {
+	Priority          int       `json:"priority"`
+	Pending           int64     `json:"pending"`
+	OldestPendingAt   time.Time `json:"oldest_pending_at"`
+	OldestPendingAgeS float64   `json:"oldest_pending_age_seconds"`
 }
 
 func statusCmd(a *cli.App) *cobra.Command {
@@ -49,7 +60,8 @@ func statusCmd(a *cli.App) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status --db PATH [--json]",
 		Short: "Show what is in an outbox",
-		Long: `status shows the pending messages (count, bytes, age of the oldest), dead
+		Long: `status shows the pending messages (count, bytes, age of the oldest; count
+and age of the oldest by priority), dead
 messages, expired ones (not published: their expiry ran out before their
 turn), sent messages still kept, the limits, the relay lease, the schema
 version and the file sizes. It never writes anything: no schema is created
@@ -65,7 +77,10 @@ null), broker_unavailable and broker_unavailable_since (what the broker
 says of itself while it says it cannot take messages, and since when; null
 otherwise), no_subscribers, no_subscribers_topic and no_subscribers_at
 (messages the broker took with no subscriber since the relay started, the
-last topic and when), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
+last topic and when), file_bytes, wal_bytes, and priorities: an array,
+highest first, of one object for each priority that has pending messages,
+with the keys priority, pending, oldest_pending_at and
+oldest_pending_age_seconds. Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: cli.NoArgs,
@@ -82,6 +97,11 @@ last topic and when), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				MaxPendingMessages: st.MaxPendingMessages, MaxPendingBytes: st.MaxPendingBytes,
 				LeaseOwner: st.LeaseOwner,
 				FileBytes:  fileSize(db.path), WALBytes: fileSize(db.path + "-wal"),
+				Priorities: []priorityJSON{},
+			}
+			for _, p := range st.Priorities {
+				out.Priorities = append(out.Priorities, priorityJSON{Priority: p.Priority, Pending: p.Pending,
+					OldestPendingAt: p.OldestPending.UTC(), OldestPendingAgeS: time.Since(p.OldestPending).Seconds()})
 			}
 			if !st.OldestPending.IsZero() {
 				t := st.OldestPending.UTC()
@@ -115,6 +135,9 @@ last topic and when), file_bytes, wal_bytes. Times are RFC 3339 UTC or null.`,
 				fmt.Fprintf(w, "oldest pending\t%s ago (%s)\n", ageText(*out.OldestPendingAgeS), out.OldestPendingAt.Format(time.RFC3339))
 			} else {
 				fmt.Fprintf(w, "oldest pending\t-\n")
+			}
+			for _, p := range out.Priorities {
+				fmt.Fprintf(w, "  priority %d\t%d messages, oldest %s ago\n", p.Priority, p.Pending, ageText(p.OldestPendingAgeS))
 			}
 			fmt.Fprintf(w, "dead\t%d\n", out.Dead)
 			fmt.Fprintf(w, "expired\t%d\n", out.Expired)

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +54,16 @@ var defs = [...]def{
 				return one(0)
 			}
 			return one(max(s.Now.Sub(s.Gauges.OldestPending).Seconds(), 0))
+		}},
+	{name: "outbox_priority_pending_messages", typ: Gauge, gauges: true, labels: []string{"priority"},
+		help: "Messages waiting to be published, by priority (0 to 9, the higher first), for each priority that has any. Those above 0 are counted exactly; priority 0's is outbox_pending_messages less theirs, as exact as that.",
+		read: func(s *Snapshot) []Sample {
+			return byPriority(s.Gauges.Priorities, func(p outbox.PriorityStats) float64 { return float64(p.Pending) })
+		}},
+	{name: "outbox_priority_oldest_pending_age_seconds", typ: Gauge, gauges: true, labels: []string{"priority"},
+		help: "Age of the first pending message in line of each priority that has any, from its created_at (the writer's wall clock) to the exporter's wall clock.",
+		read: func(s *Snapshot) []Sample {
+			return byPriority(s.Gauges.Priorities, func(p outbox.PriorityStats) float64 { return max(s.Now.Sub(p.OldestPending).Seconds(), 0) })
 		}},
 	{name: "outbox_dead_messages", typ: Gauge, gauges: true,
 		help: "Messages parked as dead, until requeued or purged.",
@@ -160,6 +171,15 @@ func Outbox(s Snapshot) []Family {
 }
 
 func one(v float64) []Sample { return []Sample{{Value: v}} }
+
+// byPriority is one sample per priority, labelled with it.
+func byPriority(ps []outbox.PriorityStats, value func(outbox.PriorityStats) float64) []Sample {
+	out := make([]Sample, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, Sample{LabelValues: []string{strconv.Itoa(p.Priority)}, Value: value(p)})
+	}
+	return out
+}
 
 func histogram(h outbox.Histogram) []Sample {
 	return []Sample{{Hist: &HistogramValue{Bounds: outbox.HistogramBounds(), Counts: h.Counts[:], Count: h.Count, Sum: h.Sum}}}

@@ -38,8 +38,8 @@ func names(families []Family) []string {
 // unique, with help, a type and the conventions' suffixes.
 func TestDefinitions(t *testing.T) {
 	all, alone := Definitions(true), Definitions(false)
-	require.Len(t, all, 21)
-	require.Len(t, alone, 8)
+	require.Len(t, all, 23)
+	require.Len(t, alone, 10)
 	seen := map[string]bool{}
 	for _, f := range all {
 		require.False(t, seen[f.Name], "%s twice", f.Name)
@@ -69,6 +69,7 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 	s := Snapshot{Now: now, Version: "v9", Relay: &rm, ScannedPendingBytes: 99, Gauges: outbox.Gauges{
 		Pending: 1, PendingBytes: 2, PendingBytesKnown: true, OldestPending: now.Add(-90 * time.Second), Dead: 3,
 		DatabaseBytes: 4, WALBytes: 5, FreeBytes: 6, FreeBytesKnown: true,
+		Priorities: []outbox.PriorityStats{{Priority: 9, Pending: 7, OldestPending: now.Add(-20 * time.Second)}, {Priority: 0, Pending: 8, OldestPending: now.Add(-21 * time.Second)}},
 	}}
 	fs := Outbox(s)
 	require.Equal(t, names(Definitions(true)), names(fs))
@@ -86,6 +87,12 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 		switch f.Name {
 		case "outbox_info":
 			require.Equal(t, []string{"3.1.1", "/till/\uFFFD7", "v9"}, f.Samples[0].LabelValues, "valid UTF-8 whatever the source")
+		case "outbox_priority_pending_messages":
+			require.Equal(t, []string{"priority"}, f.Labels)
+			require.Equal(t, []Sample{{LabelValues: []string{"9"}, Value: 7}, {LabelValues: []string{"0"}, Value: 8}}, f.Samples)
+		case "outbox_priority_oldest_pending_age_seconds":
+			require.Equal(t, []string{"priority"}, f.Labels)
+			require.Equal(t, []Sample{{LabelValues: []string{"9"}, Value: 20}, {LabelValues: []string{"0"}, Value: 21}}, f.Samples)
 		case "outbox_publish_ack_seconds", "outbox_commit_ack_seconds":
 			h := f.Samples[0].Hist
 			require.Equal(t, outbox.HistogramBounds(), h.Bounds)
@@ -100,14 +107,15 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 
 	t.Run("pending bytes counted in the background, free space unknown", func(t *testing.T) {
 		s := s
-		s.Gauges.PendingBytesKnown, s.Gauges.FreeBytesKnown, s.Gauges.OldestPending = false, false, time.Time{}
+		s.Gauges.PendingBytesKnown, s.Gauges.FreeBytesKnown, s.Gauges.OldestPending, s.Gauges.Priorities = false, false, time.Time{}, nil
 		fs := Outbox(s)
 		require.Equal(t, 99.0, value(t, fs, "outbox_pending_bytes"))
 		require.Equal(t, 0.0, value(t, fs, "outbox_oldest_pending_age_seconds"), "nothing pending")
 		for _, f := range fs {
-			if f.Name == "outbox_filesystem_free_bytes" {
-				require.Empty(t, f.Samples)
-				require.NoError(t, f.Err)
+			switch f.Name {
+			case "outbox_filesystem_free_bytes", "outbox_priority_pending_messages", "outbox_priority_oldest_pending_age_seconds":
+				require.Empty(t, f.Samples, f.Name)
+				require.NoError(t, f.Err, f.Name)
 			}
 		}
 	})

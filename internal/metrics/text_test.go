@@ -81,13 +81,14 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	rm := outbox.RelayMetrics{Connected: true, Published: 7, Protocol: "5", Source: `/shops/"9"`}
 	rm.PublishAck.Counts[3], rm.PublishAck.Count, rm.PublishAck.Sum = 7, 7, 0.021
 	s := Snapshot{Now: time.Now(), Version: "v1.2.3", Relay: &rm,
-		Gauges: outbox.Gauges{Pending: 3, OldestPending: time.Now().Add(-time.Minute), FreeBytes: 1 << 30, FreeBytesKnown: true}}
+		Gauges: outbox.Gauges{Pending: 3, OldestPending: time.Now().Add(-time.Minute), FreeBytes: 1 << 30, FreeBytesKnown: true,
+			Priorities: []outbox.PriorityStats{{Priority: 9, Pending: 1, OldestPending: time.Now()}, {Priority: 0, Pending: 2, OldestPending: time.Now().Add(-time.Minute)}}}}
 	h := Handler(slog.Default(), func(context.Context) []Family { return Outbox(s) }, Runtime, Process)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	require.Equal(t, ContentType, rec.Header().Get("Content-Type"))
 	text := rec.Body.String()
-	for _, name := range []string{"outbox_commit_ack_seconds", "outbox_filesystem_free_bytes", "go_goroutines", "process_start_time_seconds"} {
+	for _, name := range []string{"outbox_commit_ack_seconds", "outbox_filesystem_free_bytes", "outbox_priority_pending_messages", "go_goroutines", "process_start_time_seconds"} {
 		require.Contains(t, text, "# TYPE "+name+" ")
 	}
 	harness.LintMetrics(t, text)

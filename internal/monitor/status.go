@@ -33,10 +33,13 @@ type statusData struct {
 	Protocol string
 	// Role says what this process does with the device's events, in
 	// words; RoleOK whether that is as it should be.
-	Role        string
-	RoleOK      bool
-	Pending     int64
-	Oldest      string // its age in words; empty when nothing is pending
+	Role    string
+	RoleOK  bool
+	Pending int64
+	Oldest  string // its age in words; empty when nothing is pending
+	// Priorities say what waits at each priority that has any, highest
+	// first: "priority 9: 3 pending, oldest 2 s".
+	Priorities  []string
 	LastError   string // the error's own text, behind a click
 	LastErrorAt string
 	Fault       fault // the last error in words, with what to check
@@ -169,7 +172,18 @@ func writeStatus(w io.Writer, d statusData) error {
 	} else {
 		put("nothing waits")
 	}
-	put(`</div></div>
+	put(`</div>`)
+	if len(d.Priorities) > 0 {
+		put(`<div class="muted" id="priorities">`)
+		for i, p := range d.Priorities {
+			if i > 0 {
+				put("<br>")
+			}
+			put(escapeHTML(p))
+		}
+		put(`</div>`)
+	}
+	put(`</div>
 <div class="card"><div class="muted">Backlog</div>`, d.Spark, `</div>
 <div class="card"><div class="muted">Sent since start</div><div class="big" id="published">`, num(d.Published), `</div>`)
 	if d.NoSubscribers != "" {
@@ -326,6 +340,9 @@ func (rd readings) page() statusData {
 		d.Pending, d.DeadCount = g.Pending, max(g.Dead-rd.ExpiredCount, 0)
 		if !g.OldestPending.IsZero() {
 			d.Oldest = ago(now.Sub(g.OldestPending))
+		}
+		for _, p := range g.Priorities {
+			d.Priorities = append(d.Priorities, fmt.Sprintf("priority %d: %d pending, oldest %s", p.Priority, p.Pending, ago(now.Sub(p.OldestPending))))
 		}
 		d.Dead, d.Expired, d.ExpiredCount = rd.Dead, rd.Expired, rd.ExpiredCount
 	}

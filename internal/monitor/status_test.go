@@ -22,7 +22,7 @@ func TestStatusPageEscapes(t *testing.T) {
 	const evil = `<i>"x'&+`
 	d := statusData{
 		Source: evil, Version: evil, HasRelay: true, Since: evil, Protocol: evil, Role: evil,
-		Pending: 1, Oldest: evil, LastError: evil, LastErrorAt: evil, Fault: fault{evil, evil}, BrokerSays: evil, NoSubscribers: evil, DeadCount: 2, Notice: evil, Now: evil, Err: evil,
+		Pending: 1, Oldest: evil, Priorities: []string{evil}, LastError: evil, LastErrorAt: evil, Fault: fault{evil, evil}, BrokerSays: evil, NoSubscribers: evil, DeadCount: 2, Notice: evil, Now: evil, Err: evil,
 		Dead:    []outbox.Record{{ID: evil, Topic: evil, LastError: evil}},
 		Expired: []outbox.Record{{ID: evil, Topic: evil, LastError: evil}}, ExpiredCount: 1,
 	}
@@ -30,7 +30,7 @@ func TestStatusPageEscapes(t *testing.T) {
 	require.NoError(t, writeStatus(&b, d))
 	page := b.String()
 	require.NotContains(t, page, "<i>")
-	require.Equal(t, 21, strings.Count(page, "&lt;i&gt;&#34;x&#39;&amp;&#43;"), "every field shown, escaped:\n%s", page)
+	require.Equal(t, 22, strings.Count(page, "&lt;i&gt;&#34;x&#39;&amp;&#43;"), "every field shown, escaped:\n%s", page)
 }
 
 // TestSparklineFlat: a backlog that did not move reads as such, in words
@@ -107,6 +107,11 @@ func pageStates(t *testing.T) []pageState {
 	}
 	with := func(m outbox.RelayMetrics, f func(*outbox.RelayMetrics)) *outbox.RelayMetrics { f(&m); return &m }
 	backlog := outbox.Gauges{Pending: 25, OldestPending: now.Add(-21 * time.Second)}
+	// The same backlog, with alarms at priority 9 among the sales at 0.
+	prioritized := backlog
+	prioritized.Priorities = []outbox.PriorityStats{
+		{Priority: 9, Pending: 3, OldestPending: now.Add(-2 * time.Second)}, {Priority: 0, Pending: 22, OldestPending: now.Add(-21 * time.Second)},
+	}
 	// The backlog of an outage that ended 24 s ago, draining.
 	var draining []sample
 	for i, v := range []int64{0, 3, 8, 14, 20, 25, 12, 6} {
@@ -132,9 +137,10 @@ func pageStates(t *testing.T) []pageState {
 			says: []string{"NOT connected to the broker", "since 16:01:41 UTC, 22 s ago; 12 attempts to connect since then",
 				"Nothing answers at 127.0.0.1:", "Is the broker running? Is its address right (--broker)?",
 				`<details id="raw-error"><summary>`, "connect: connection refused", `action="/reconnect"`, "Try to connect now", "steady at 25 over the last 3 min 30 s"}},
-		{name: "tls-refused", rd: readings{Relay: down(tlsErr), Gauges: backlog},
-			says: []string{"not signed by an authority this device trusts", "--ca-file", "x509: certificate signed by unknown authority"},
-			not:  []string{`action="/reconnect"`}},
+		{name: "tls-refused", rd: readings{Relay: down(tlsErr), Gauges: prioritized},
+			says: []string{"not signed by an authority this device trusts", "--ca-file", "x509: certificate signed by unknown authority",
+				`id="pending">25<`, "oldest waits for 21 s", `id="priorities">priority 9: 3 pending, oldest 2 s<br>priority 0: 22 pending, oldest 21 s</div>`},
+			not: []string{`action="/reconnect"`}},
 		{name: "auth-refused", rd: readings{Relay: down(authErr), Gauges: backlog},
 			says: []string{"The broker refused the user name or password.", "--password-file", "CONNACK 0x86"}},
 		{name: "disk-full", rd: readings{Relay: with(up, func(m *outbox.RelayMetrics) {

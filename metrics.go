@@ -267,18 +267,50 @@ func (o *Outbox) gaugesSQL() string {
 		FROM outbox_state st WHERE id = 1`
 }
 
-// gaugesStmt is gaugesSQL prepared once, on the first call (nil once the
-// Outbox is closed, or if it cannot be prepared): it takes about ten times
-// longer to prepare than to run, and an exporter calls it on every scrape.
-func (o *Outbox) gaugesStmt(ctx context.Context) *sql.Stmt {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.gauges == nil && !o.closed {
-		if st, err := o.db.PrepareContext(ctx, o.gaugesSQL()); err == nil {
-			o.gauges = st
+// gaugeStmts are Gauges' statements, each prepared at its first use: it
+// takes several times longer to prepare one than to run it, and an
+// exporter calls Gauges on every scrape.
+type gaugeStmts struct {
+	mu     sync.Mutex
+	closed bool
+	stmts  [gaugeStmtCount]*sql.Stmt
+}
+
+// Gauges' statements.
+const (
+	gaugeTotals      = iota // gaugesSQL
+	gaugeByPriority         // gaugesPrioritiesSQL
+	gaugeFirstOfZero        // gaugesFirstOfZeroSQL
+	gaugeStmtCount
+)
+
+// get returns statement k, preparing q on db the first time.
+func (s *gaugeStmts) get(ctx context.Context, db *sql.DB, k int, q string) (*sql.Stmt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if s.stmts[k] == nil {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		s.stmts[k] = st
+	}
+	return s.stmts[k], nil
+}
+
+// close closes the statements; get fails after.
+func (s *gaugeStmts) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, st := range s.stmts {
+		if st != nil {
+			st.Close()
 		}
 	}
-	return o.gauges
 }
 
 // Gauges reads the figures that cost no scan of the table.
@@ -287,7 +319,7 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 	var maxCount, maxBytes int64
 	dest := []any{&g.Pending, &g.PendingBytes, &maxCount, &maxBytes, nullMillis{&g.OldestPending}, &g.Dead}
 	var err error
-	if st := o.gaugesStmt(ctx); st != nil {
+	if st, perr := o.gaugeStmts.get(ctx, o.db, gaugeTotals, o.gaugesSQL()); perr == nil {
 		err = st.QueryRowContext(ctx).Scan(dest...)
 	} else {
 		err = o.db.QueryRowContext(ctx, o.gaugesSQL()).Scan(dest...)

@@ -108,11 +108,10 @@ type Outbox struct {
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
 	durable    durable.Commits // what Transact committed at FULL
-	gaugeStmts gaugeStmts      // Gauges' statements of the priorities (priorities.go)
+	gaugeStmts gaugeStmts      // Gauges' statements (metrics.go)
 
 	mu      sync.Mutex
 	closed  bool
-	gauges  *sql.Stmt // Gauges' statement, prepared on its first call
 	relays  map[*Relay]struct{}
 	relayWG sync.WaitGroup
 	// hooks are set by tests: beforeTx runs in Transact between its check
@@ -321,10 +320,6 @@ func (o *Outbox) Close() error {
 	o.closed = true
 	for r := range o.relays {
 		r.stop()
-	}
-	if o.gauges != nil {
-		o.gauges.Close()
-		o.gauges = nil
 	}
 	o.mu.Unlock()
 	o.relayWG.Wait()

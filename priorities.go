@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -53,50 +52,6 @@ var gaugesPrioritiesSQL = aboveZeroSQL + ` SELECT k.p, (SELECT count(*) FROM out
 // gaugesFirstOfZeroSQL reads the creation time of the first pending
 // message of priority 0 in line.
 var gaugesFirstOfZeroSQL = `SELECT created_at FROM outbox WHERE ` + zeroPendingSQL + ` ORDER BY seq LIMIT 1`
-
-// gaugeStmts are Gauges' statements of the priorities, prepared at their
-// first use: SQLite compiles a statement at every call otherwise, which
-// costs a scrape several times what running them does.
-type gaugeStmts struct {
-	mu     sync.Mutex
-	closed bool
-	byPrio *sql.Stmt // gaugesPrioritiesSQL
-	zero   *sql.Stmt // gaugesFirstOfZeroSQL
-}
-
-// get returns the statements, preparing them on db the first time.
-func (s *gaugeStmts) get(ctx context.Context, db *sql.DB) (byPrio, zero *sql.Stmt, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, nil, ErrClosed
-	}
-	if s.byPrio == nil {
-		if s.byPrio, err = db.PrepareContext(ctx, gaugesPrioritiesSQL); err != nil {
-			s.byPrio = nil
-			return nil, nil, err
-		}
-	}
-	if s.zero == nil {
-		if s.zero, err = db.PrepareContext(ctx, gaugesFirstOfZeroSQL); err != nil {
-			s.zero = nil
-			return nil, nil, err
-		}
-	}
-	return s.byPrio, s.zero, nil
-}
-
-// close closes the statements; get fails after.
-func (s *gaugeStmts) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	for _, st := range []*sql.Stmt{s.byPrio, s.zero} {
-		if st != nil {
-			st.Close()
-		}
-	}
-}
 
 // readStatsPriorities reads Stats.Priorities. A file of an older schema,
 // read as it is, has no priorities: everything pending there is at 0.
@@ -144,7 +99,11 @@ func (o *Outbox) readGaugesPriorities(ctx context.Context, g *Gauges, counted bo
 		}
 		return nil
 	}
-	byPrio, zeroFirst, err := o.gaugeStmts.get(ctx, o.db)
+	byPrio, err := o.gaugeStmts.get(ctx, o.db, gaugeByPriority, gaugesPrioritiesSQL)
+	if err != nil {
+		return fmt.Errorf("outbox: gauges: %w", err)
+	}
+	zeroFirst, err := o.gaugeStmts.get(ctx, o.db, gaugeFirstOfZero, gaugesFirstOfZeroSQL)
 	if err != nil {
 		return fmt.Errorf("outbox: gauges: %w", err)
 	}

@@ -120,14 +120,18 @@ func benchEncode(b *testing.B, enc encoder, payload []byte) {
 }
 
 // backlogOutbox returns an outbox with n pending 200-byte messages.
-func backlogOutbox(b *testing.B, n int) *Outbox {
+func backlogOutbox(b *testing.B, n int, priorities ...int) *Outbox {
 	b.Helper()
 	ob := openTest(b, Options{Synchronous: SyncNormal, ReserveBytes: -1})
 	ctx := context.Background()
 	for i := 0; i < n; {
 		var msgs []Message
 		for ; i < n && len(msgs) < 5000; i++ {
-			msgs = append(msgs, Message{Topic: "pos/1/orders", Payload: benchPayload(i)})
+			m := Message{Topic: "pos/1/orders", Payload: benchPayload(i)}
+			if len(priorities) > 0 {
+				m.Priority = priorities[i%len(priorities)]
+			}
+			msgs = append(msgs, m)
 		}
 		if err := ob.Transact(ctx, func(tx *sql.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 			b.Fatal(err)
@@ -221,13 +225,21 @@ func BenchmarkRelayDrain(b *testing.B) {
 	b.Run("nosync", func(b *testing.B) { benchRelayDrain(b, false) })
 }
 
-func benchRelayDrain(b *testing.B, durable bool) {
+// BenchmarkRelayDrainPriorities is BenchmarkRelayDrain's nosync case with
+// the backlog at priority 0, at 9, and spread over 0, 5 and 9 in turn.
+func BenchmarkRelayDrainPriorities(b *testing.B) {
+	b.Run("p0", func(b *testing.B) { benchRelayDrain(b, false, 0) })
+	b.Run("p9", func(b *testing.B) { benchRelayDrain(b, false, 9) })
+	b.Run("spread", func(b *testing.B) { benchRelayDrain(b, false, 0, 5, 9) })
+}
+
+func benchRelayDrain(b *testing.B, durable bool, priorities ...int) {
 	const n = 10_000
 	total := time.Duration(0)
 	var syncs int64
 	for b.Loop() {
 		b.StopTimer()
-		ob := backlogOutbox(b, n)
+		ob := backlogOutbox(b, n, priorities...)
 		pub := &fakePublisher{}
 		r, err := ob.NewRelay(pub, fastRelay())
 		if err != nil {

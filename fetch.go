@@ -133,9 +133,14 @@ var pickSQL = func() string {
 }()
 
 // pick reads which priorities have rows after their cursors (pickSQL),
-// with the data_version read before.
-func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPriority + 1]int64) (version, top int64, pending uint16, err error) {
-	err = conn.Do(func(c *sql.Conn) error {
+// with the data_version read before; unless it must, only if conn is free
+// (done).
+func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPriority + 1]int64, must bool) (version, top int64, pending uint16, done bool, err error) {
+	do := func(fn func(*sql.Conn) error) (bool, error) { return true, conn.Do(fn) }
+	if !must {
+		do = conn.TryDo
+	}
+	done, err = do(func(c *sql.Conn) error {
 		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
 		if err != nil {
 			return err
@@ -158,7 +163,7 @@ func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPrior
 		pending = uint16(bits)
 		return nil
 	})
-	return version, top, pending, err
+	return version, top, pending, done, err
 }
 
 // waitForWork waits until a commit may have added rows: an in-process

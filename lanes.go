@@ -107,14 +107,16 @@ func (ls *lanes) cursors() (c [MaxPriority + 1]int64) {
 	return c
 }
 
-// repick asks the outbox which lanes have rows after their cursors.
-func (s *session) repick() error {
+// repick asks the outbox which lanes have rows after their cursors. Unless
+// it must (a session's start, after a wait), it does not wait for the
+// reader, busy with a batch read ahead: done reports whether it asked.
+func (s *session) repick(must bool) (done bool, err error) {
 	ls := &s.lanes
 	wake := s.r.ob.wake.wait()
 	cur := ls.cursors()
-	version, top, pending, err := s.r.pick(s.dctx, s.r.reader, &cur)
-	if err != nil {
-		return err
+	version, top, pending, done, err := s.r.pick(s.dctx, s.r.reader, &cur, must)
+	if !done || err != nil {
+		return done, err
 	}
 	ls.wake, ls.version, ls.lookAt = wake, version, time.Now()
 	for p := range ls.l {
@@ -125,11 +127,13 @@ func (s *session) repick() error {
 		// other priorities there need not be passed again.
 		ls.l[0].cursor = max(ls.l[0].cursor, top)
 	}
-	return nil
+	return true, nil
 }
 
 // committed reports whether a commit may have come since the last pick:
-// at once for one in this process, within commitLook for another's.
+// at once for one in this process; for another's, within commitLook when
+// the reader is free (a read ahead reads what came before it anyway, and
+// waiting for it would let the window run dry).
 func (s *session) committed() bool {
 	ls := &s.lanes
 	select {
@@ -140,14 +144,17 @@ func (s *session) committed() bool {
 	if time.Since(ls.lookAt) < commitLook {
 		return false
 	}
-	ls.lookAt = time.Now()
 	var v int64
-	err := s.r.reader.Do(func(c *sql.Conn) error {
+	asked, err := s.r.reader.TryDo(func(c *sql.Conn) error {
 		dv, err := s.r.reader.Stmt(s.dctx, c, `PRAGMA data_version`)
 		if err != nil {
 			return err
 		}
 		return dv.QueryRowContext(s.dctx).Scan(&v)
 	})
+	if !asked {
+		return false
+	}
+	ls.lookAt = time.Now()
 	return err != nil || v != ls.version
 }

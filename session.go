@@ -334,8 +334,9 @@ func (s *session) dispatch() error {
 	// takes to be acknowledged on loopback, so reading in turn let the
 	// window run dry once per batch.
 	var ahead chan batch
-	woke := false // the last pick followed a wait for work
-	stale := true // what the lanes know of the outbox must be read again
+	woke := false   // the last pick followed a wait for work
+	stale := true   // what the lanes know of the outbox must be read again
+	asking := false // a commit was seen, and the lanes not yet asked
 	defer r.notIdle()
 	// slot: a window slot is held for the next hand-off. It is taken
 	// before the lane is chosen, so that a higher priority committed while
@@ -358,14 +359,17 @@ func (s *session) dispatch() error {
 				return nil
 			}
 		}
-		if stale || s.committed() {
-			if err := s.repick(); err != nil {
+		if stale || asking || s.committed() {
+			// A commit seen while the reader is busy with a read ahead is
+			// asked about at the next hand-off, not waited for.
+			done, err := s.repick(stale)
+			if err != nil {
 				if !s.readFailed(err) {
 					break
 				}
 				continue
 			}
-			stale = false
+			stale, asking = false, !done
 		}
 		p := ls.next()
 		if p < 0 && s.scope.floor > 0 {
@@ -568,7 +572,7 @@ func (s *session) linger(b batch, cursor int64, limit int) batch {
 			break
 		}
 		// A higher priority committed meanwhile goes first: stop waiting.
-		if err := s.repick(); err == nil && s.lanes.top() > b.prio {
+		if _, err := s.repick(true); err == nil && s.lanes.top() > b.prio {
 			break
 		}
 	}

@@ -69,6 +69,16 @@ func (c *Conn) Do(fn func(*sql.Conn) error) error {
 	return fn(c.conn)
 }
 
+// TryDo runs fn with the connection if no one else has it, and reports
+// whether it did.
+func (c *Conn) TryDo(fn func(*sql.Conn) error) (bool, error) {
+	if !c.mu.TryLock() {
+		return false, nil
+	}
+	defer c.mu.Unlock()
+	return true, fn(c.conn)
+}
+
 // Stmt returns q prepared on sc, the connection Do gave; call it inside Do.
 func (c *Conn) Stmt(ctx context.Context, sc *sql.Conn, q string) (*sql.Stmt, error) {
 	if st, ok := c.stmts[q]; ok {

@@ -282,18 +282,8 @@ func (r *Relay) markSent(conn *sqlconn.Conn, acked []mark) error {
 	err := conn.Do(func(c *sql.Conn) error {
 		if marked == 1 {
 			p := acked[0].priority
-			args := r.markArgs(last[p], count[p])
-			n, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
-			if err == nil && n == 0 {
-				n, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
-			}
-			if err != nil {
+			if err := r.markPriority(ctx, conn, c, p, last[p], count[p], acked, false); err != nil {
 				return err
-			}
-			if n == 0 {
-				if err := r.markPastIntruders(ctx, conn, c, p, acked, false); err != nil {
-					return err
-				}
 			}
 		} else if err := r.markPriorities(ctx, conn, c, acked, &last, &count); err != nil {
 			return err
@@ -352,25 +342,29 @@ func (r *Relay) markPriorities(ctx context.Context, conn *sqlconn.Conn, c *sql.C
 			if count[p] == 0 {
 				continue
 			}
-			// The statements prepared once per connection, as markSent's:
-			// markSQLs' take longer to prepare than to run.
-			args := r.markArgs(last[p], count[p])
-			n, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
-			if err == nil && n == 0 {
-				n, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
-			}
-			if err != nil {
+			if err := r.markPriority(ctx, conn, c, uint8(p), last[p], count[p], acked, true); err != nil {
 				return err
-			}
-			if n == 0 {
-				if err := r.markPastIntruders(ctx, conn, c, uint8(p), acked, true); err != nil {
-					return err
-				}
 			}
 		}
 		return nil
 	}()
 	return endTx(ctx, c, err)
+}
+
+// markPriority makes the mark of priority p up to seq, of n acknowledged
+// messages: the fast statement, else the full one, else the slow road
+// (inTx: within markPriorities' transaction). The statements are prepared
+// once per connection: markSQLs' take longer to prepare than to run.
+func (r *Relay) markPriority(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, p uint8, seq int64, n int, acked []mark, inTx bool) error {
+	args := r.markArgs(seq, n)
+	marked, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
+	if err == nil && marked == 0 {
+		marked, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
+	}
+	if err != nil || marked > 0 {
+		return err
+	}
+	return r.markPastIntruders(ctx, conn, c, p, acked, inTx)
 }
 
 // endTx commits a transaction, or rolls it back after err.

@@ -44,11 +44,8 @@ func (b rowBatch) Row(i int) (seq int64, id string) { return b[i].seq, b[i].id }
 // there may be more.
 func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, prio int, cursor int64, limit int, carries bool) (version int64, out []row, more bool, err error) {
 	err = conn.Do(func(c *sql.Conn) error {
-		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
+		var err error
+		if version, err = dataVersion(ctx, conn, c); err != nil {
 			return err
 		}
 		st, err := conn.Stmt(ctx, c, readSQLs[prio])
@@ -141,11 +138,8 @@ func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPrior
 		do = conn.TryDo
 	}
 	done, err = do(func(c *sql.Conn) error {
-		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		if err := dv.QueryRowContext(ctx).Scan(&version); err != nil {
+		var err error
+		if version, err = dataVersion(ctx, conn, c); err != nil {
 			return err
 		}
 		st, err := conn.Stmt(ctx, c, pickSQL)
@@ -166,6 +160,17 @@ func (r *Relay) pick(ctx context.Context, conn *sqlconn.Conn, cursors *[MaxPrior
 	return version, top, pending, done, err
 }
 
+// dataVersion reads PRAGMA data_version on conn (inside its Do): it
+// changes when another connection commits.
+func dataVersion(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn) (int64, error) {
+	dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
+	if err != nil {
+		return 0, err
+	}
+	var v int64
+	return v, dv.QueryRowContext(ctx).Scan(&v)
+}
+
 // waitForWork waits until a commit may have added rows: an in-process
 // notification, a change of data_version (another connection or process
 // committed), or the end of ctx (false).
@@ -178,12 +183,9 @@ func (r *Relay) waitForWork(ctx context.Context, conn *sqlconn.Conn, wake <-chan
 func (r *Relay) committed(ctx context.Context, conn *sqlconn.Conn, version int64) (changed, ok bool) {
 	var v int64
 	call(r.hooks.onAsk)
-	err := conn.Do(func(c *sql.Conn) error {
-		dv, err := conn.Stmt(ctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		return dv.QueryRowContext(ctx).Scan(&v)
+	err := conn.Do(func(c *sql.Conn) (err error) {
+		v, err = dataVersion(ctx, conn, c)
+		return err
 	})
 	if err != nil || v != version {
 		return true, ctx.Err() == nil

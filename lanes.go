@@ -145,12 +145,9 @@ func (s *session) committed() bool {
 		return false
 	}
 	var v int64
-	asked, err := s.r.reader.TryDo(func(c *sql.Conn) error {
-		dv, err := s.r.reader.Stmt(s.dctx, c, `PRAGMA data_version`)
-		if err != nil {
-			return err
-		}
-		return dv.QueryRowContext(s.dctx).Scan(&v)
+	asked, err := s.r.reader.TryDo(func(c *sql.Conn) (err error) {
+		v, err = dataVersion(s.dctx, s.r.reader, c)
+		return err
 	})
 	if !asked {
 		return false

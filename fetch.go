@@ -113,21 +113,39 @@ var readSQLs = func() (q [MaxPriority + 1]string) {
 // cursor for each (?1 is priority 0's, ?10 priority 9's), as a bit set, and
 // the newest seq, read in the same snapshot: a priority with nothing after
 // its cursor has nothing up to that seq either. Each priority above 0 is an
-// index seek; priority 0 is found by seq, past the other priorities' rows
-// after its cursor, which then moves to the newest seq (lanes.go), so that
-// those rows are passed once.
+// index seek. Priority 0 has no index (it would cost every enqueue): its
+// row is looked for among the next pick0Walk rows; else, when every number
+// after its cursor holds a dead row or one of another priority (counted in
+// the outbox_dead and outbox_priority indexes, several times cheaper than
+// reading the rows), there is none; else (gaps) the rows are read until
+// one is found. Priority 0's cursor then moves to the newest seq
+// (lanes.go), so that the others' rows are passed once.
 var pickSQL = func() string {
+	const c0 = `max(?1, st.sent_seq, st.sent_seq_0)`
 	var b strings.Builder
 	b.WriteString(`SELECT coalesce((SELECT max(seq) FROM outbox), 0), 0`)
 	for p := MaxPriority; p > 0; p-- {
 		fmt.Fprintf(&b, `
 	| (EXISTS (SELECT 1 FROM outbox WHERE priority = %d AND priority > 0 AND dead_at IS NULL AND seq > max(?%d, st.sent_seq, st.sent_seq_%d)) << %d)`, p, p+1, p, p)
 	}
-	b.WriteString(`
-	| EXISTS (SELECT 1 FROM outbox WHERE seq > max(?1, st.sent_seq, st.sent_seq_0) AND priority = 0 AND dead_at IS NULL)
-	FROM outbox_state st WHERE st.id = 1`)
+	others := `(SELECT count(*) FROM outbox WHERE seq > ` + c0 + ` AND dead_at IS NOT NULL)`
+	for p := 1; p <= MaxPriority; p++ {
+		others += fmt.Sprintf(`
+			+ (SELECT count(*) FROM outbox WHERE priority = %d AND priority > 0 AND dead_at IS NULL AND seq > %s)`, p, c0)
+	}
+	fmt.Fprintf(&b, `
+	| CASE
+		WHEN EXISTS (SELECT 1 FROM (SELECT priority, dead_at FROM outbox WHERE seq > %[1]s ORDER BY seq LIMIT %[2]d)
+			WHERE priority = 0 AND dead_at IS NULL) THEN 1
+		WHEN coalesce((SELECT max(seq) FROM outbox), 0) - %[1]s = %[3]s THEN 0
+		ELSE EXISTS (SELECT 1 FROM outbox WHERE seq > %[1]s AND priority = 0 AND dead_at IS NULL) END
+	FROM outbox_state st WHERE st.id = 1`, c0, pick0Walk, others)
 	return b.String()
 }()
+
+// pick0Walk is how many rows pick reads for one of priority 0 before it
+// counts instead.
+const pick0Walk = 64
 
 // pick reads which priorities have rows after their cursors (pickSQL),
 // with the data_version read before; unless it must, only if conn is free

@@ -561,3 +561,63 @@ func TestPriorityStatementsSeek(t *testing.T) {
 	noScan("sent ahead", got)
 	require.Equal(t, MaxPriority, strings.Count(got, "USING INDEX outbox_priority"), got)
 }
+
+// TestPickStatementSeeks: the pick seeks each priority above 0, and finds
+// priority 0 by counting in the indexes, not by reading the rows, past a
+// short walk.
+func TestPickStatementSeeks(t *testing.T) {
+	ob, _, _ := markingRelay(t, Options{}, fastRelay())
+	args := make([]any, MaxPriority+1)
+	for i := range args {
+		args[i] = int64(0)
+	}
+	rows, err := ob.DB().Query(`EXPLAIN QUERY PLAN `+pickSQL, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
+		b.WriteString(detail + "\n")
+	}
+	require.NoError(t, rows.Err())
+	got := b.String()
+	// The exists of each priority above 0, and its count for priority 0.
+	require.Equal(t, 2*MaxPriority, strings.Count(got, "USING INDEX outbox_priority (priority=? AND seq>?)"), got)
+	require.Contains(t, got, "USING INDEX outbox_dead (seq>?)", got)
+}
+
+// TestPickFindsPriority0: the pick says whether a row of priority 0 is
+// pending after its cursor — within its short walk, past it by counting,
+// and past a gap (where counting cannot tell) by reading on — and not for
+// a dead one.
+func TestPickFindsPriority0(t *testing.T) {
+	ob, r, rc := markingRelay(t, Options{}, fastRelay())
+	ctx := context.Background()
+	pick0 := func() bool {
+		t.Helper()
+		var cur [MaxPriority + 1]int64
+		_, _, pending, done, err := r.pick(ctx, rc, &cur, true)
+		require.NoError(t, err)
+		require.True(t, done)
+		return pending&1 != 0
+	}
+	nines := make([]int, 2*pick0Walk)
+	for i := range nines {
+		nines[i] = 9
+	}
+	enqueuePriorities(t, ob, nines...)
+	require.False(t, pick0(), "only priority 9")
+	s := enqueuePriorities(t, ob, 0)
+	require.True(t, pick0(), "a priority-0 row past the walk")
+	_, err := ob.DB().Exec(`UPDATE outbox SET dead_at = 1 WHERE seq = ?`, s[0])
+	require.NoError(t, err)
+	require.False(t, pick0(), "its row dead")
+	// A gap: the counts cannot tell, and the rows are read.
+	_, err = ob.DB().Exec(`DELETE FROM outbox WHERE seq = ?`, s[0]-1)
+	require.NoError(t, err)
+	require.False(t, pick0(), "a gap, and no priority-0 row")
+	enqueuePriorities(t, ob, 0)
+	require.True(t, pick0(), "a gap, and a priority-0 row")
+}

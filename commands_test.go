@@ -9,12 +9,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/harness"
+	"github.com/edgeoutbox/outbox/internal/migrate"
 )
 
 // cmdRig is an outbox whose clocks move only when the test says so: the
@@ -559,4 +561,83 @@ func TestExpireCommands(t *testing.T) {
 	st, err := r.ob.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, CommandStats{Waiting: 1, Expired: 2}, st.Commands)
+}
+
+// TestMigrationToCommands: a schema 9 file with messages migrates to 10:
+// its rows have no correlation data, the commands table is there, empty,
+// and holds to the SQL contract (a state it does not know is refused, a
+// (source, id) once only).
+func TestMigrationToCommands(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v9.db")
+	db, err := OpenDB(path, DBOptions{})
+	require.NoError(t, err)
+	require.NoError(t, migrate.SQLite(context.Background(), db, "outbox_schema", outboxMigrations[:9], "", ErrSchemaTooNew))
+	_, err = db.Exec(`INSERT INTO outbox (id, topic, payload, priority) VALUES ('m1', 't', 'p1', 9), ('m2', 't', 'p2', 0)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	ob := openTestPath(t, path, Options{})
+	ctx := context.Background()
+	st, err := ob.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, st.SchemaVersion)
+	require.EqualValues(t, 2, st.Pending)
+	require.Equal(t, CommandStats{}, st.Commands)
+	var nulls int
+	require.NoError(t, ob.DB().QueryRow(`SELECT count(*) FROM outbox WHERE correlation_data IS NULL`).Scan(&nulls))
+	require.Equal(t, 2, nulls)
+
+	insert := `INSERT INTO outbox_command (id, source, topic, data, received_at, received_clock_ms, state) VALUES (?, 's', 't', x'', 0, 0, ?)`
+	_, err = ob.DB().Exec(insert, "a", "received")
+	require.NoError(t, err)
+	_, err = ob.DB().Exec(insert, "b", "done")
+	require.ErrorContains(t, err, "CHECK constraint failed")
+	_, err = ob.DB().Exec(insert, "a", "applied")
+	require.ErrorContains(t, err, "UNIQUE constraint failed")
+	var state string
+	require.NoError(t, ob.DB().QueryRow(`SELECT state FROM outbox_command WHERE id = 'a'`).Scan(&state))
+	require.Equal(t, "received", state)
+
+	fresh := openTest(t, Options{})
+	require.Equal(t, schemaObjects(t, fresh.DB()), schemaObjects(t, ob.DB()), "the same objects as a new file")
+}
+
+// TestCommandFromAnotherProcess: a command stored by another process (the
+// relay's receiver) is seen by Run through data_version, without a wake.
+func TestCommandFromAnotherProcess(t *testing.T) {
+	r := newCmdRig(t)
+	c := r.commands(t, CommandOptions{})
+	c.poll = time.Hour // nothing but data_version can tell it
+	harness.RunInBackground(t, "commands", c)
+	other, err := Open(context.Background(), dbPath(t, r.ob), Options{Logger: testLogger()})
+	require.NoError(t, err)
+	defer other.Close()
+	stored, err := other.StoreCommand(context.Background(), IncomingCommand{Topic: "pos/1/commands", Payload: envelope("c", time.Time{})}, nil)
+	require.NoError(t, err)
+	require.True(t, stored)
+	r.settled(t, 1)
+	require.Equal(t, []string{"c"}, r.appliedIDs(t))
+}
+
+// TestStoreCommandAtFull: StoreCommand commits at synchronous=FULL on a
+// database opened at NORMAL, and gives its connection back at NORMAL.
+func TestStoreCommandAtFull(t *testing.T) {
+	ob := openTest(t, Options{Synchronous: SyncNormal})
+	ob.DB().SetMaxOpenConns(2)
+	var during int
+	ob.hooks.commandTx = func(tx *sql.Tx) {
+		require.NoError(t, tx.QueryRow(`PRAGMA synchronous`).Scan(&during))
+	}
+	_, err := ob.StoreCommand(context.Background(), IncomingCommand{Topic: "t", Payload: envelope("c", time.Time{})}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, during, "FULL")
+	ctx := context.Background()
+	for range 2 { // every connection of the pool
+		conn, err := ob.DB().Conn(ctx)
+		require.NoError(t, err)
+		defer conn.Close()
+		var s int
+		require.NoError(t, conn.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&s))
+		require.Equal(t, 1, s, "NORMAL again")
+	}
 }

@@ -6,10 +6,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -640,4 +641,66 @@ func TestStoreCommandAtFull(t *testing.T) {
 		require.NoError(t, conn.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&s))
 		require.Equal(t, 1, s, "NORMAL again")
 	}
+}
+
+// TestCommandSQLContract: docs/commands.md's SQL, run as written by an
+// application in another language, applies a command once and answers it
+// exactly as the Go API does; run again on the same command, its UPDATE
+// changes no row.
+func TestCommandSQLContract(t *testing.T) {
+	doc, err := os.ReadFile("docs/commands.md")
+	require.NoError(t, err)
+	_, block, ok := strings.Cut(string(doc), "```sql\nBEGIN IMMEDIATE;\n")
+	require.True(t, ok, "the contract's SQL block")
+	block, _, _ = strings.Cut(block, "COMMIT;\n```")
+	var stmts []string
+	for _, s := range strings.Split(block, ";") {
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			l, _, _ = strings.Cut(l, "--")
+			if strings.TrimSpace(l) != "" {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 0 {
+			stmts = append(stmts, strings.Join(lines, "\n"))
+		}
+	}
+	require.Len(t, stmts, 3, "SELECT, UPDATE, INSERT")
+
+	r := newCmdRig(t)
+	require.True(t, r.store(t, IncomingCommand{Topic: "pos/1/commands", Payload: envelope("c1", time.Time{}), ResponseTopic: "backend/answers", CorrelationData: []byte("k")}))
+	apply := func() (int64, error) {
+		tx, err := r.ob.DB().Begin()
+		require.NoError(t, err)
+		defer tx.Rollback()
+		var seq int64
+		var id, source, typ, ct string
+		var data, corr []byte
+		var rt sql.NullString
+		var expires, deadline sql.NullInt64
+		var clk int64
+		require.NoError(t, tx.QueryRow(stmts[0]).Scan(&seq, &id, &source, &typ, &ct, &data, &rt, &corr, &expires, &deadline, &clk))
+		res, err := tx.Exec(stmts[1], sql.Named("now_ms", 1), sql.Named("seq", seq))
+		require.NoError(t, err)
+		n, err := res.RowsAffected()
+		require.NoError(t, err)
+		if n != 1 {
+			return n, nil
+		}
+		_, err = tx.Exec(stmts[2], sql.Named("seq", seq), sql.Named("result", `{"ok":true}`))
+		require.NoError(t, err)
+		return n, tx.Commit()
+	}
+	n, err := apply()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []answerRow{{Topic: "backend/answers", Type: AnswerEventType, ContentType: "application/json", Correlation: []byte("k"), Priority: MaxPriority,
+		Payload: `{"command":"c1","source":"/backend","status":"applied","result":{"ok":true}}`}}, r.answers(t), "the Go API's answer, byte for byte")
+	require.Equal(t, "applied", r.state(t, "c1"))
+	res, err := r.ob.DB().Exec(stmts[1], sql.Named("now_ms", 2), sql.Named("seq", 1))
+	require.NoError(t, err)
+	n, err = res.RowsAffected()
+	require.NoError(t, err)
+	require.Zero(t, n, "settled: the UPDATE of a second applier changes nothing")
 }

@@ -629,8 +629,16 @@ func (o *Outbox) enqueueAnswer(ctx context.Context, tx *sql.Tx, to answerTo, out
 	if to.topic == "" {
 		return nil
 	}
-	return o.Enqueue(ctx, tx, Message{Topic: to.topic, Payload: answerPayload(to.id, to.source, out, reason, result),
+	err := o.Enqueue(ctx, tx, Message{Topic: to.topic, Payload: answerPayload(to.id, to.source, out, reason, result),
 		Type: AnswerEventType, ContentType: "application/json", Priority: MaxPriority, CorrelationData: to.correlation})
+	if errors.Is(err, ErrPayloadTooLarge) && out != CommandApplied {
+		// A payload limit set below an answer's few hundred bytes: the
+		// command is settled all the same, unanswered, rather than
+		// never (the handler's result is the caller's to bound).
+		o.log.Warn("outbox: a command's answer is over the payload limit; not sent", "id", to.id, "source", to.source, "status", string(out))
+		return nil
+	}
+	return err
 }
 
 // answerPayload is an answer's JSON.

@@ -488,6 +488,17 @@ func TestCommandBounds(t *testing.T) {
 	require.NoError(t, r.ob.DB().QueryRow(`SELECT count(*), sum(length(data)) FROM outbox_command WHERE state = 'malformed'`).Scan(&n, &bytes))
 	require.EqualValues(t, 2, n, "both malformed")
 	require.Less(t, bytes, int64(1000), "the big payload not kept")
+
+	// A payload limit below an answer's size: settled all the same,
+	// unanswered, rather than refused at every redelivery.
+	tiny := openTest(t, Options{MaxPayloadBytes: 64})
+	stored, err := tiny.StoreCommand(context.Background(), IncomingCommand{Topic: "t", Payload: envelope("c", time.Time{}), ResponseTopic: "backend/answers"}, nil)
+	require.NoError(t, err)
+	require.True(t, stored)
+	st, err := tiny.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, CommandStats{Malformed: 1}, st.Commands)
+	require.Zero(t, st.Pending, "no answer")
 }
 
 // TestCommandSettledElsewhere: a command another process settled between

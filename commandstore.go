@@ -53,14 +53,15 @@ func (o *Outbox) StoreCommand(ctx context.Context, in IncomingCommand, trusted f
 	if trusted == nil {
 		trusted = DefaultWallClockTrusted
 	}
-	c := o.decodeCommand(in)
+	decoded := o.decodeCommand(in)
+	c := decoded
 	// Asked only where a deadline needs it, and once: the answer holds for
 	// the transaction, whatever the clock does meanwhile.
-	trust := c.state == "" && c.deadline.Valid && trusted()
+	trust := decoded.state == "" && decoded.deadline.Valid && trusted()
 	wall := o.now()
 	answered := false
 	err = o.fullTx(ctx, func(tx *sql.Tx) error {
-		stored, answered = false, false
+		stored, answered, c = false, false, decoded
 		if o.hooks.commandTx != nil {
 			o.hooks.commandTx(tx)
 		}

@@ -107,15 +107,16 @@ type Outbox struct {
 	log        *slog.Logger
 	now        func() time.Time
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
+	wake       notifier
+	durable    durable.Commits // what Transact committed at FULL
+	gaugeStmts gaugeStmts      // Gauges' statements (metrics.go)
+
 	// commandClock is the same stored clock as commands see it: never
 	// paused, since a command's life runs whether or not a relay of this
-	// Outbox has messages in flight (commands.go).
+	// Outbox has messages in flight (commands.go). commandWake wakes
+	// Commands.Run when StoreCommand stored a command.
 	commandClock *clock.Stored
-	wake         notifier
-	// commandWake wakes Commands.Run when StoreCommand stored a command.
-	commandWake notifier
-	durable     durable.Commits // what Transact committed at FULL
-	gaugeStmts  gaugeStmts      // Gauges' statements (metrics.go)
+	commandWake  notifier
 
 	mu      sync.Mutex
 	closed  bool
@@ -257,19 +258,19 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		reserveSize = DefaultReserveBytes
 	}
 	o := &Outbox{
-		db:           db,
-		insert:       insert,
-		reserve:      reserve.New(file, reserveSize),
-		path:         file,
-		maxPayload:   maxPayload,
-		prefix:       opts.TopicPrefix,
-		schema:       SchemaVersion,
-		log:          opts.Logger,
-		now:          opts.Now,
-		clock:        clock.New(stored, opts.elapsed, outboxClockStoreEvery),
-		commandClock: clock.New(stored, opts.elapsed, outboxClockStoreEvery),
-		relays:       make(map[*Relay]struct{}),
+		db:         db,
+		insert:     insert,
+		reserve:    reserve.New(file, reserveSize),
+		path:       file,
+		maxPayload: maxPayload,
+		prefix:     opts.TopicPrefix,
+		schema:     SchemaVersion,
+		log:        opts.Logger,
+		now:        opts.Now,
+		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),
+		relays:     make(map[*Relay]struct{}),
 	}
+	o.commandClock = clock.New(stored, opts.elapsed, outboxClockStoreEvery)
 	if o.log == nil {
 		o.log = slog.Default()
 	}

@@ -60,6 +60,8 @@ type Stats struct {
 	// for each priority that has any, its OldestPending as OldestPending
 	// above.
 	Priorities []PriorityStats
+	// Commands are the commands received (docs/commands.md), by state.
+	Commands CommandStats
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows
@@ -128,6 +130,9 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 		}
 	}
 	if err := readStatsPriorities(ctx, q, &s); err != nil {
+		return Stats{}, err
+	}
+	if err := readCommandStats(ctx, q, s.SchemaVersion, &s.Commands); err != nil {
 		return Stats{}, err
 	}
 	return s, nil

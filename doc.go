@@ -91,6 +91,17 @@
 // structured mode, and [DecodeEventMQTT] either mode, binary mode
 // ([EnvelopeCloudEventsBinary]) too.
 //
+// # Commands to the device
+//
+// The other way: a backend's command reaches the device, is stored durably
+// before it is acknowledged ([Outbox.StoreCommand], called by a transport's
+// receiver), and is applied once by [Commands.Run] ([Outbox.NewCommands]):
+// the handler's work, the command's state and its answer, an outbox event
+// to the command's response topic, commit in one transaction. A command
+// past its expiry is answered "expired" and never applied; the clocks it
+// is judged by are in docs/commands.md, and so is the SQL for applications
+// in other languages.
+//
 // # The packages
 //
 // The root package is the outbox: writing events ([Outbox.Enqueue]) and

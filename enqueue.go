@@ -40,6 +40,12 @@ type Message struct {
 	// commit order; across priorities, commit order does not hold. Out of
 	// range is refused with ErrInvalidMessage.
 	Priority int
+	// CorrelationData is published as MQTT 5's Correlation Data and, in
+	// either CloudEvents mode, as the extension correlationdata (base64):
+	// an answer to a request carries the request's. At most 65,535 bytes
+	// (MQTT's binary data), else refused with ErrInvalidMessage; nil means
+	// none.
+	CorrelationData []byte
 }
 
 // Enqueue writes msgs into the outbox inside tx, the caller's transaction:
@@ -92,6 +98,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		life := expiryMillis(m.Expiry)
 		k := insertPlain
 		switch {
+		case len(m.CorrelationData) > 0:
+			k = insertCorrelated
 		case m.Priority > 0:
 			k = insertPriority
 		case life > 0:
@@ -113,6 +121,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		case insertPriority:
 			expiring = expiring || life > 0
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life, m.Priority)
+		case insertCorrelated:
+			expiring = expiring || life > 0
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life, m.Priority, m.CorrelationData)
 		default:
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
 		}
@@ -150,6 +161,7 @@ const (
 	insertNoContentType
 	insertExpiring
 	insertPriority
+	insertCorrelated
 )
 
 var insertSQLs = [...]string{
@@ -163,6 +175,10 @@ var insertSQLs = [...]string{
 	// enough that one statement binds everything.
 	insertPriority: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at, priority)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END, ?9)`,
+	// Correlation Data (an answer to a command): rarer still, so the
+	// statements above stay as they are for every other message.
+	insertCorrelated: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at, priority, correlation_data)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END, ?9, ?10)`,
 }
 
 // inserts are insertSQLs prepared on an Outbox's database.
@@ -211,6 +227,9 @@ func (o *Outbox) validate(msgs []Message) error {
 		}
 		if m.Priority < 0 || m.Priority > MaxPriority {
 			return fmt.Errorf("message %d: %w: Priority %d outside 0..%d", i, ErrInvalidMessage, m.Priority, MaxPriority)
+		}
+		if len(m.CorrelationData) > maxBinaryBytes {
+			return fmt.Errorf("message %d: %w: CorrelationData of %d bytes, over MQTT's %d", i, ErrInvalidMessage, len(m.CorrelationData), maxBinaryBytes)
 		}
 		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
 			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)

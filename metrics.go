@@ -234,6 +234,9 @@ type Gauges struct {
 	// theirs, as exact as Pending. Each OldestPending is the first in
 	// line's, as OldestPending above.
 	Priorities []PriorityStats
+	// Commands are the commands received, by state, counted in their
+	// table (which holds settled ones only for CommandOptions.Keep).
+	Commands CommandStats
 }
 
 // sentAheadSQL counts the rows sent ahead of the common mark by their
@@ -340,6 +343,9 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 	}
 	g.FreeBytes, g.FreeBytesKnown = reserve.FreeBytes(o.path)
 	if err := o.readGaugesPriorities(ctx, &g, maxCount > 0); err != nil {
+		return Gauges{}, err
+	}
+	if err := readCommandStats(ctx, o.db, o.schema, &g.Commands); err != nil {
 		return Gauges{}, err
 	}
 	return g, nil

@@ -30,6 +30,7 @@ const (
 	// and NewRelay warns when the stored limit allows such messages.
 	MaxPayloadBytesLimit = 190 << 20
 	maxTopicBytes        = 65_535
+	maxBinaryBytes       = 65_535 // MQTT's binary data: Correlation Data
 	maxTypeBytes         = 1024
 )
 
@@ -110,14 +111,24 @@ type Outbox struct {
 	durable    durable.Commits // what Transact committed at FULL
 	gaugeStmts gaugeStmts      // Gauges' statements (metrics.go)
 
+	// commandClock is the same stored clock as commands see it: never
+	// paused, since a command's life runs whether or not a relay of this
+	// Outbox has messages in flight (commands.go). commandWake wakes
+	// Commands.Run when StoreCommand stored a command.
+	commandClock *clock.Stored
+	commandWake  notifier
+
 	mu      sync.Mutex
 	closed  bool
 	relays  map[*Relay]struct{}
 	relayWG sync.WaitGroup
 	// hooks are set by tests: beforeTx runs in Transact between its check
 	// for Close and BEGIN, afterCommit after a COMMIT that returned, before
-	// anything else.
-	hooks struct{ beforeTx, afterCommit func() }
+	// anything else; commandTx in StoreCommand's transaction.
+	hooks struct {
+		beforeTx, afterCommit func()
+		commandTx             func(*sql.Tx)
+	}
 	// inUse is held shared by every Enqueue while it runs and exclusively
 	// by Close while it closes the insert statement and the database, so
 	// that an Enqueue racing Close either writes or fails with ErrClosed.
@@ -191,7 +202,7 @@ func openInspector(ctx context.Context, path string, opts Options) (*Outbox, err
 		db.Close()
 		return nil, err
 	}
-	o := &Outbox{db: db, ownsDB: true, readOnly: true, schema: v, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, schema: v, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), commandClock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -259,6 +270,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),
 		relays:     make(map[*Relay]struct{}),
 	}
+	o.commandClock = clock.New(stored, opts.elapsed, outboxClockStoreEvery)
 	if o.log == nil {
 		o.log = slog.Default()
 	}

@@ -60,6 +60,8 @@ type Stats struct {
 	// for each priority that has any, its OldestPending as OldestPending
 	// above.
 	Priorities []PriorityStats
+	// Commands are the commands received (docs/commands.md), by state.
+	Commands CommandStats
 }
 
 // Stats reads the outbox's state. Pending, PendingBytes and Sent count rows

@@ -40,6 +40,12 @@ type Message struct {
 	// commit order; across priorities, commit order does not hold. Out of
 	// range is refused with ErrInvalidMessage.
 	Priority int
+	// CorrelationData is published as MQTT 5's Correlation Data and, in
+	// either CloudEvents mode, as the extension correlationdata (base64):
+	// an answer to a request carries the request's. At most 65,535 bytes
+	// (MQTT's binary data), else refused with ErrInvalidMessage; nil means
+	// none.
+	CorrelationData []byte
 }
 
 // Enqueue writes msgs into the outbox inside tx, the caller's transaction:
@@ -211,6 +217,9 @@ func (o *Outbox) validate(msgs []Message) error {
 		}
 		if m.Priority < 0 || m.Priority > MaxPriority {
 			return fmt.Errorf("message %d: %w: Priority %d outside 0..%d", i, ErrInvalidMessage, m.Priority, MaxPriority)
+		}
+		if len(m.CorrelationData) > maxBinaryBytes {
+			return fmt.Errorf("message %d: %w: CorrelationData of %d bytes, over MQTT's %d", i, ErrInvalidMessage, len(m.CorrelationData), maxBinaryBytes)
 		}
 		if len(m.Type) > maxTypeBytes || !utf8.ValidString(m.Type) || len(m.ContentType) > maxTypeBytes || !utf8.ValidString(m.ContentType) {
 			return fmt.Errorf("message %d: %w: type and content type must be valid UTF-8 of at most %d bytes", i, ErrInvalidMessage, maxTypeBytes)

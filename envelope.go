@@ -76,6 +76,10 @@ type Event struct {
 	// Sequence is the outbox sequence number (the "sequence" extension):
 	// commit order within one source.
 	Sequence int64
+	// CorrelationData is the "correlationdata" extension, decoded from
+	// base64: MQTT 5's Correlation Data of an answer (Message.CorrelationData),
+	// carried in the envelope for MQTT 3.1.1. Nil when absent.
+	CorrelationData []byte
 }
 
 // outgoing is one row read for publishing.

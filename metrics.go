@@ -234,6 +234,10 @@ type Gauges struct {
 	// theirs, as exact as Pending. Each OldestPending is the first in
 	// line's, as OldestPending above.
 	Priorities []PriorityStats
+	// Commands are the commands received, by state: Waiting from the
+	// index of waiting commands, the others counted (done commands are
+	// kept only for CommandOptions.Keep).
+	Commands CommandStats
 }
 
 // sentAheadSQL counts the rows sent ahead of the common mark by their

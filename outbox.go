@@ -30,6 +30,7 @@ const (
 	// and NewRelay warns when the stored limit allows such messages.
 	MaxPayloadBytesLimit = 190 << 20
 	maxTopicBytes        = 65_535
+	maxBinaryBytes       = 65_535 // MQTT's binary data: Correlation Data
 	maxTypeBytes         = 1024
 )
 

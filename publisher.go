@@ -126,6 +126,10 @@ type PublishProperties struct {
 	// MessageExpiry is what is left of the message's life (MQTT 5's Message
 	// Expiry Interval, sent in whole seconds rounded up); 0 means none.
 	MessageExpiry time.Duration
+	// CorrelationData is MQTT 5's Correlation Data (at most 65,535 bytes):
+	// what the requester gave, so that it can match the answer; nil means
+	// none.
+	CorrelationData []byte
 }
 
 // UserProperty is one user property: a key and a value.
@@ -135,7 +139,7 @@ type UserProperty struct {
 
 // empty reports whether p carries nothing.
 func (p *PublishProperties) empty() bool {
-	return p == nil || p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0
+	return p == nil || p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 && p.CorrelationData == nil
 }
 
 // The optional capabilities. A Publisher implements those its transport

@@ -14,7 +14,7 @@ import (
 
 // SchemaVersion is the newest schema version this code knows. A database
 // whose schema is newer is refused with ErrSchemaTooNew, never downgraded.
-const SchemaVersion = 9
+const SchemaVersion = 10
 
 // The schema is SQL, in schema/: outbox.sql is the newest, what a new
 // database gets in one step; outbox/NNN_*.sql brings version NNN-1 to NNN and

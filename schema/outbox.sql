@@ -1,4 +1,4 @@
--- The outbox schema, version 9: what a new database gets, in one step.
+-- The outbox schema, version 10: what a new database gets, in one step.
 -- A database of an older version is brought here by the files in outbox/,
 -- one per version, which are never edited once released. The tests check that
 -- both roads lead to the same tables, columns, indexes, triggers and views.
@@ -37,7 +37,11 @@ CREATE TABLE outbox (
 	expired      INTEGER NOT NULL DEFAULT 0,
 	-- 0 to 9, higher first: the relay publishes the highest priority
 	-- pending first, and each priority in seq (commit) order.
-	priority     INTEGER NOT NULL DEFAULT 0 CHECK (priority IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9))
+	priority     INTEGER NOT NULL DEFAULT 0 CHECK (priority IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+	-- MQTT 5 Correlation Data, published with the message (and as the
+	-- CloudEvents extension correlationdata): an answer to a command's
+	-- request carries the command's. NULL: none.
+	correlation_data BLOB
 );
 
 -- The relay's progress and the limits, in one row.
@@ -126,6 +130,39 @@ CREATE TABLE outbox_lease (
 	no_subscribers_topic TEXT,
 	no_subscribers_at    INTEGER
 );
+
+-- The commands received (docs/commands.md), in arrival order (seq),
+-- deduplicated by (source, id). The receiver inserts them; the application
+-- applies one in a transaction that sets state 'applied' WHERE seq = ? AND
+-- state = 'received' (1 row, or roll back) and inserts its answer into the
+-- outbox. Times: received_at and done_at are Unix ms by the device's wall
+-- clock, shown only; sent_at and deadline Unix ms by the sender's clock;
+-- received_clock_ms and expires_at on the outbox clock (clock_ms), the only
+-- ones judged; expires_at NULL: not known yet, or none. response_topic
+-- NULL: no answer is sent.
+CREATE TABLE outbox_command (
+	seq               INTEGER PRIMARY KEY,
+	id                TEXT    NOT NULL,
+	source            TEXT    NOT NULL DEFAULT '',
+	topic             TEXT    NOT NULL,
+	type              TEXT    NOT NULL DEFAULT '',
+	content_type      TEXT    NOT NULL DEFAULT '',
+	data              BLOB    NOT NULL,
+	response_topic    TEXT,
+	correlation_data  BLOB,
+	sent_at           INTEGER,
+	deadline          INTEGER,
+	received_at       INTEGER NOT NULL,
+	received_clock_ms INTEGER NOT NULL,
+	expires_at        INTEGER,
+	state             TEXT    NOT NULL DEFAULT 'received' CHECK (state IN ('received', 'applied', 'expired', 'failed', 'malformed')),
+	attempts          INTEGER NOT NULL DEFAULT 0,
+	reason            TEXT,
+	done_at           INTEGER,
+	UNIQUE (source, id)
+);
+
+CREATE INDEX outbox_command_waiting ON outbox_command (seq) WHERE state = 'received';
 
 CREATE INDEX outbox_dead ON outbox (seq) WHERE dead_at IS NOT NULL;
 

@@ -469,7 +469,7 @@ func permanentPuback(code byte) bool {
 // conversion below stops compiling if they part), and a copy would cost an
 // allocation per publish in CloudEvents binary mode.
 func mqttProperties(p *PublishProperties) mqtt.Properties {
-	return mqtt.Properties{ContentType: p.ContentType, User: mqttUser(p.User), MessageExpiry: p.MessageExpiry}
+	return mqtt.Properties{ContentType: p.ContentType, User: mqttUser(p.User), MessageExpiry: p.MessageExpiry, CorrelationData: p.CorrelationData}
 }
 
 var _ = mqtt.UserProperty(UserProperty{})

@@ -364,11 +364,13 @@ func TestCommandsClockJump(t *testing.T) {
 		atReceipt bool // the jump comes before receipt (untrusted), else between receipt and apply
 		stale     bool // the command's lifetime is past when Commands runs
 		wantState string
+		sweepOnly bool // no Commands runs (an application in another language): the receiver's sweep expires it
 	}{
-		{"forward a day after receipt, fresh", day, false, false, "applied"},
-		{"back a day after receipt, stale", -day, false, true, "expired"},
-		{"forward a day at receipt, fresh", day, true, false, "applied"},
-		{"back a day at receipt, stale", -day, true, true, "expired"},
+		{"forward a day after receipt, fresh", day, false, false, "applied", false},
+		{"back a day after receipt, stale", -day, false, true, "expired", false},
+		{"forward a day at receipt, fresh", day, true, false, "applied", false},
+		{"back a day at receipt, stale", -day, true, true, "expired", false},
+		{"back a day at receipt, stale, no Commands", -day, true, true, "expired", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clock := &harness.JumpyClock{}
@@ -409,12 +411,13 @@ func TestCommandsClockJump(t *testing.T) {
 				clock.Jump(-c.jump) // NTP steps it back, and the kernel trusts it
 				trusted.Store(true)
 			}
-			stop := d.startCommands(t)
+			if !c.sweepOnly {
+				defer d.startCommands(t)()
+			}
 			eventually(t, 10*time.Second, "settled", func() bool { _, s := d.command(t, "cmd"); return s != "received" })
 			stopRelay := d.startRelay(t)
 			eventually(t, 10*time.Second, "answered", func() bool { return len(b.answerTo("cmd")) > 0 })
 			stopRelay()
-			stop()
 			d.stopAll()
 			_, state := d.command(t, "cmd")
 			require.Equal(t, c.wantState, state)

@@ -576,3 +576,31 @@ func TestCommandsExpireWhileRelayIdle(t *testing.T) {
 	d.stopAll()
 	require.Equal(t, "expired", b.answerTo("cmd")[0].Status)
 }
+
+// TestCommandReceiverMessageExpiry: over MQTT 5 a command's Message Expiry
+// Interval, as the broker delivered it, is judged on the outbox clock
+// whatever the wall clock (not trusted here): it expires once the
+// interval has passed there, and is answered "expired" by the receiver's
+// sweep; one whose interval has not passed is applied.
+func TestCommandReceiverMessageExpiry(t *testing.T) {
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
+	var elapsed harness.FakeElapsed
+	never := func() bool { return false }
+	d := newTill(t, Options{elapsed: elapsed.Elapsed}, m.URL(), Protocol5, never)
+	d.noRelay = true // an idle relay stops the outbox clock (TestCommandsExpireWhileRelayIdle)
+	d.start(t, true, nil)
+	b := startBackend(t, m.Addr(), true)
+	b.send(t, d.topic, sentCommand{id: "stale", expiry: 60})
+	eventually(t, 10*time.Second, "stored", func() bool { n, _ := d.command(t, "stale"); return n == 1 })
+	elapsed.Advance(61 * time.Second)
+	eventually(t, 10*time.Second, "expired by the sweep", func() bool { _, s := d.command(t, "stale"); return s == "expired" })
+	b.send(t, d.topic, sentCommand{id: "fresh", expiry: 60})
+	eventually(t, 10*time.Second, "stored", func() bool { n, _ := d.command(t, "fresh"); return n == 1 })
+	defer d.startCommands(t)()
+	defer d.startRelay(t)()
+	eventually(t, 10*time.Second, "both answered", func() bool { return len(b.answerTo("stale")) > 0 && len(b.answerTo("fresh")) > 0 })
+	require.Equal(t, "expired", b.answerTo("stale")[0].Status)
+	require.Equal(t, "applied", b.answerTo("fresh")[0].Status)
+	require.Zero(t, d.applications(t, "stale"))
+	require.Equal(t, 1, d.applications(t, "fresh"))
+}

@@ -671,3 +671,37 @@ func TestCommandsMosquittoACL(t *testing.T) {
 	require.Zero(t, rows, "another till's command reached the till")
 	require.Empty(t, intruder.answers())
 }
+
+// commandsNATS is docs/commands.md's NATS authorization for commands, as
+// written there (MQTT topics are checked as NATS subjects: tills/7/commands
+// is tills.7.commands).
+const commandsNATS = `authorization {
+  users = [
+    { user: backend, password: backend-pw, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.*.commands"], subscribe: ["tills.*.answers.>", "$MQTT.sub.>"] } }
+    { user: till-7, password: till-pw-7, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.7.answers.>", "tills.7.events.>"], subscribe: ["tills.7.commands", "$MQTT.sub.>"] } }
+    { user: till-8, password: till-pw-8, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.8.answers.>", "tills.8.events.>"], subscribe: ["tills.8.commands", "$MQTT.sub.>"] } }
+  ]
+}`
+
+// TestCommandsNATSAuthorization: TestCommandsMosquittoACL on NATS's MQTT
+// listener (3.1.1 only), with docs/commands.md's authorization.
+func TestCommandsNATSAuthorization(t *testing.T) {
+	n := harness.StartNATSWith(t, []string{commandsNATS})
+	d := newTill(t, Options{}, "tcp://"+n.MQTTAddr, Protocol311, alwaysTrusted)
+	d.topic, d.user, d.password = "tills/7/commands", "till-7", "till-pw-7"
+	d.start(t, false, nil)
+	intruder := startBackendAs(t, n.MQTTAddr, false, "till-8", "till-pw-8", "tills/8/answers/x")
+	b := startBackendAs(t, n.MQTTAddr, false, "backend", "backend-pw", "tills/7/answers/backend")
+	intruder.send(t, d.topic, sentCommand{id: "forged", lifetime: time.Minute})
+	b.send(t, d.topic, sentCommand{id: "legit", lifetime: time.Minute})
+	eventually(t, 20*time.Second, "the backend's command answered", func() bool { return len(b.answerTo("legit")) > 0 })
+	d.stopAll()
+	require.Equal(t, "applied", b.answerTo("legit")[0].Status)
+	require.Equal(t, 1, d.applications(t, "legit"))
+	rows, _ := d.command(t, "forged")
+	require.Zero(t, rows, "another till's command reached the till")
+	require.Empty(t, intruder.answers())
+}

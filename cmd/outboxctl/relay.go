@@ -189,6 +189,9 @@ without one it is read-only.`,
 				_ = recv.Run(ctx)
 			}()
 			a.Logger.Info("outboxctl relay: receiving commands", "topics", f.commands, "client_id", f.commandsID)
+			if f.statsInterval > 0 {
+				go logCommandStats(ctx, a, recv, f.statsInterval)
+			}
 			err = relay.Run(ctx)
 			cancel()
 			<-done
@@ -370,6 +373,23 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 		}
 		a.Logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
 			"in_flight", s.InFlight, "sent", s.SentSince, "no_subscribers", s.NoSubscribers, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
+	}
+}
+
+// logCommandStats logs the command receiver's counters every interval
+// until ctx ends.
+func logCommandStats(ctx context.Context, a *cli.App, r *outbox.MQTTCommandReceiver, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s := r.Stats()
+		a.Logger.Info("outbox commands stats", "connected", s.Connected, "mqtt_version", s.Protocol, "stored", s.Stored,
+			"duplicates", s.Duplicates, "store_errors", s.StoreErrors, "expired", s.Expired, "last_error", s.LastError)
 	}
 }
 

@@ -189,7 +189,6 @@ type till struct {
 	clientID string
 	trusted  func() bool
 	topic    string // its command topic
-	noRelay  bool   // start runs no relay
 	user     string // its user name and password at the broker, if any
 	password string
 
@@ -225,9 +224,7 @@ func (d *till) start(t *testing.T, noApply bool, before func(*commandReceiver)) 
 	if !noApply {
 		stops = append(stops, d.startCommands(t))
 	}
-	if !d.noRelay {
-		stops = append(stops, d.startRelay(t))
-	}
+	stops = append(stops, d.startRelay(t))
 	eventually(t, 10*time.Second, "the receiver subscribed", func() bool { return r.Stats().Connected })
 	d.stopAll = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -398,10 +395,6 @@ func TestCommandsClockJump(t *testing.T) {
 			trusted.Store(!c.atReceipt)
 			var elapsed harness.FakeElapsed
 			d := newTill(t, Options{Now: clock.Now, elapsed: elapsed.Elapsed}, m.URL(), Protocol311, trusted.Load)
-			// The relay, which publishes the answers, runs once the
-			// command is settled: an idle relay stops the outbox clock
-			// (TestCommandsExpireWhileRelayIdle).
-			d.noRelay = true
 			b := startBackend(t, m.Addr(), false)
 			if c.atReceipt {
 				clock.Jump(c.jump)
@@ -435,9 +428,7 @@ func TestCommandsClockJump(t *testing.T) {
 				defer d.startCommands(t)()
 			}
 			eventually(t, 10*time.Second, "settled", func() bool { _, s := d.command(t, "cmd"); return s != "received" })
-			stopRelay := d.startRelay(t)
 			eventually(t, 10*time.Second, "answered", func() bool { return len(b.answerTo("cmd")) > 0 })
-			stopRelay()
 			d.stopAll()
 			_, state := d.command(t, "cmd")
 			require.Equal(t, c.wantState, state)
@@ -574,13 +565,9 @@ func TestNewMQTTCommandReceiverChecks(t *testing.T) {
 // commands later (one in another language, or Commands held up) never
 // applies it stale.
 //
-// It fails today: the relay stops the outbox clock while it is idle
-// (session.idle: "no message's life is running"), which was true before
-// commands; a waiting command's is. Skipped until that is settled.
+// An idle relay stops the outbox clock (no message's life is running);
+// commands measure on a clock that does not stop.
 func TestCommandsExpireWhileRelayIdle(t *testing.T) {
-	if os.Getenv("OUTBOX_TEST_IDLE_CLOCK") == "" {
-		t.Skip("known: an idle relay stops the outbox clock, and a waiting command's expiry with it (set OUTBOX_TEST_IDLE_CLOCK=1 to run)")
-	}
 	m := harness.StartMosquitto(t, harness.MosquittoOptions{})
 	var elapsed harness.FakeElapsed
 	d := newTill(t, Options{elapsed: elapsed.Elapsed}, m.URL(), Protocol311, alwaysTrusted)
@@ -607,7 +594,6 @@ func TestCommandReceiverMessageExpiry(t *testing.T) {
 	var elapsed harness.FakeElapsed
 	never := func() bool { return false }
 	d := newTill(t, Options{elapsed: elapsed.Elapsed}, m.URL(), Protocol5, never)
-	d.noRelay = true // an idle relay stops the outbox clock (TestCommandsExpireWhileRelayIdle)
 	d.start(t, true, nil)
 	b := startBackend(t, m.Addr(), true)
 	b.send(t, d.topic, sentCommand{id: "stale", expiry: 60})
@@ -617,7 +603,6 @@ func TestCommandReceiverMessageExpiry(t *testing.T) {
 	b.send(t, d.topic, sentCommand{id: "fresh", expiry: 60})
 	eventually(t, 10*time.Second, "stored", func() bool { n, _ := d.command(t, "fresh"); return n == 1 })
 	defer d.startCommands(t)()
-	defer d.startRelay(t)()
 	eventually(t, 10*time.Second, "both answered", func() bool { return len(b.answerTo("stale")) > 0 && len(b.answerTo("fresh")) > 0 })
 	require.Equal(t, "expired", b.answerTo("stale")[0].Status)
 	require.Equal(t, "applied", b.answerTo("fresh")[0].Status)

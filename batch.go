@@ -19,8 +19,8 @@ import (
 // a batch is recorded sent only after its PUBACK; a batch the broker
 // refuses, or whose connection is lost, is sent again event by event, so
 // only an event at fault is charged; expiry is judged per event at its
-// turn, and an event with an Expiry goes alone, so that the broker's
-// Message Expiry stays its own. A crash or power cut duplicates at most
+// turn, and an event with an Expiry or CorrelationData goes alone, so
+// that its MQTT 5 properties stay its own. A crash or power cut duplicates at most
 // Window + max(Window, 256) MQTT messages, each of up to MaxEvents events.
 type BatchOptions struct {
 	// MaxEvents is the most events in one message; 0 or 1 is off.
@@ -148,7 +148,7 @@ func (r *Relay) pack(rows []row, rules parcelRules) []parcel {
 	}
 	for i := range rows {
 		m := &rows[i]
-		alone := !rules.batch || m.encErr != nil || m.expires.Valid || m.seq <= rules.singly || (rules.probe && i == 0) ||
+		alone := !rules.batch || m.encErr != nil || m.expires.Valid || m.correlation != nil || m.seq <= rules.singly || (rules.probe && i == 0) ||
 			r.member(m) == nil
 		if !alone {
 			if j, ok := open[m.topic]; ok {

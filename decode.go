@@ -29,6 +29,7 @@ func DecodeEvent(b []byte) (Event, error) {
 		Data            json.RawMessage `json:"data"`
 		DataBase64      *string         `json:"data_base64"`
 		Sequence        string          `json:"sequence"`
+		CorrelationData string          `json:"correlationdata"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return Event{}, fmt.Errorf("outbox: decode event: %w", err)
@@ -54,6 +55,11 @@ func DecodeEvent(b []byte) (Event, error) {
 		}
 		ev.Sequence = n
 	}
+	cd, err := decodeCorrelation(raw.CorrelationData)
+	if err != nil {
+		return Event{}, err
+	}
+	ev.CorrelationData = cd
 	switch {
 	case raw.DataBase64 != nil && raw.Data != nil:
 		return Event{}, fmt.Errorf("outbox: decode event: both data and data_base64")
@@ -101,7 +107,7 @@ func DecodeEventMQTT(payload []byte, contentType string, user []UserProperty) (E
 
 // decodeEventMQTT is DecodeEventMQTT of a payload already decompressed.
 func decodeEventMQTT(payload []byte, contentType string, user []UserProperty) (Event, error) {
-	var attrs [6]*string // specversion, id, source, type, time, sequence
+	var attrs [7]*string // specversion, id, source, type, time, sequence, correlationdata
 	for i := range user {
 		k := -1
 		switch user[i].Key {
@@ -117,6 +123,8 @@ func decodeEventMQTT(payload []byte, contentType string, user []UserProperty) (E
 			k = 4
 		case "sequence":
 			k = 5
+		case "correlationdata":
+			k = 6
 		}
 		if k < 0 {
 			continue
@@ -156,7 +164,27 @@ func decodeEventMQTT(payload []byte, contentType string, user []UserProperty) (E
 		}
 		ev.Sequence = n
 	}
+	var err error
+	if ev.CorrelationData, err = decodeCorrelation(get(6)); err != nil {
+		return Event{}, err
+	}
 	return ev, nil
+}
+
+// decodeCorrelation decodes the correlationdata extension: base64 (std,
+// padded) of at most 65,535 bytes, MQTT's binary data; nil when absent.
+func decodeCorrelation(s string) ([]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	if len(s) > base64.StdEncoding.EncodedLen(maxBinaryBytes) {
+		return nil, fmt.Errorf("outbox: decode event: correlationdata: longer than %d bytes", maxBinaryBytes)
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: decode event: correlationdata: %w", err)
+	}
+	return b, nil
 }
 
 // maxBatchEvents bounds the events of one batch a decoder accepts: the

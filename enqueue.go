@@ -98,6 +98,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		life := expiryMillis(m.Expiry)
 		k := insertPlain
 		switch {
+		case len(m.CorrelationData) > 0:
+			k = insertCorrelated
 		case m.Priority > 0:
 			k = insertPriority
 		case life > 0:
@@ -119,6 +121,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...Message) error
 		case insertPriority:
 			expiring = expiring || life > 0
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life, m.Priority)
+		case insertCorrelated:
+			expiring = expiring || life > 0
+			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created, tick, life, m.Priority, m.CorrelationData)
 		default:
 			res, err = stmts[k].ExecContext(ctx, id, m.Topic, payload, m.Type, m.ContentType, created)
 		}
@@ -156,6 +161,7 @@ const (
 	insertNoContentType
 	insertExpiring
 	insertPriority
+	insertCorrelated
 )
 
 var insertSQLs = [...]string{
@@ -169,6 +175,10 @@ var insertSQLs = [...]string{
 	// enough that one statement binds everything.
 	insertPriority: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at, priority)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END, ?9)`,
+	// Correlation Data (an answer to a command): rarer still, so the
+	// statements above stay as they are for every other message.
+	insertCorrelated: `INSERT INTO outbox (id, topic, payload, type, content_type, created_at, expires_at, priority, correlation_data)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?8 > 0 THEN max(?7, (SELECT clock_ms FROM outbox_state WHERE id = 1)) + ?8 END, ?9, ?10)`,
 }
 
 // inserts are insertSQLs prepared on an Outbox's database.

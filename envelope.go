@@ -93,6 +93,7 @@ type outgoing struct {
 	contentType string
 	createdAt   int64 // Unix ms
 	attempts    int
+	correlation []byte // Message.CorrelationData; nil: none
 }
 
 // encoder builds the bytes to publish.
@@ -137,6 +138,11 @@ func (e *encoder) encode(dst []byte, m *outgoing) ([]byte, error) {
 	dst = append(dst, `,"sequence":"`...)
 	dst = appendSequence(dst, m.seq)
 	dst = append(dst, '"')
+	if len(m.correlation) > 0 {
+		dst = append(dst, `,"correlationdata":"`...)
+		dst = base64.StdEncoding.AppendEncode(dst, m.correlation)
+		dst = append(dst, '"')
+	}
 	switch {
 	case inline:
 		dst = append(dst, `,"data":`...)
@@ -187,6 +193,7 @@ func (e *encoder) attributes(m *outgoing) (typ string, err error) {
 	if m.id == "" {
 		return "", undeliverable(errors.New("empty id"))
 	}
+
 	// Enqueue's bounds, for rows written by plain SQL: they bound the
 	// envelope (maxEncodedBytes), and an inbox takes no longer id.
 	if len(m.id) > MaxIDBytes || len(typ) > maxTypeBytes || len(m.contentType) > maxTypeBytes {
@@ -197,8 +204,9 @@ func (e *encoder) attributes(m *outgoing) (typ string, err error) {
 
 // maxEnvelopeBytes bounds what structured mode adds to the data's base64:
 // the fixed JSON (under 256 bytes), the id, source, type and content type,
-// each escaped to at most six bytes a byte, and escapeSlack.
-const maxEnvelopeBytes = 256 + 6*(MaxIDBytes+3*maxTypeBytes) + escapeSlack
+// each escaped to at most six bytes a byte, the correlation data's base64
+// and its name, and escapeSlack.
+const maxEnvelopeBytes = 256 + 6*(MaxIDBytes+3*maxTypeBytes) + (maxBinaryBytes+2)/3*4 + 32 + escapeSlack
 
 // escapeSlack is how much longer than its base64 a text payload may grow
 // by escaping and still go as text: a short message with a few quotes
@@ -291,6 +299,9 @@ func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties
 		{"time", time.UnixMilli(m.createdAt).UTC().Format(timeLayout)},
 		{"sequence", string(appendSequence(make([]byte, 0, sequenceDigits), m.seq))},
 	}
+	if len(m.correlation) > 0 {
+		props.User = append(props.User, UserProperty{"correlationdata", base64.StdEncoding.EncodeToString(m.correlation)})
+	}
 	return append(dst, m.payload...), nil
 }
 
@@ -299,6 +310,11 @@ func (e *encoder) encodeBinary(dst []byte, m *outgoing, props *PublishProperties
 // mode was asked for and it cannot. A message larger than the Publisher
 // allows, as it will be sent, cannot be published.
 func (e *encoder) encodeRow(m *row, carries bool) {
+	if len(m.correlation) > maxBinaryBytes {
+		// A plain-SQL writer's: MQTT's binary data has two length bytes.
+		m.encErr = undeliverable(fmt.Errorf("%w: correlation data of %d bytes, over MQTT's %d", ErrInvalidMessage, len(m.correlation), maxBinaryBytes))
+		return
+	}
 	if e.mode == EnvelopeCloudEventsBinary && carries {
 		m.encoded, m.encErr = e.encodeBinary(make([]byte, 0, len(m.payload)), &m.outgoing, &m.props)
 	} else {
@@ -308,6 +324,11 @@ func (e *encoder) encodeRow(m *row, carries bool) {
 			// the Content Type is the event format's media type.
 			m.props.ContentType = structuredContentType
 		}
+	}
+	if carries && len(m.correlation) > 0 && m.encErr == nil {
+		// Every mode, raw too: MQTT 5's own property, which a requester
+		// matches its answer by.
+		m.props.CorrelationData = m.correlation
 	}
 	if m.encErr == nil && e.sizes != nil {
 		props := &m.props

@@ -62,7 +62,7 @@ func (r *Relay) fetch(ctx context.Context, conn *sqlconn.Conn, prio int, cursor 
 			m := row{priority: uint8(prio)}
 			var payload sql.RawBytes
 			var size, lim int64
-			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &size, &lim, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires); err != nil {
+			if err := rows.Scan(&m.seq, &m.id, &m.topic, &payload, &size, &lim, &m.text, &m.typ, &m.contentType, &m.createdAt, &m.attempts, &m.expires, &m.correlation); err != nil {
 				return err
 			}
 			if size > lim {
@@ -101,7 +101,7 @@ var readSQLs = func() (q [MaxPriority + 1]string) {
 		}
 		q[p] = fmt.Sprintf(`SELECT seq, id, topic,
 				CASE WHEN octet_length(payload) > lim THEN NULL ELSE payload END, octet_length(payload), lim,
-				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at
+				typeof(payload) = 'text', type, content_type, created_at, attempts, expires_at, correlation_data
 			FROM outbox, (SELECT min(max_payload_bytes, ?3) AS lim, sent_seq, sent_seq_%d AS mark FROM outbox_state WHERE id = 1)
 			WHERE %s
 			ORDER BY seq LIMIT ?2`, p, where)

@@ -469,7 +469,7 @@ func permanentPuback(code byte) bool {
 // conversion below stops compiling if they part), and a copy would cost an
 // allocation per publish in CloudEvents binary mode.
 func mqttProperties(p *PublishProperties) mqtt.Properties {
-	return mqtt.Properties{ContentType: p.ContentType, User: mqttUser(p.User), MessageExpiry: p.MessageExpiry}
+	return mqtt.Properties{ContentType: p.ContentType, User: mqttUser(p.User), MessageExpiry: p.MessageExpiry, CorrelationData: p.CorrelationData}
 }
 
 var _ = mqtt.UserProperty(UserProperty{})
@@ -491,3 +491,91 @@ var (
 	_ ProgressToken       = (*mqtt.PublishToken)(nil)
 	_ NoSubscribersToken  = (*mqtt.PublishToken)(nil)
 )
+
+// MQTTCommandOptions configures an MQTTCommandReceiver: its connection
+// (fields as for MQTTOptions) and what it subscribes to.
+type MQTTCommandOptions struct {
+	// Broker or Brokers, as for MQTTOptions. One is required.
+	Broker  string
+	Brokers []string
+	// ClientID is required and must stay the same across restarts: the
+	// broker keeps the commands sent while the device is away in the
+	// persistent session of this id. It is a second connection beside the
+	// relay's, so not the relay's client id.
+	ClientID string
+	// Username and Password authenticate to the broker. Never logged.
+	Username string
+	Password string
+	// TLSConfig and TLSFiles as for MQTTOptions.
+	TLSConfig *tls.Config
+	TLSFiles  *TLSFiles
+	// Protocol as for MQTTOptions. Over MQTT 5 a command's Response Topic,
+	// Correlation Data and Message Expiry Interval are read from its
+	// properties; over 3.1.1 only the envelope carries them.
+	Protocol MQTTProtocol
+	// ConnectTimeout (10 s), KeepAlive (30 s) and PingTimeout (10 s) as for
+	// MQTTOptions.
+	ConnectTimeout time.Duration
+	KeepAlive      time.Duration
+	PingTimeout    time.Duration
+	// Reconnect is the backoff between connection attempts; it never gives
+	// up. Zero fields mean 1 s initially, 1 min at most.
+	Reconnect Backoff
+	// Topics are the command topic filters, subscribed to at QoS 1; at
+	// least one. A shared subscription ($share/...) is refused: the
+	// commands of a device are applied in the order one session receives
+	// them.
+	Topics []string
+	// WallClockTrusted says whether the wall clock may judge a command's
+	// deadline (docs/commands.md). Nil means DefaultWallClockTrusted.
+	WallClockTrusted func() bool
+	// Logger gets the receiver's notes, never a payload. Nil means the
+	// Outbox's.
+	Logger *slog.Logger
+}
+
+// MQTTCommandReceiver receives a device's commands over MQTT, at QoS 1 in
+// a persistent session, and stores each (StoreCommand) before it
+// acknowledges it: a command the broker delivered is neither lost nor
+// stored twice, and one it could not store comes again. It also expires,
+// and answers, the stored commands whose time has passed (ExpireCommands),
+// so that they are answered where no Commands runs. Commands, or an
+// application in any language, applies them from the table.
+type MQTTCommandReceiver struct{ r *commandReceiver }
+
+// MQTTCommandStats counts what an MQTTCommandReceiver did since it was
+// created.
+type MQTTCommandStats struct {
+	Connected bool
+	// Stored counts the commands stored (malformed ones included),
+	// Duplicates the deliveries of commands stored before.
+	Stored, Duplicates int64
+	// StoreErrors counts the failures to store a command: each one ended
+	// the session, and the broker delivered the command again.
+	StoreErrors int64
+	// Expired counts the commands ExpireCommands settled as expired.
+	Expired int64
+	// LastError is the last error of a connection or a store.
+	LastError string
+	// Protocol ("5" or "3.1.1") and Broker (its address without
+	// credentials) are the last connection's.
+	Protocol, Broker string
+}
+
+// NewMQTTCommandReceiver checks opts and returns a receiver of this
+// Outbox's commands; it connects when Run is called.
+func (o *Outbox) NewMQTTCommandReceiver(opts MQTTCommandOptions) (*MQTTCommandReceiver, error) {
+	r, err := newCommandReceiver(o, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &MQTTCommandReceiver{r: r}, nil
+}
+
+// Run connects, subscribes and stores commands until ctx ends; it
+// reconnects with backoff for as long as it takes. It returns nil when ctx
+// ends.
+func (r *MQTTCommandReceiver) Run(ctx context.Context) error { return r.r.run(ctx) }
+
+// Stats returns the receiver's counters.
+func (r *MQTTCommandReceiver) Stats() MQTTCommandStats { return r.r.stats() }

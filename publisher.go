@@ -139,7 +139,7 @@ type UserProperty struct {
 
 // empty reports whether p carries nothing.
 func (p *PublishProperties) empty() bool {
-	return p == nil || p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 && p.CorrelationData == nil
+	return p == nil || p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 && len(p.CorrelationData) == 0
 }
 
 // The optional capabilities. A Publisher implements those its transport

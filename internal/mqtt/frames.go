@@ -24,6 +24,9 @@ type Properties struct {
 	// MessageExpiry is the message's remaining life (Message Expiry
 	// Interval, sent in whole seconds rounded up); 0 means none.
 	MessageExpiry time.Duration
+	// CorrelationData is the requester's Correlation Data, sent back with
+	// an answer; empty means none. The caller bounds it at 65,535 bytes.
+	CorrelationData []byte
 }
 
 // UserProperty is one MQTT 5 user property.
@@ -60,7 +63,7 @@ func appendPublish311(b []byte, topic string, id uint16, payload []byte) []byte 
 
 // appendPublish5 appends an MQTT 5 PUBLISH at QoS 1 with the properties p
 // carries, in the order paho.golang's packets writes them: Message Expiry
-// Interval, Content Type, the user properties.
+// Interval, Content Type, Correlation Data, the user properties.
 func appendPublish5(b []byte, topic string, id uint16, payload []byte, p *Properties) []byte {
 	props := 0
 	if p != nil {
@@ -78,6 +81,9 @@ func appendPublish5(b []byte, topic string, id uint16, payload []byte, p *Proper
 		}
 		if p.ContentType != "" {
 			b = appendString(append(b, 0x03), p.ContentType)
+		}
+		if len(p.CorrelationData) > 0 {
+			b = appendBinary(append(b, 0x09), p.CorrelationData)
 		}
 		for _, u := range p.User {
 			b = appendString(appendString(append(b, 0x26), u.Key), u.Value)
@@ -107,6 +113,12 @@ func appendString(b []byte, s string) []byte {
 	return append(append(b, byte(len(s)>>8), byte(len(s))), s...)
 }
 
+// appendBinary appends d as MQTT Binary Data: its length in two bytes,
+// then its bytes.
+func appendBinary(b []byte, d []byte) []byte {
+	return append(append(b, byte(len(d)>>8), byte(len(d))), d...)
+}
+
 // secondsUp is d in whole seconds, rounded up, for an MQTT 5 interval.
 func secondsUp(d time.Duration) uint32 {
 	s := (d + time.Second - 1) / time.Second
@@ -130,6 +142,9 @@ func propertiesSize(p *Properties) int {
 	}
 	if p.MessageExpiry > 0 {
 		n += 1 + 4
+	}
+	if len(p.CorrelationData) > 0 {
+		n += 1 + 2 + len(p.CorrelationData)
 	}
 	return n
 }

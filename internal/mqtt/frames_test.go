@@ -49,6 +49,9 @@ func TestPublish5Encoding(t *testing.T) {
 		{MessageExpiry: 1500 * time.Millisecond},
 		{ContentType: "text/plain", User: []UserProperty{{"specversion", "1.0"}, {"id", long}, {"", ""}, {"id", "again"}}, MessageExpiry: 90 * time.Second},
 		{User: []UserProperty{{"k", "v"}}},
+		{CorrelationData: []byte("req-7")},
+		{CorrelationData: []byte{}},
+		{ContentType: "application/json", CorrelationData: bytes.Repeat([]byte{0xff}, 65535), User: []UserProperty{{"k", "v"}}, MessageExpiry: time.Second},
 	} {
 		for _, n := range []int{0, 1, 200, 100, 127, 128, 16383 - 40, 16384, 2097151 - 400, 2097152} {
 			topic := "a/topic"
@@ -73,6 +76,7 @@ func TestPublish5Encoding(t *testing.T) {
 			require.Equal(t, n, len(rp.Payload))
 			require.Equal(t, p.ContentType, rp.Properties.ContentType)
 			require.Len(t, rp.Properties.User, len(p.User))
+			require.Equal(t, string(p.CorrelationData), string(rp.Properties.CorrelationData))
 		}
 	}
 	// Without properties: a zero property length, as paho writes it.
@@ -83,10 +87,10 @@ func TestPublish5Encoding(t *testing.T) {
 // pahoProperties converts p to paho.golang's properties, the reference
 // that appendPublish5 and RemainingLength are checked against; nil for none.
 func pahoProperties(p *Properties) *packets.Properties {
-	if p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 {
+	if p.ContentType == "" && len(p.User) == 0 && p.MessageExpiry <= 0 && len(p.CorrelationData) == 0 {
 		return nil
 	}
-	wp := &packets.Properties{ContentType: p.ContentType}
+	wp := &packets.Properties{ContentType: p.ContentType, CorrelationData: p.CorrelationData}
 	for _, u := range p.User {
 		wp.User = append(wp.User, packets.User{Key: u.Key, Value: u.Value})
 	}
@@ -107,6 +111,7 @@ func TestRemainingLength(t *testing.T) {
 		{ContentType: "application/json"},
 		{ContentType: "text/plain", User: []UserProperty{{"specversion", "1.0"}, {"id", long}, {"", ""}}},
 		{User: []UserProperty{{"k", "v"}}, MessageExpiry: 90 * time.Second},
+		{CorrelationData: []byte("req-7"), ContentType: "application/json"},
 	} {
 		for _, n := range []int{0, 10, 200} {
 			payload := bytes.Repeat([]byte{1}, n)

@@ -200,10 +200,12 @@ const (
 
 // readProperties reads an MQTT 5 property block (its length, then the
 // properties), checking that each property is well formed, one the packet
-// may carry (allowed), and that the block fills b exactly. With optional,
-// an empty b is no properties.
+// may carry (allowed), given once unless MQTT lets it repeat (a User
+// Property, a Subscription Identifier), and that the block fills b exactly.
+// With optional, an empty b is no properties.
 func readProperties(b []byte, optional bool, allowed string) (inboundProperties, error) {
 	var p inboundProperties
+	var seen uint64 // a bit per property id (all are below 64)
 	if len(b) == 0 && optional {
 		return p, nil
 	}
@@ -251,6 +253,10 @@ func readProperties(b []byte, optional bool, allowed string) (inboundProperties,
 		if !strings.ContainsRune(allowed, rune(id)) {
 			return p, fmt.Errorf("property 0x%02X, which this packet may not carry", id)
 		}
+		if seen&(1<<id) != 0 && id != 0x26 && id != 0x0B {
+			return p, fmt.Errorf("property 0x%02X given twice", id)
+		}
+		seen |= 1 << id
 		switch id {
 		case 0x1F:
 			p.reason = text(b[2:size])

@@ -51,6 +51,14 @@ type Message struct {
 	// over 3.1.1.
 	ContentType string
 	User        []UserProperty
+	// ResponseTopic and CorrelationData are MQTT 5's request/response
+	// properties, as the sender gave them; empty over 3.1.1.
+	ResponseTopic   string
+	CorrelationData []byte
+	// MessageExpiry is what was left of the message's MQTT 5 Message
+	// Expiry Interval when the broker sent it (whole seconds; under one
+	// second left reads as 1 ns: it ends now); 0 means none.
+	MessageExpiry time.Duration
 
 	ack interface{ Ack() }
 }

@@ -52,6 +52,12 @@ func (m *message5) message() Message {
 	msg := Message{Topic: m.pb.Topic, Payload: m.pb.Payload, ack: m}
 	if p := m.pb.Properties; p != nil {
 		msg.ContentType = p.ContentType
+		msg.ResponseTopic, msg.CorrelationData = p.ResponseTopic, p.CorrelationData
+		if p.MessageExpiry != nil {
+			// 0 is what a broker sends with less than a second left: the
+			// message ends now, which is not "no expiry".
+			msg.MessageExpiry = max(time.Duration(*p.MessageExpiry)*time.Second, time.Nanosecond)
+		}
 		if len(p.User) > 0 {
 			msg.User = make([]UserProperty, len(p.User))
 			for i, u := range p.User {
@@ -259,11 +265,14 @@ func idInUse(reasons []byte) bool {
 
 // firstBytes is the connection paho reads, keeping the first bytes read:
 // a 3.1.1 broker answers an MQTT 5 CONNECT with a CONNACK of two bytes,
-// which paho cannot decode, and those bytes say what it meant.
+// which paho cannot decode, and those bytes say what it meant. It also
+// checks each PUBLISH's properties before paho has the whole packet
+// (publishCheck).
 type firstBytes struct {
 	net.Conn
-	mu   sync.Mutex
-	head []byte
+	mu    sync.Mutex
+	head  []byte
+	check publishCheck // paho's one reader calls Read: no lock needed
 }
 
 func (c *firstBytes) Read(p []byte) (int, error) {
@@ -273,6 +282,9 @@ func (c *firstBytes) Read(p []byte) (int, error) {
 		c.head = append(c.head, p[:min(n, 4-len(c.head))]...)
 	}
 	c.mu.Unlock()
+	if cerr := c.check.scan(p[:n]); cerr != nil {
+		return 0, cerr
+	}
 	return n, err
 }
 

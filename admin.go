@@ -132,6 +132,9 @@ func readStats(ctx context.Context, q querier) (Stats, error) {
 	if err := readStatsPriorities(ctx, q, &s); err != nil {
 		return Stats{}, err
 	}
+	if err := readCommandStats(ctx, q, s.SchemaVersion, &s.Commands); err != nil {
+		return Stats{}, err
+	}
 	return s, nil
 }
 

@@ -346,6 +346,9 @@ func (o *Outbox) Gauges(ctx context.Context) (Gauges, error) {
 	if err := o.readGaugesPriorities(ctx, &g, maxCount > 0); err != nil {
 		return Gauges{}, err
 	}
+	if err := readCommandStats(ctx, o.db, o.schema, &g.Commands); err != nil {
+		return Gauges{}, err
+	}
 	return g, nil
 }
 

@@ -108,8 +108,10 @@ type Outbox struct {
 	now        func() time.Time
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
 	wake       notifier
-	durable    durable.Commits // what Transact committed at FULL
-	gaugeStmts gaugeStmts      // Gauges' statements (metrics.go)
+	// commandWake wakes Commands.Run when StoreCommand stored a command.
+	commandWake notifier
+	durable     durable.Commits // what Transact committed at FULL
+	gaugeStmts  gaugeStmts      // Gauges' statements (metrics.go)
 
 	mu      sync.Mutex
 	closed  bool

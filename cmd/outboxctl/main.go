@@ -28,7 +28,8 @@ in commit order, whenever the broker is reachable.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker ssl://broker.example.com:8883
   outboxctl status --db /var/lib/till/till.db
   outboxctl list --db /var/lib/till/till.db --state dead
-  outboxctl doctor --db /var/lib/till/till.db --broker tcp://broker:1883`,
+  outboxctl doctor --db /var/lib/till/till.db --broker tcp://broker:1883
+  outboxctl command send --broker tcp://broker:1883 --topic tills/7/commands --data '{"lock":true}'`,
 		Version: version,
-	}, relayCmd, initCmd, statusCmd, listCmd, requeueCmd, purgeCmd, doctorCmd)
+	}, relayCmd, initCmd, statusCmd, listCmd, requeueCmd, purgeCmd, doctorCmd, commandCmd)
 }

@@ -48,6 +48,8 @@ type relayFlags struct {
 	batchBytes    int
 	batchDelay    time.Duration
 	compress      string
+	commands      []string
+	commandsID    string
 }
 
 func relayCmd(a *cli.App) *cobra.Command {
@@ -110,6 +112,9 @@ without one it is read-only.`,
 					return cli.Usagef("--topic-prefix: %w", err)
 				}
 			}
+			if err := f.checkCommands(); err != nil {
+				return cli.UsageError{Err: err}
+			}
 			var token string
 			if f.tokenFile != "" {
 				if f.metricsListen == "" {
@@ -145,6 +150,10 @@ without one it is read-only.`,
 				return err
 			}
 			defer ob.Close()
+			recv, err := f.commandReceiver(ob, mopts)
+			if err != nil {
+				return cli.UsageError{Err: err}
+			}
 			relay, err := ob.NewRelay(pub, outbox.RelayOptions{
 				Envelope:        envelope,
 				Source:          f.source,
@@ -169,7 +178,21 @@ without one it is read-only.`,
 				defer serveMetrics(a, ln, ob, relay, token)()
 			}
 			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
-			return relay.Run(cmd.Context())
+			if recv == nil {
+				return relay.Run(cmd.Context())
+			}
+			// The receiver beside the relay, until the relay ends.
+			ctx, cancel := context.WithCancel(cmd.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = recv.Run(ctx)
+			}()
+			a.Logger.Info("outboxctl relay: receiving commands", "topics", f.commands, "client_id", f.commandsID)
+			err = relay.Run(ctx)
+			cancel()
+			<-done
+			return err
 		},
 	}
 	f.db.register(cmd)
@@ -200,6 +223,8 @@ without one it is read-only.`,
 	fl.IntVar(&f.batchBytes, "batch-max-bytes", 0, "bytes of a batch at most, before compression (0: 65536)")
 	fl.DurationVar(&f.batchDelay, "batch-max-delay", 0, "how long a batch may wait for more events of its topic (0: never; what is pending goes at once)")
 	fl.StringVar(&f.compress, "compress", "none", "compress batches and single events of 256 bytes or more: none, gzip or zstd")
+	fl.StringArrayVar(&f.commands, "commands", nil, "receive commands on this topic filter (repeatable) beside the relay, on a second connection with a persistent session, storing each in outbox_command before acknowledging it (docs/commands.md)")
+	fl.StringVar(&f.commandsID, "commands-client-id", "", "the commands connection's client id (default: --client-id + \"-commands\"); fixed, for its persistent session")
 	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's buttons (requeue, try to connect now), with the token in this file (default: read-only page)")
 	return cmd
 }
@@ -211,6 +236,12 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 	if f.db.path == "" {
 		return outbox.MQTTOptions{}, errors.New("--db is required")
 	}
+	return f.connOptions()
+}
+
+// connOptions reads the flags of the connection to the broker: its URLs,
+// client id, version, credentials and TLS files.
+func (f *relayFlags) connOptions() (outbox.MQTTOptions, error) {
 	o := outbox.MQTTOptions{Brokers: f.brokers, ClientID: f.clientID, Username: f.username}
 	proto, err := outbox.ParseMQTTProtocol(f.mqttVersion)
 	if err != nil {
@@ -256,6 +287,42 @@ func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 		o.TLSFiles = &outbox.TLSFiles{CAFile: f.caFile, CertFile: f.certFile, KeyFile: f.keyFile, ServerName: f.serverName}
 	}
 	return o, nil
+}
+
+// checkCommands checks the flags of --commands before anything is opened,
+// and settles the commands connection's client id.
+func (f *relayFlags) checkCommands() error {
+	if len(f.commands) == 0 {
+		if f.commandsID != "" {
+			return errors.New("--commands-client-id needs --commands")
+		}
+		return nil
+	}
+	if f.commandsID == "" {
+		if f.clientID == "" {
+			return errors.New("--commands needs --client-id or --commands-client-id: a fixed client id, for the persistent session that keeps commands while the device is away")
+		}
+		f.commandsID = f.clientID + "-commands"
+	}
+	if f.commandsID == f.clientID {
+		return errors.New("--commands-client-id must differ from --client-id: it is a second connection")
+	}
+	return nil
+}
+
+// commandReceiver returns the receiver --commands asks for (nil: none), on
+// the relay's brokers, credentials, TLS files and version, with a client id
+// of its own that stays the same across restarts (the relay's default
+// names the process, which would lose the session at each).
+func (f *relayFlags) commandReceiver(ob *outbox.Outbox, m outbox.MQTTOptions) (*outbox.MQTTCommandReceiver, error) {
+	if len(f.commands) == 0 {
+		return nil, nil
+	}
+	return ob.NewMQTTCommandReceiver(outbox.MQTTCommandOptions{
+		Brokers: m.Brokers, ClientID: f.commandsID, Username: m.Username, Password: m.Password,
+		TLSFiles: m.TLSFiles, Protocol: m.Protocol, Reconnect: outbox.Backoff{Max: f.backoffMax},
+		Topics: f.commands, Logger: m.Logger,
+	})
 }
 
 // batching reads the batch and compression flags. They are checked here,

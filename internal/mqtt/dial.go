@@ -70,3 +70,10 @@ func (d dialer) dial(ctx context.Context, u *url.URL) (net.Conn, error) {
 	}
 	return tc, nil
 }
+
+// Dial connects to the broker at u as the publisher and the subscriber do
+// (the proxy ALL_PROXY names, then TLS with cfg for a TLS URL), within
+// timeout: for a tool that brings its own MQTT client.
+func Dial(ctx context.Context, u *url.URL, cfg *tls.Config, timeout time.Duration) (net.Conn, error) {
+	return dialer{tls: cfg, timeout: timeout}.dial(ctx, u)
+}

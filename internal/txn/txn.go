@@ -21,7 +21,7 @@ const attempts = 8
 // classify, if not nil, is applied to the errors of BEGIN and COMMIT (the
 // writes the caller does not see), so that a full disk reads as the
 // caller's sentinel.
-func Run(ctx context.Context, db *sql.DB, retry func(error) bool, classify func(error) error, fn func(tx *sql.Tx) error) error {
+func Run(ctx context.Context, db Beginner, retry func(error) bool, classify func(error) error, fn func(tx *sql.Tx) error) error {
 	if classify == nil {
 		classify = func(err error) error { return err }
 	}
@@ -43,7 +43,7 @@ func Run(ctx context.Context, db *sql.DB, retry func(error) bool, classify func(
 	return fmt.Errorf("outbox: database stayed busy after %d attempts: %w", attempts, err)
 }
 
-func once(ctx context.Context, db *sql.DB, classify func(error) error, fn func(tx *sql.Tx) error) error {
+func once(ctx context.Context, db Beginner, classify func(error) error, fn func(tx *sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return classify(err)
@@ -57,6 +57,12 @@ func once(ctx context.Context, db *sql.DB, classify func(error) error, fn func(t
 		return classify(err)
 	}
 	return nil
+}
+
+// Beginner begins a transaction: a *sql.DB, or a *sql.Conn (a
+// transaction on one connection, with that connection's settings).
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 // Execer runs a statement: a *sql.DB, a *sql.Conn, a *sql.Tx.

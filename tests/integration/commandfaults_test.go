@@ -45,7 +45,9 @@ type commandRun struct {
 	fs      *powerfs.FS // nil: no power cuts
 
 	kinds [3]int // kills at start, inside a transaction, while running
-	inTx  int    // kills that landed after an in-tx line, before the next
+	// undid counts the kills that undid the transaction the till was last
+	// in: they landed inside it, its row written, before its commit.
+	undid int
 	torn  int
 	most  int // the most commands waiting after a kill
 }
@@ -53,7 +55,7 @@ type commandRun struct {
 // Where in a till's life a kill falls.
 const (
 	killAtStart = iota // 0-400 ms after start: opening, recovering, connecting
-	killInTx           // 0-5 ms after the till wrote a command's row, its transaction open
+	killInTx           // 0-3 ms after the till wrote a command's row, its transaction open
 	killRunning        // 30-300 ms after its first command, anywhere
 )
 
@@ -84,10 +86,9 @@ func (r *commandRun) cycle(n int, verbose bool) {
 		p.runFor(time.Duration(r.rng.IntN(400)) * time.Millisecond)
 	case killInTx:
 		// The k-th command's transaction, its row written, the till
-		// sleeping in it for up to 20 ms: most kills land inside it.
+		// sleeping in it for 5 to 10 ms: most kills land inside it.
 		if p.waitInTx(1+r.rng.IntN(4), 10*time.Second) {
-			p.runFor(time.Duration(r.rng.IntN(5)) * time.Millisecond)
-			r.inTx++
+			p.runFor(time.Duration(r.rng.IntN(4)) * time.Millisecond)
 		}
 	case killRunning:
 		p.waitInTx(1, 10*time.Second)
@@ -104,6 +105,9 @@ func (r *commandRun) cycle(n int, verbose bool) {
 	}
 	s := inspectTill(t, r.path)
 	r.most = max(r.most, len(s.state)-s.check(t))
+	if id := p.lastInTx(); id != "" && s.state[id] != "applied" {
+		r.undid++
+	}
 	if r.fs != nil {
 		// At FULL a commit that returned is durable: every answer the
 		// backend has is of a command the cut left applied, with that
@@ -127,7 +131,7 @@ func TestCommandsKill9(t *testing.T) {
 // power after each kill (a third of the cuts torn), at synchronous=FULL:
 // the same promises, and after each cut every answer received so far is
 // of a command still applied. OUTBOX_POWERLOSS_CUTS sets the cuts (default
-// 8).
+// 12).
 func TestCommandsPowerLoss(t *testing.T) {
 	if runtime.GOARCH == "arm" {
 		t.Skip("powerfs does not run on linux/arm (go-fuse does not build there): no power-loss test")
@@ -135,7 +139,7 @@ func TestCommandsPowerLoss(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skipf("no /dev/fuse on this host (%v): no power-loss test", err)
 	}
-	testCommandFaults(t, "OUTBOX_POWERLOSS_CUTS", 8, func(t *testing.T) *powerfs.FS { return powerfs.Start(t, t.TempDir()) })
+	testCommandFaults(t, "OUTBOX_POWERLOSS_CUTS", 12, func(t *testing.T) *powerfs.FS { return powerfs.Start(t, t.TempDir()) })
 }
 
 func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing.T) *powerfs.FS) {
@@ -170,6 +174,7 @@ func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing
 	// command, or the broker has no one to keep it for: a first till runs
 	// until it answers one of the probes sent every half second.
 	first := r.startTill(0)
+	defer first.done(verbose)
 	var probed time.Time
 	harness.Eventually(t, 30*time.Second, "the first till answers a probe", func() bool {
 		if time.Since(probed) > 500*time.Millisecond {
@@ -179,7 +184,6 @@ func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing
 		return r.backend.answered()
 	})
 	first.kill()
-	first.done(verbose)
 
 	stopSending := r.backend.sendEvery(r.rng.Uint64())
 	for n := 1; n <= cycles; n++ {
@@ -194,6 +198,7 @@ func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing
 	// A last till finishes the work: every command sent applied and
 	// answered.
 	last := r.startTill(cycles + 1)
+	defer last.done(verbose)
 	harness.Eventually(t, time.Minute, "the last till applies and answers every command", func() bool {
 		if last.gone() || !r.backend.answeredAll(r.backend.sentIDs()) {
 			return last.gone()
@@ -204,14 +209,13 @@ func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing
 	})
 	require.False(t, last.gone(), "the last till exited by itself")
 	last.kill()
-	last.done(verbose)
 
 	s := inspectTill(t, r.path)
 	sent := r.backend.expected(s)
 	dups := checkAnswers(t, sent, r.backend.received(), s)
 	t.Logf("command fault test figures (seed %d):", seed)
-	t.Logf("  kills                     %5d  %d %s, %d %s (%d after the till wrote a command's row, in its transaction), %d %s",
-		cycles, r.kinds[killAtStart], killNames[killAtStart], r.kinds[killInTx], killNames[killInTx], r.inTx, r.kinds[killRunning], killNames[killRunning])
+	t.Logf("  kills                     %5d  %d %s, %d aimed %s, %d %s; %d undid a command's transaction (its row written, not committed)",
+		cycles, r.kinds[killAtStart], killNames[killAtStart], r.kinds[killInTx], killNames[killInTx], r.kinds[killRunning], killNames[killRunning], r.undid)
 	if r.fs != nil {
 		t.Logf("  power cuts                %5d  after each kill, %d torn; %d bytes dropped", r.fs.Cuts(), r.torn, r.fs.DroppedBytes())
 	}
@@ -220,7 +224,7 @@ func testCommandFaults(t *testing.T, env string, def uint64, mount func(*testing
 	t.Logf("  answers received          %5d  %d of them again (the same event)", len(r.backend.received()), dups)
 	t.Logf("  most waiting after a kill %5d", r.most)
 	t.Logf("  time                      %5s  killing, %s in all", killing.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
-	require.Positive(t, r.inTx, "no kill landed inside a command's transaction")
+	require.Positive(t, r.undid, "no kill landed inside a command's transaction")
 	if r.fs != nil {
 		require.Positive(t, r.fs.DroppedBytes(), "the cuts dropped nothing")
 	}

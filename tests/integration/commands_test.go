@@ -87,8 +87,8 @@ type commandResult struct {
 }
 
 // run receives commands, applies them (a row in the applied table each,
-// written inside the command's transaction, which then lingers for up to
-// 20 ms so that kills land inside it) and relays the answers; it returns
+// written inside the command's transaction, which then lingers for 5 to
+// 10 ms so that kills land inside it) and relays the answers; it returns
 // never, and exits on a failure or when the parent is gone.
 func (c commandChild) run() {
 	die := func(format string, args ...any) {
@@ -125,7 +125,7 @@ func (c commandChild) run() {
 		out.Unlock()
 		// The experiment: the transaction stays open a while, written to,
 		// for the parent's kill to land in.
-		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+		time.Sleep(time.Duration(5+rng.IntN(6)) * time.Millisecond)
 		return json.Marshal(commandResult{Child: c.Client, Row: row})
 	}
 	cmds, err := ob.NewCommands(handler, outbox.CommandOptions{Logger: logger,
@@ -191,6 +191,7 @@ type commandTill struct {
 	mu     sync.Mutex
 	stdout strings.Builder
 	inTx   int           // the in-tx lines so far
+	lastTx string        // the command of the last one
 	moved  chan struct{} // a pulse at each in-tx line
 }
 
@@ -214,8 +215,9 @@ func startCommandTill(t *testing.T, c commandChild) *commandTill {
 		for sc.Scan() {
 			p.mu.Lock()
 			p.stdout.WriteString(sc.Text() + "\n")
-			if strings.HasPrefix(sc.Text(), commandInTx) {
+			if id, ok := strings.CutPrefix(sc.Text(), commandInTx); ok {
 				p.inTx++
+				p.lastTx = id
 			}
 			p.mu.Unlock()
 			select {
@@ -273,12 +275,20 @@ func (p *commandTill) waitInTx(n int, d time.Duration) bool {
 	}
 }
 
+// lastInTx is the command whose transaction the till entered last; empty
+// if none.
+func (p *commandTill) lastInTx() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastTx
+}
+
 // kill kills the till with SIGKILL and checks that it had not exited by
 // itself and wrote no failure.
 func (p *commandTill) kill() {
 	t := p.t
 	t.Helper()
-	require.False(t, p.gone(), "%s exited by itself:\n%s", p.name, p.stderr.String())
+	require.False(t, p.gone(), "%s exited by itself", p.name) // done logs its output
 	require.NoError(t, p.cmd.Process.Kill())
 	err := <-p.exited
 	p.killed = true
@@ -316,7 +326,10 @@ type commandAnswer struct {
 
 // answerDelivery is one answer the backend received.
 type answerDelivery struct {
-	corr   string // the MQTT 5 Correlation Data
+	// corr is the Correlation Data: MQTT 5's property, from a relay
+	// speaking 5, or the envelope's extension, from one speaking 3.1.1
+	// (the two must agree when both are there).
+	corr   string
 	event  outbox.Event
 	answer commandAnswer
 	err    error
@@ -374,6 +387,12 @@ func (b *commandBackend) record(pr paho.PublishReceived) (bool, error) {
 	if d.err == nil {
 		d.err = json.Unmarshal(d.event.Data, &d.answer)
 	}
+	if ext := string(d.event.CorrelationData); d.err == nil && d.corr != ext {
+		if d.corr != "" {
+			d.err = fmt.Errorf("correlation data %q in the properties, %q in the envelope", d.corr, ext)
+		}
+		d.corr = ext
+	}
 	b.mu.Lock()
 	b.answers = append(b.answers, d)
 	b.mu.Unlock()
@@ -411,8 +430,10 @@ func (b *commandBackend) send(ctx context.Context, probe bool) error {
 	return nil
 }
 
-// sendEvery sends a command every 5 to 40 ms until stop is called, which
-// returns the first error.
+// sendEvery sends a command every 30 to 90 ms until stop is called, which
+// returns the first error: about as fast as tills killed every few
+// hundred milliseconds apply them, so that each finds some waiting and the
+// last one has no long backlog to finish.
 func (b *commandBackend) sendEvery(seed uint64) (stop func() error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5e7d))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -423,7 +444,7 @@ func (b *commandBackend) sendEvery(seed uint64) (stop func() error) {
 			case <-ctx.Done():
 				done <- nil
 				return
-			case <-time.After(time.Duration(5+rng.IntN(36)) * time.Millisecond): // the pace of the backend
+			case <-time.After(time.Duration(30+rng.IntN(61)) * time.Millisecond): // the pace of the backend
 			}
 			if err := b.send(ctx, false); err != nil && ctx.Err() == nil {
 				done <- err

@@ -154,8 +154,8 @@ func (o *Outbox) NewCommands(h CommandHandler, opts CommandOptions) (*Commands, 
 	return &Commands{ob: o, h: h, opts: opts, log: opts.Logger, poll: commandSweepEvery}, nil
 }
 
-// Run applies waiting commands in arrival order until ctx ends, then
-// returns ctx's error; one Run at a time. For each command, in one
+// Run applies waiting commands in arrival order until ctx ends or the
+// Outbox is closed, and returns nil; one Run at a time. For each command, in one
 // transaction: its expiry is judged on the outbox clock (past it, it is
 // settled as expired and answered, and the handler is not called); else the
 // handler runs, and the command is settled as applied and answered. A
@@ -178,11 +178,8 @@ func (c *Commands) Run(ctx context.Context) error {
 	}
 	trouble := 0 // failures of the database in a row, not the handler's
 	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if c.ob.isClosed() {
-			return ErrClosed
+		if ctx.Err() != nil || c.ob.isClosed() {
+			return nil
 		}
 		wake := c.ob.commandWake.wait()
 		if time.Since(lastPurge) >= commandPurgeEvery {
@@ -211,8 +208,8 @@ func (c *Commands) Run(ctx context.Context) error {
 			wait, err = c.step(ctx, cmd, &hold.seq, &hold.until)
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
+			if ctx.Err() != nil || c.ob.isClosed() {
+				return nil
 			}
 			trouble++
 			d := retryDelay(c.opts.RetryBackoff, trouble)

@@ -61,6 +61,9 @@ func (o *Outbox) StoreCommand(ctx context.Context, in IncomingCommand, trusted f
 	answered := false
 	err = o.fullTx(ctx, func(tx *sql.Tx) error {
 		stored, answered = false, false
+		if o.hooks.commandTx != nil {
+			o.hooks.commandTx(tx)
+		}
 		clk, err := o.clockIn(ctx, tx, true)
 		if err != nil {
 			return err

@@ -119,8 +119,11 @@ type Outbox struct {
 	relayWG sync.WaitGroup
 	// hooks are set by tests: beforeTx runs in Transact between its check
 	// for Close and BEGIN, afterCommit after a COMMIT that returned, before
-	// anything else.
-	hooks struct{ beforeTx, afterCommit func() }
+	// anything else; commandTx in StoreCommand's transaction.
+	hooks struct {
+		beforeTx, afterCommit func()
+		commandTx             func(*sql.Tx)
+	}
 	// inUse is held shared by every Enqueue while it runs and exclusively
 	// by Close while it closes the insert statement and the database, so
 	// that an Enqueue racing Close either writes or fails with ErrClosed.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +111,34 @@ func applyBySQL(ctx context.Context, db *sql.DB, ok func(data []byte) bool, appl
 			applied <- id
 		}
 	}
+}
+
+// TestCommandFlagsRefused: what cannot work is a usage error (exit 2)
+// before anything is opened or connects: --commands without a fixed client
+// id (the relay's default names the process, and would lose the session at
+// each restart), command send without a topic or with data that is not
+// JSON.
+func TestCommandFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "till.db")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--commands", "tills/7/commands"}, "--commands needs --client-id or --commands-client-id"},
+		{[]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--commands-client-id", "c"}, "--commands-client-id needs --commands"},
+		{[]string{"relay", "--db", path, "--broker", "tcp://127.0.0.1:1", "--client-id", "a", "--commands", "t", "--commands-client-id", "a"}, "must differ"},
+		{[]string{"command", "send", "--broker", "tcp://127.0.0.1:1"}, "--topic"},
+		{[]string{"command", "send", "--broker", "tcp://127.0.0.1:1", "--topic", "t", "--data", "{"}, "--data: not valid JSON"},
+		{[]string{"command", "send", "--broker", "tcp://127.0.0.1:1", "--topic", "t/#"}, "--topic"},
+		{[]string{"command", "send", "--broker", "tcp://127.0.0.1:1", "--topic", "t", "--protocol", "3"}, "--protocol"},
+		{[]string{"command", "send", "--topic", "t"}, "give one --broker"},
+	} {
+		r := ctl(t, c.args...)
+		require.Equal(t, 2, r.Code, "%v: %s", c.args, r.Stderr)
+		require.Contains(t, r.Stderr, c.want, c.args)
+	}
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left, "nothing written")
 }

@@ -232,8 +232,8 @@ func (c *Commands) step(ctx context.Context, cmd waitingCommand, holdSeq *int64,
 	if err != nil {
 		return false, fmt.Errorf("outbox: the outbox clock: %w", err)
 	}
-	o.clock.CatchUp(stored)
-	clk := o.clock.Now()
+	o.commandClock.CatchUp(stored)
+	clk := o.commandClock.Now()
 	v := judge(&cmd, clk, o.now(), c.opts.WallClockTrusted)
 	switch v.outcome {
 	case verdictWait:
@@ -682,7 +682,7 @@ func boundReason(s string) string {
 // on the outbox clock; waiting ones are never deleted. Kept, a command
 // delivered again is known for what it is.
 func (o *Outbox) purgeCommands(ctx context.Context, keep time.Duration) (int64, error) {
-	clk := o.clock.Now()
+	clk := o.commandClock.Now()
 	return txn.InBatches(ctx, o.db, `DELETE FROM outbox_command WHERE seq IN (SELECT seq FROM outbox_command
 		WHERE state <> 'received' AND received_clock_ms < ? LIMIT ?)`, clk-keep.Milliseconds(), txn.BatchRows)
 }

@@ -704,3 +704,22 @@ func TestCommandSQLContract(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "settled: the UPDATE of a second applier changes nothing")
 }
+
+// TestCommandExpiryWhileRelayIdle: an idle relay stops the outbox clock of
+// its Outbox (no message's life runs then), but a command's life runs on:
+// one waiting for a trusted clock expires once its lifetime has passed,
+// whatever the relay in the same process is doing.
+func TestCommandExpiryWhileRelayIdle(t *testing.T) {
+	r := newCmdRig(t)
+	relay, err := r.ob.NewRelay(&fakePublisher{}, fastRelay())
+	require.NoError(t, err)
+	startRelay(t, relay)
+	eventually(t, 5*time.Second, "the relay idle", func() bool { return relay.idleSince.Load() != 0 })
+	require.True(t, r.store(t, IncomingCommand{Topic: "pos/1/commands", ResponseTopic: "backend/answers",
+		Payload: envelope("wait", cmdEpoch, "deadline", cmdEpoch.Add(10*time.Second).Format(time.RFC3339Nano))}))
+	r.run(t, CommandOptions{})
+	r.el.Advance(11 * time.Second)
+	r.settled(t, 1)
+	require.Equal(t, "expired", r.state(t, "wait"))
+	require.Empty(t, r.handlerCalls())
+}

@@ -306,25 +306,26 @@ func (c *incoming) judgeAtReceipt(clk int64, wall time.Time, interval time.Durat
 // cannot be judged until the wall clock is trusted.
 const reasonWaitingForClock = "waiting for a trusted clock"
 
-// clockIn reads the outbox clock inside tx: this Outbox's, caught up with
+// clockIn reads the outbox clock inside tx as commands see it
+// (Outbox.commandClock, which an idle relay does not pause), caught up with
 // the stored one, which it stores too when store is set (a command's times
 // are judged by other processes, which start from the stored clock).
 func (o *Outbox) clockIn(ctx context.Context, tx *sql.Tx, store bool) (int64, error) {
 	if store {
 		var stored int64
-		err := tx.QueryRowContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1 RETURNING clock_ms`, o.clock.Now()).Scan(&stored)
+		err := tx.QueryRowContext(ctx, `UPDATE outbox_state SET clock_ms = max(clock_ms, ?) WHERE id = 1 RETURNING clock_ms`, o.commandClock.Now()).Scan(&stored)
 		if err != nil {
 			return 0, fmt.Errorf("outbox: the outbox clock: %w", classifyWriteErr(err))
 		}
-		o.clock.CatchUp(stored)
+		o.commandClock.CatchUp(stored)
 		return stored, nil
 	}
 	stored, err := readOutboxClock(ctx, tx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: the outbox clock: %w", err)
 	}
-	o.clock.CatchUp(stored)
-	return o.clock.Now(), nil
+	o.commandClock.CatchUp(stored)
+	return o.commandClock.Now(), nil
 }
 
 // fullTx runs fn in a transaction committed at synchronous=FULL, on a

@@ -107,7 +107,11 @@ type Outbox struct {
 	log        *slog.Logger
 	now        func() time.Time
 	clock      *clock.Stored // what Message.Expiry is measured on (expiry.go)
-	wake       notifier
+	// commandClock is the same stored clock as commands see it: never
+	// paused, since a command's life runs whether or not a relay of this
+	// Outbox has messages in flight (commands.go).
+	commandClock *clock.Stored
+	wake         notifier
 	// commandWake wakes Commands.Run when StoreCommand stored a command.
 	commandWake notifier
 	durable     durable.Commits // what Transact committed at FULL
@@ -197,7 +201,7 @@ func openInspector(ctx context.Context, path string, opts Options) (*Outbox, err
 		db.Close()
 		return nil, err
 	}
-	o := &Outbox{db: db, ownsDB: true, readOnly: true, schema: v, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
+	o := &Outbox{db: db, ownsDB: true, readOnly: true, schema: v, log: opts.Logger, now: opts.Now, clock: clock.New(0, opts.elapsed, outboxClockStoreEvery), commandClock: clock.New(0, opts.elapsed, outboxClockStoreEvery), relays: make(map[*Relay]struct{})}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -253,17 +257,18 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Outbox, error) {
 		reserveSize = DefaultReserveBytes
 	}
 	o := &Outbox{
-		db:         db,
-		insert:     insert,
-		reserve:    reserve.New(file, reserveSize),
-		path:       file,
-		maxPayload: maxPayload,
-		prefix:     opts.TopicPrefix,
-		schema:     SchemaVersion,
-		log:        opts.Logger,
-		now:        opts.Now,
-		clock:      clock.New(stored, opts.elapsed, outboxClockStoreEvery),
-		relays:     make(map[*Relay]struct{}),
+		db:           db,
+		insert:       insert,
+		reserve:      reserve.New(file, reserveSize),
+		path:         file,
+		maxPayload:   maxPayload,
+		prefix:       opts.TopicPrefix,
+		schema:       SchemaVersion,
+		log:          opts.Logger,
+		now:          opts.Now,
+		clock:        clock.New(stored, opts.elapsed, outboxClockStoreEvery),
+		commandClock: clock.New(stored, opts.elapsed, outboxClockStoreEvery),
+		relays:       make(map[*Relay]struct{}),
 	}
 	if o.log == nil {
 		o.log = slog.Default()

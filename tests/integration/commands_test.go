@@ -436,24 +436,29 @@ func (b *commandBackend) send(ctx context.Context, probe bool) error {
 // last one has no long backlog to finish.
 func (b *commandBackend) sendEvery(seed uint64) (stop func() error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5e7d))
-	ctx, cancel := context.WithCancel(context.Background())
+	quit := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		for {
 			select {
-			case <-ctx.Done():
+			case <-quit:
 				done <- nil
 				return
 			case <-time.After(time.Duration(30+rng.IntN(61)) * time.Millisecond): // the pace of the backend
 			}
-			if err := b.send(ctx, false); err != nil && ctx.Err() == nil {
+			// Never cancelled half way: a command the broker may have
+			// taken is one the test must know of.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := b.send(ctx, false)
+			cancel()
+			if err != nil {
 				done <- err
 				return
 			}
 		}
 	}()
 	return func() error {
-		cancel()
+		close(quit)
 		return <-done
 	}
 }
@@ -621,7 +626,15 @@ func inspectTill(t *testing.T, path string) tillState {
 // applied. It returns the duplicates.
 func checkAnswers(t *testing.T, sent []string, ds []answerDelivery, s tillState) (dups int) {
 	t.Helper()
-	require.Len(t, s.state, len(sent), "commands stored: each sent once, stored once")
+	isSent := map[string]bool{}
+	for _, id := range sent {
+		isSent[id] = true
+		_, ok := s.state[id]
+		require.True(t, ok, "command %s sent (the broker took it), never stored", id)
+	}
+	for id := range s.state {
+		require.True(t, isSent[id], "command %s stored, never sent", id)
+	}
 	first := map[string]answerDelivery{}
 	for i, d := range ds {
 		require.NoError(t, d.err, "answer %d", i)

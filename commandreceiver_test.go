@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,7 +52,14 @@ type sentCommand struct {
 
 func startBackend(t *testing.T, addr string, v5 bool) *backend {
 	t.Helper()
-	b := &backend{v5: v5, topic: "backend/answers/" + NewID()[26:]}
+	return startBackendAs(t, addr, v5, "", "", "backend/answers/"+NewID()[26:])
+}
+
+// startBackendAs is startBackend with a user name and password (none if
+// empty) and its answer topic.
+func startBackendAs(t *testing.T, addr string, v5 bool, user, password, answerTopic string) *backend {
+	t.Helper()
+	b := &backend{v5: v5, topic: answerTopic}
 	if v5 {
 		conn, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
@@ -65,7 +74,11 @@ func startBackend(t *testing.T, addr string, v5 bool) *backend {
 			}}})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err = b.c5.Connect(ctx, &paho.Connect{ClientID: "backend-" + NewID()[26:], CleanStart: true, KeepAlive: 30})
+		cp := &paho.Connect{ClientID: "backend-" + NewID()[26:], CleanStart: true, KeepAlive: 30}
+		if user != "" {
+			cp.UsernameFlag, cp.Username, cp.PasswordFlag, cp.Password = true, user, true, []byte(password)
+		}
+		_, err = b.c5.Connect(ctx, cp)
 		require.NoError(t, err)
 		_, err = b.c5.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: b.topic, QoS: 1}}})
 		require.NoError(t, err)
@@ -74,6 +87,9 @@ func startBackend(t *testing.T, addr string, v5 bool) *backend {
 	}
 	o := paho311.NewClientOptions().AddBroker("tcp://" + addr).SetClientID("backend-" + NewID()[26:]).
 		SetProtocolVersion(4).SetCleanSession(true).SetAutoReconnect(false).SetOrderMatters(true)
+	if user != "" {
+		o.SetUsername(user).SetPassword(password)
+	}
 	b.c311 = paho311.NewClient(o)
 	tok := b.c311.Connect()
 	require.True(t, tok.WaitTimeout(5*time.Second))
@@ -174,6 +190,8 @@ type till struct {
 	trusted  func() bool
 	topic    string // its command topic
 	noRelay  bool   // start runs no relay
+	user     string // its user name and password at the broker, if any
+	password string
 
 	recv    *MQTTCommandReceiver
 	stopAll func()
@@ -193,6 +211,7 @@ func newTill(t *testing.T, opts Options, url string, proto MQTTProtocol, trusted
 func (d *till) start(t *testing.T, noApply bool, before func(*commandReceiver)) {
 	t.Helper()
 	r, err := d.ob.NewMQTTCommandReceiver(MQTTCommandOptions{Broker: d.url, ClientID: d.clientID, Topics: []string{d.topic},
+		Username: d.user, Password: d.password,
 		Protocol: d.proto, WallClockTrusted: d.trusted, KeepAlive: 2 * time.Second, PingTimeout: time.Second, ConnectTimeout: 2 * time.Second,
 		Reconnect: Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}, Logger: testLogger()})
 	require.NoError(t, err)
@@ -221,6 +240,7 @@ func (d *till) start(t *testing.T, noApply bool, before func(*commandReceiver)) 
 func (d *till) startRelay(t *testing.T) (stop func()) {
 	t.Helper()
 	pub, err := NewMQTTPublisher(MQTTOptions{Broker: d.url, ClientID: d.clientID[:len(d.clientID)-len("-commands")],
+		Username: d.user, Password: d.password,
 		ConnectTimeout: 2 * time.Second, KeepAlive: 2 * time.Second, PingTimeout: time.Second, Protocol: d.proto, Logger: testLogger()})
 	require.NoError(t, err)
 	relay, err := d.ob.NewRelay(pub, fastRelay())
@@ -603,4 +623,85 @@ func TestCommandReceiverMessageExpiry(t *testing.T) {
 	require.Equal(t, "applied", b.answerTo("fresh")[0].Status)
 	require.Zero(t, d.applications(t, "stale"))
 	require.Equal(t, 1, d.applications(t, "fresh"))
+}
+
+// commandsACL is docs/commands.md's Mosquitto ACL for commands, as
+// written there.
+const commandsACL = `# The backend: sends every till's commands, reads their answers.
+user backend
+topic write tills/+/commands
+topic read tills/+/answers/#
+
+# Each till, by its user name: reads its own commands, writes its own
+# answers and events. Nobody else may write to its command topic.
+pattern read tills/%u/commands
+pattern write tills/%u/answers/#
+pattern write tills/%u/events/#
+`
+
+// TestCommandsMosquittoACL: with docs/commands.md's ACL, a till applies
+// the commands of the backend and answers them, while a command another
+// till writes to its command topic never reaches it (Mosquitto drops it:
+// over 3.1.1 silently).
+func TestCommandsMosquittoACL(t *testing.T) {
+	dir := t.TempDir()
+	passwd := harness.MosquittoPasswordFile(t, dir, "backend", "backend-pw")
+	for _, u := range []string{"7", "8"} {
+		out, err := exec.Command("mosquitto_passwd", "-b", passwd, u, "till-pw-"+u).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	acl := filepath.Join(dir, "acl")
+	require.NoError(t, os.WriteFile(acl, []byte(commandsACL), 0o600))
+	m := harness.StartMosquitto(t, harness.MosquittoOptions{Config: []string{
+		"allow_anonymous false", "password_file " + passwd, "acl_file " + acl, "max_queued_messages 0"}})
+	d := newTill(t, Options{}, m.URL(), Protocol311, alwaysTrusted)
+	d.topic, d.user, d.password = "tills/7/commands", "7", "till-pw-7"
+	d.start(t, false, nil)
+	intruder := startBackendAs(t, m.Addr(), false, "8", "till-pw-8", "tills/8/answers/x")
+	b := startBackendAs(t, m.Addr(), false, "backend", "backend-pw", "tills/7/answers/backend")
+	intruder.send(t, d.topic, sentCommand{id: "forged", lifetime: time.Minute})
+	b.send(t, d.topic, sentCommand{id: "legit", lifetime: time.Minute})
+	eventually(t, 10*time.Second, "the backend's command answered", func() bool { return len(b.answerTo("legit")) > 0 })
+	d.stopAll()
+	require.Equal(t, "applied", b.answerTo("legit")[0].Status)
+	require.Equal(t, 1, d.applications(t, "legit"))
+	// Both went to one topic, the forged first: had the broker let it
+	// through, it would have been stored before the legit one.
+	rows, _ := d.command(t, "forged")
+	require.Zero(t, rows, "another till's command reached the till")
+	require.Empty(t, intruder.answers())
+}
+
+// commandsNATS is docs/commands.md's NATS authorization for commands, as
+// written there (MQTT topics are checked as NATS subjects: tills/7/commands
+// is tills.7.commands).
+const commandsNATS = `authorization {
+  users = [
+    { user: backend, password: backend-pw, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.*.commands"], subscribe: ["tills.*.answers.>", "$MQTT.sub.>"] } }
+    { user: till-7, password: till-pw-7, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.7.answers.>", "tills.7.events.>"], subscribe: ["tills.7.commands", "$MQTT.sub.>"] } }
+    { user: till-8, password: till-pw-8, allowed_connection_types: ["MQTT"],
+      permissions: { publish: ["tills.8.answers.>", "tills.8.events.>"], subscribe: ["tills.8.commands", "$MQTT.sub.>"] } }
+  ]
+}`
+
+// TestCommandsNATSAuthorization: TestCommandsMosquittoACL on NATS's MQTT
+// listener (3.1.1 only), with docs/commands.md's authorization.
+func TestCommandsNATSAuthorization(t *testing.T) {
+	n := harness.StartNATSWith(t, []string{commandsNATS})
+	d := newTill(t, Options{}, "tcp://"+n.MQTTAddr, Protocol311, alwaysTrusted)
+	d.topic, d.user, d.password = "tills/7/commands", "till-7", "till-pw-7"
+	d.start(t, false, nil)
+	intruder := startBackendAs(t, n.MQTTAddr, false, "till-8", "till-pw-8", "tills/8/answers/x")
+	b := startBackendAs(t, n.MQTTAddr, false, "backend", "backend-pw", "tills/7/answers/backend")
+	intruder.send(t, d.topic, sentCommand{id: "forged", lifetime: time.Minute})
+	b.send(t, d.topic, sentCommand{id: "legit", lifetime: time.Minute})
+	eventually(t, 20*time.Second, "the backend's command answered", func() bool { return len(b.answerTo("legit")) > 0 })
+	d.stopAll()
+	require.Equal(t, "applied", b.answerTo("legit")[0].Status)
+	require.Equal(t, 1, d.applications(t, "legit"))
+	rows, _ := d.command(t, "forged")
+	require.Zero(t, rows, "another till's command reached the till")
+	require.Empty(t, intruder.answers())
 }

@@ -224,34 +224,32 @@ func (c *Commands) Run(ctx context.Context) error {
 	}
 }
 
-// step settles cmd, the oldest waiting command, or says to wait (for a
-// trusted clock). A handler's failure sets hold.
+// step settles cmd, the oldest waiting command, in one transaction: its
+// expiry judged, then (in time) the handler, the state and the answer; or
+// says to wait (for a trusted clock). A handler's failure sets hold.
 func (c *Commands) step(ctx context.Context, cmd waitingCommand, holdSeq *int64, holdUntil *time.Time) (wait bool, err error) {
 	o := c.ob
-	stored, err := readOutboxClock(ctx, o.db)
-	if err != nil {
-		return false, fmt.Errorf("outbox: the outbox clock: %w", err)
-	}
-	o.commandClock.CatchUp(stored)
-	clk := o.commandClock.Now()
-	v := judge(&cmd, clk, o.now(), c.opts.WallClockTrusted)
-	switch v.outcome {
-	case verdictWait:
-		return true, nil
-	case verdictExpire:
-		settled, err := o.settleCommand(ctx, cmd.answerTo(), cmd.Seq, CommandExpired, v.reason, nil)
-		if err == nil && settled {
-			c.log.Warn("outbox: command expired, not applied", "seq", cmd.Seq, "id", cmd.ID, "source", cmd.Source, "reason", v.reason)
-			c.done(cmd.Command, CommandExpired, nil)
-		}
-		return false, err
-	}
 	var herr error
+	var v verdict
 	err = runTx(ctx, o.db, func(tx *sql.Tx) error {
 		herr = nil
-		done := o.now().UnixMilli()
+		clk, err := o.clockIn(ctx, tx, false)
+		if err != nil {
+			return err
+		}
+		v = judge(&cmd, clk, o.now(), c.opts.WallClockTrusted)
+		switch v.outcome {
+		case verdictWait:
+			return nil // nothing written
+		case verdictExpire:
+			settled, err := o.settleIn(ctx, tx, cmd.answerTo(), cmd.Seq, CommandExpired, v.reason, nil)
+			if err == nil && !settled {
+				return errSettled
+			}
+			return err
+		}
 		res, err := tx.ExecContext(ctx, `UPDATE outbox_command SET state = 'applied', done_at = ?, reason = NULL
-			WHERE seq = ? AND state = 'received'`, done, cmd.Seq)
+			WHERE seq = ? AND state = 'received'`, o.now().UnixMilli(), cmd.Seq)
 		if err != nil {
 			return fmt.Errorf("outbox: apply command: %w", classifyWriteErr(err))
 		}
@@ -282,9 +280,16 @@ func (c *Commands) step(ctx context.Context, cmd waitingCommand, holdSeq *int64,
 		return false, c.failed(ctx, cmd, herr, holdSeq, holdUntil)
 	case err != nil:
 		return false, err
+	case v.outcome == verdictWait:
+		return true, nil
 	}
 	if cmd.ResponseTopic != "" {
 		o.wake.notify()
+	}
+	if v.outcome == verdictExpire {
+		c.log.Warn("outbox: command expired, not applied", "seq", cmd.Seq, "id", cmd.ID, "source", cmd.Source, "reason", v.reason)
+		c.done(cmd.Command, CommandExpired, nil)
+		return false, nil
 	}
 	c.log.Debug("outbox: command applied", "seq", cmd.Seq, "id", cmd.ID, "source", cmd.Source)
 	c.done(cmd.Command, CommandApplied, nil)
@@ -589,19 +594,6 @@ func (o *Outbox) ExpireCommands(ctx context.Context, trusted func() bool) (int64
 		o.wake.notify()
 	}
 	return n, nil
-}
-
-// settleCommand settles a waiting command as out, with its answer, in a
-// transaction of its own; false if another process settled it first.
-func (o *Outbox) settleCommand(ctx context.Context, to answerTo, seq int64, out CommandOutcome, reason string, result []byte) (settled bool, err error) {
-	err = runTx(ctx, o.db, func(tx *sql.Tx) error {
-		settled, err = o.settleIn(ctx, tx, to, seq, out, reason, result)
-		return err
-	})
-	if settled && to.topic != "" {
-		o.wake.notify()
-	}
-	return settled, err
 }
 
 // settleIn settles a waiting command as out in tx, with its answer: the

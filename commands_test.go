@@ -481,13 +481,13 @@ func TestCommandMalformed(t *testing.T) {
 // without being kept; an id over MaxIDBytes too.
 func TestCommandBounds(t *testing.T) {
 	r := newCmdRig(t)
-	big := make([]byte, DefaultMaxPayloadBytes+1)
+	big := fmt.Appendf(nil, `{"specversion":"1.0","id":"big","source":"/b","type":"t","data":"%s"}`, strings.Repeat("x", DefaultMaxPayloadBytes))
 	require.True(t, r.store(t, IncomingCommand{Topic: "pos/1/commands", Payload: big}))
 	require.True(t, r.store(t, IncomingCommand{Topic: "pos/1/commands", Payload: envelope(strings.Repeat("i", MaxIDBytes+1), time.Time{})}))
 	var n, bytes int64
 	require.NoError(t, r.ob.DB().QueryRow(`SELECT count(*), sum(length(data)) FROM outbox_command WHERE state = 'malformed'`).Scan(&n, &bytes))
-	require.EqualValues(t, 2, n)
-	require.Less(t, bytes, int64(1000))
+	require.EqualValues(t, 2, n, "both malformed")
+	require.Less(t, bytes, int64(1000), "the big payload not kept")
 }
 
 // TestCommandSettledElsewhere: a command another process settled between
@@ -722,4 +722,38 @@ func TestCommandExpiryWhileRelayIdle(t *testing.T) {
 	r.settled(t, 1)
 	require.Equal(t, "expired", r.state(t, "wait"))
 	require.Empty(t, r.handlerCalls())
+}
+
+// FuzzDecodeCommand: whatever a broker delivers, decoding a command never
+// panics, and what it lets through as a command to apply is bounded: an
+// id, data within the payload limit, an answer topic this device may
+// publish to, correlation data MQTT can carry.
+func FuzzDecodeCommand(f *testing.F) {
+	f.Add([]byte(envelope("c", cmdEpoch, "deadline", cmdEpoch.Format(time.RFC3339Nano), "responsetopic", "a/b", "correlationdata", "eA==")), "", "", "")
+	f.Add([]byte(`{"price":1}`), "application/json", "bin", "a/+")
+	f.Add([]byte("junk"), "", "", "")
+	f.Add([]byte(`{"specversion":"1.0","id":"","source":"s","type":"t"}`), "", "", "$SYS/x")
+	f.Fuzz(func(t *testing.T, payload []byte, contentType, id, responseTopic string) {
+		o := &Outbox{maxPayload: 1 << 12, prefix: "a/"}
+		in := IncomingCommand{Topic: "t", Payload: payload, ContentType: contentType, ResponseTopic: responseTopic}
+		if id != "" {
+			in.User = []UserProperty{{"specversion", "1.0"}, {"id", id}, {"source", "s"}, {"type", "t"}, {"deadline", string(payload)}}
+		}
+		c := o.decodeCommand(in)
+		if c.responseTopic.Valid {
+			require.NoError(t, ValidateTopic(c.responseTopic.String))
+			require.True(t, strings.HasPrefix(c.responseTopic.String, o.prefix))
+		}
+		require.LessOrEqual(t, len(c.correlation), maxBinaryBytes)
+		require.LessOrEqual(t, len(c.data), o.maxPayload)
+		if c.state == "" {
+			require.NotEmpty(t, c.id)
+			require.LessOrEqual(t, len(c.id), MaxIDBytes)
+			require.NotNil(t, c.data)
+		} else {
+			require.Equal(t, string(CommandMalformed), c.state)
+			require.Len(t, c.id, 36)
+			require.True(t, c.reason.Valid)
+		}
+	})
 }

@@ -106,6 +106,9 @@ func (o *Outbox) StoreCommand(ctx context.Context, in IncomingCommand, trusted f
 	}
 	if stored {
 		o.commandWake.notify()
+		if c.state != "" {
+			o.log.Warn("outbox: command settled on arrival", "state", c.state, "id", c.id, "source", c.source, "topic", c.topic, "reason", c.reason.String)
+		}
 	}
 	if answered {
 		o.wake.notify()

@@ -234,9 +234,8 @@ type Gauges struct {
 	// theirs, as exact as Pending. Each OldestPending is the first in
 	// line's, as OldestPending above.
 	Priorities []PriorityStats
-	// Commands are the commands received, by state: Waiting from the
-	// index of waiting commands, the others counted (done commands are
-	// kept only for CommandOptions.Keep).
+	// Commands are the commands received, by state, counted in their
+	// table (which holds settled ones only for CommandOptions.Keep).
 	Commands CommandStats
 }
 

@@ -32,6 +32,7 @@ type commandFlags struct {
 	lifetime time.Duration
 	wait     time.Duration
 	protocol string
+	answer   string
 }
 
 func commandCmd(a *cli.App) *cobra.Command {
@@ -86,6 +87,7 @@ by the broker: no answer comes, and --wait ends it.`,
 	fl.DurationVar(&f.lifetime, "lifetime", 30*time.Second, "how long the command may wait to be applied: its deadline is now + this")
 	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for the answer")
 	fl.StringVar(&f.protocol, "protocol", "5", "MQTT version: 5 or 3.1.1")
+	fl.StringVar(&f.answer, "answer-topic", "", "where the till answers (default outboxctl/answers/ID); one the till may write and this user read")
 	return cmd
 }
 
@@ -112,6 +114,11 @@ func (f *commandFlags) send(ctx context.Context, a *cli.App) error {
 	}
 	if !json.Valid([]byte(f.data)) {
 		return cli.Usagef("--data: not valid JSON")
+	}
+	if f.answer != "" {
+		if err := outbox.ValidateTopic(f.answer); err != nil {
+			return cli.Usagef("--answer-topic: %w", err)
+		}
 	}
 	if f.lifetime <= 0 || f.wait <= 0 {
 		return cli.Usagef("--lifetime and --wait must be positive")
@@ -141,7 +148,10 @@ func (f *commandFlags) send(ctx context.Context, a *cli.App) error {
 
 	id := outbox.NewID()
 	now := time.Now()
-	answerTopic := "outboxctl/answers/" + id
+	answerTopic := f.answer
+	if answerTopic == "" {
+		answerTopic = "outboxctl/answers/" + id
+	}
 	correlation := []byte(id)
 	env := map[string]any{
 		"specversion": "1.0", "id": id, "source": f.source, "type": f.typ,

@@ -51,7 +51,8 @@ func TestCommandSendAndRelayCommands(t *testing.T) {
 		require.Equal(t, ans["command"], <-applied, proto)
 	}
 
-	r := ctl(t, "command", "send", "--broker", m.URL(), "--topic", "tills/7/commands", "--data", `"refuse"`, "--wait", "10s")
+	r := ctl(t, "command", "send", "--broker", m.URL(), "--topic", "tills/7/commands", "--data", `"refuse"`, "--wait", "10s",
+		"--answer-topic", "tills/7/answers/ops")
 	require.Equal(t, 1, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, `"status":"failed"`)
 	require.Contains(t, r.Stderr, "failed")

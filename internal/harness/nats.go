@@ -35,25 +35,33 @@ func natsBinary() string {
 // listener.
 func StartNATS(tb TB, mqttConf ...string) *NATS {
 	tb.Helper()
+	return StartNATSWith(tb, nil, mqttConf...)
+}
+
+// StartNATSWith is StartNATS with conf's lines at the configuration's top
+// level too (an authorization block, say).
+func StartNATSWith(tb TB, conf []string, mqttConf ...string) *NATS {
+	tb.Helper()
 	bin := natsBinary()
 	if bin == "" {
 		tb.Skipf("nats-server is not installed: apt-get install -y nats-server")
 	}
 	dir := tb.TempDir()
 	ports := freePorts(tb, 2)
-	conf := filepath.Join(dir, "nats.conf")
+	file := filepath.Join(dir, "nats.conf")
 	// MQTT in NATS needs a server name and JetStream (sessions and QoS 1
 	// messages live in streams).
-	must(tb, os.WriteFile(conf, []byte(fmt.Sprintf(`server_name: outbox_test
+	must(tb, os.WriteFile(file, []byte(fmt.Sprintf(`server_name: outbox_test
 listen: 127.0.0.1:%d
 jetstream { store_dir: %q }
+%s
 mqtt {
   listen: 127.0.0.1:%d
   %s
 }
-`, ports[0], filepath.Join(dir, "js"), ports[1], strings.Join(mqttConf, "\n  "))), 0o600), "nats.conf")
+`, ports[0], filepath.Join(dir, "js"), strings.Join(conf, "\n"), ports[1], strings.Join(mqttConf, "\n  "))), 0o600), "nats.conf")
 	n := &NATS{MQTTAddr: loopback(ports[1])}
-	p := startProcess(tb, "nats-server", filepath.Join(dir, "nats.log"), "", nil, 10*time.Second, bin, "-c", conf)
+	p := startProcess(tb, "nats-server", filepath.Join(dir, "nats.log"), "", nil, 10*time.Second, bin, "-c", file)
 	p.waitReady(tb, 15*time.Second, func(log []byte) bool {
 		return strings.Contains(string(log), "Listening for MQTT clients") && listening(n.MQTTAddr)
 	})

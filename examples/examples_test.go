@@ -35,14 +35,14 @@ var (
 	appliedLine     = regexp.MustCompile(`(?m)^applied source=(\S+) id=(\S+) seq=(\d+) type=(\S+)$`)
 )
 
-// build compiles ./<name> (pos or consumer) into a temporary directory and
-// returns the binary's path. With a -race test binary, the example is
-// built with -race as well.
+// build compiles ./<name> (pos, consumer, commands/till...) into a
+// temporary directory and returns the binary's path. With a -race test
+// binary, the example is built with -race as well.
 func build(t *testing.T, name string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), name)
+	bin := filepath.Join(t.TempDir(), filepath.Base(name))
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")

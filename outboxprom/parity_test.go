@@ -50,7 +50,8 @@ func TestTillTextIsTheCollectors(t *testing.T) {
 	rm.CommitAck.Count, rm.CommitAck.Sum = 500, 98765.4321
 	g := outbox.Gauges{Pending: 12, PendingBytes: 3400, PendingBytesKnown: true, OldestPending: now.Add(-93 * time.Second),
 		Dead: 2, DatabaseBytes: 1 << 20, WALBytes: 4 << 20, FreeBytes: 1 << 33, FreeBytesKnown: true,
-		Priorities: []outbox.PriorityStats{{Priority: 9, Pending: 2, OldestPending: now.Add(-4 * time.Second)}, {Priority: 0, Pending: 10, OldestPending: now.Add(-93 * time.Second)}}}
+		Priorities: []outbox.PriorityStats{{Priority: 9, Pending: 2, OldestPending: now.Add(-4 * time.Second)}, {Priority: 0, Pending: 10, OldestPending: now.Add(-93 * time.Second)}},
+		Commands:   outbox.CommandStats{Waiting: 2, Applied: 140, Expired: 1}}
 	unknown := g
 	unknown.PendingBytesKnown, unknown.FreeBytesKnown = false, false
 	cases := map[string]metrics.Snapshot{
@@ -91,7 +92,7 @@ func TestTillTextIsTheCollectors(t *testing.T) {
 			}
 			read = append(read, f)
 		}
-		require.Len(t, failed, 9)
+		require.Len(t, failed, 10)
 		require.NoError(t, testutil.CollectAndCompare(fixed{newDescs(true), read}, strings.NewReader(text.String())))
 		// ...and the Collector reports each family it could not read.
 		reg := prometheus.NewPedanticRegistry()

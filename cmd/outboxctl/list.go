@@ -37,11 +37,12 @@ func listCmd(a *cli.App) *cobra.Command {
 	var limit int
 	var after int64
 	var priority int
-	var asJSON, payload bool
+	var asJSON, payload, commands bool
 	cmd := &cobra.Command{
-		Use:   "list --db PATH [--state pending|dead|expired|sent] [--priority P] [--limit N] [--json]",
-		Short: "List messages in an outbox",
-		Long: `list prints messages in sequence order: sequence number, priority, id,
+		Use:   "list --db PATH [--commands] [--state STATE] [--priority P] [--limit N] [--json]",
+		Short: "List messages in an outbox, or the commands received",
+		Long: `list prints messages in sequence order (those in --state: pending, dead,
+expired or sent; pending when not given): sequence number, priority, id,
 topic, type, size, age, attempts and last error; --priority P only those of
 priority P (0 to 9). Payloads are shown only with --payload. Like status, it
 never writes anything.
@@ -49,14 +50,27 @@ never writes anything.
 --json prints an array of objects with these keys: seq, priority, id, topic, type,
 content_type, size, state, attempts, last_error, created_at, age_seconds,
 sent_at, dead_at (for a dead or expired message: when it was parked), and
-payload_base64 with --payload.`,
+payload_base64 with --payload.
+
+--commands lists the commands received from the backend instead, in
+arrival order, all of them unless --state says which (waiting, applied,
+expired, failed, malformed): sequence number, id, topic, state, attempts,
+reason (why it expired, failed or is malformed, or why it waits) and when it
+was received. A command's data is never shown. With --json, an array of
+objects with these keys: seq, id, source, topic, type, state (waiting is
+"received" there, as in the table), attempts, reason, response_topic (null:
+no answer is sent), received_at, age_seconds, done_at.`,
 		Example: `  outboxctl list --db till.db
   outboxctl list --db till.db --state dead --json
   outboxctl list --db till.db --state expired
   outboxctl list --db till.db --priority 9
-  outboxctl list --db till.db --after 1500 --limit 50 --payload`,
+  outboxctl list --db till.db --after 1500 --limit 50 --payload
+  outboxctl list --db till.db --commands --state failed`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if commands {
+				return listCommandsCmd(cmd, a, &db, state, after, limit, asJSON, payload)
+			}
 			st := outbox.State(state)
 			if st != outbox.StatePending && st != outbox.StateDead && st != outbox.StateExpired && st != outbox.StateSent {
 				return cli.Usagef("--state %q: want pending, dead, expired or sent", state)
@@ -115,13 +129,44 @@ payload_base64 with --payload.`,
 		},
 	}
 	db.register(cmd)
-	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead, expired or sent")
+	cmd.Flags().StringVar(&state, "state", "pending", "pending, dead, expired or sent; with --commands waiting, applied, expired, failed or malformed (all when not given)")
 	cmd.Flags().IntVar(&priority, "priority", 0, "only messages of this priority (0 to 9); all when not given")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many messages")
 	cmd.Flags().Int64Var(&after, "after", 0, "only messages with a larger sequence number (for paging)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&payload, "payload", false, "include payloads (they may hold personal or payment data)")
+	cmd.Flags().BoolVar(&commands, "commands", false, "list the commands received from the backend (never their data)")
 	return cmd
+}
+
+// listCommandsCmd is list --commands: the flags checked, the outbox opened
+// as status opens it, the commands listed.
+func listCommandsCmd(cmd *cobra.Command, a *cli.App, db *dbFlags, state string, after int64, limit int, asJSON, payload bool) error {
+	if payload {
+		return cli.Usagef("--payload: a command's data is never shown")
+	}
+	if cmd.Flags().Changed("priority") {
+		return cli.Usagef("--priority: commands have no priority")
+	}
+	if limit < 1 {
+		return cli.Usagef("--limit %d: want at least 1", limit)
+	}
+	want := ""
+	if cmd.Flags().Changed("state") {
+		var ok bool
+		if want, ok = commandStates[state]; !ok {
+			return cli.Usagef("--state %q with --commands: want waiting, applied, expired, failed or malformed", state)
+		}
+	}
+	ob, err := db.open(cmd.Context(), a, inspect)
+	if err != nil {
+		return err
+	}
+	defer ob.Close()
+	if err := listCommands(cmd.Context(), a, ob.DB(), want, after, limit, asJSON); err != nil {
+		return db.explain(err)
+	}
+	return nil
 }
 
 func timeOrNil(t time.Time) *time.Time {

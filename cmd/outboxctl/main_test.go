@@ -674,7 +674,7 @@ func dirState(t *testing.T, dir string) map[string]string {
 // (under an older relay still running on the file) and to write the disk
 // reserve, although their help says they never change a database.
 func TestInspectionWritesNothing(t *testing.T) {
-	inspections := [][]string{{"status"}, {"status", "--json"}, {"list"}, {"list", "--state", "dead", "--json"}}
+	inspections := [][]string{{"status"}, {"status", "--json"}, {"list"}, {"list", "--state", "dead", "--json"}, {"list", "--commands"}, {"list", "--commands", "--json"}}
 	t.Run("this schema", func(t *testing.T) {
 		path, ob := newOutbox(t)
 		enqueue(t, ob, outbox.Message{Topic: "stores/1/orders", Payload: []byte(`{"order":1}`)})
@@ -706,6 +706,10 @@ func TestInspectionWritesNothing(t *testing.T) {
 		require.Equal(t, 0, r.Code, r.Stderr)
 		require.Contains(t, r.Stdout, `"priority": 0`)
 		r = ctl(t, "list", "--db", path, "--priority", "9", "--json")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Equal(t, "[]\n", r.Stdout)
+		require.Equal(t, map[string]any{"waiting": 0.0, "applied": 0.0, "expired": 0.0, "failed": 0.0, "malformed": 0.0}, st["commands"], "no commands table yet: none")
+		r = ctl(t, "list", "--db", path, "--commands", "--json")
 		require.Equal(t, 0, r.Code, r.Stderr)
 		require.Equal(t, "[]\n", r.Stdout)
 		require.Equal(t, before, dirState(t, filepath.Dir(path)), "not migrated, nothing written")

@@ -44,6 +44,24 @@ type statusJSON struct {
 	// Priorities are the pending messages by priority, highest first, one
 	// for each priority that has any; an empty array when none.
 	Priorities []priorityJSON `json:"priorities"`
+	// Commands counts the commands received from the backend by state;
+	// all 0 when none was (or the schema is older than commands).
+	Commands commandsJSON `json:"commands"`
+}
+
+// commandsJSON counts the commands in outbox_command by state, in
+// statusJSON.
+type commandsJSON struct {
+	Waiting   int64 `json:"waiting"`
+	Applied   int64 `json:"applied"`
+	Expired   int64 `json:"expired"`
+	Failed    int64 `json:"failed"`
+	Malformed int64 `json:"malformed"`
+}
+
+// some says whether there is a command at all.
+func (c commandsJSON) some() bool {
+	return c.Waiting+c.Applied+c.Expired+c.Failed+c.Malformed > 0
 }
 
 // priorityJSON is what waits at one priority, in statusJSON.
@@ -63,7 +81,8 @@ func statusCmd(a *cli.App) *cobra.Command {
 		Long: `status shows the pending messages (count, bytes, age of the oldest; count
 and age of the oldest by priority), dead
 messages, expired ones (not published: their expiry ran out before their
-turn), sent messages still kept, the limits, the relay lease, the schema
+turn), sent messages still kept, the commands received from the backend by
+state (when there are any), the limits, the relay lease, the schema
 version and the file sizes. It never writes anything: no schema is created
 or migrated (a file of the previous schema version is read as it is; an
 older one gets a line saying that init migrates it), no disk reserve is
@@ -80,7 +99,10 @@ otherwise), no_subscribers, no_subscribers_topic and no_subscribers_at
 last topic and when), file_bytes, wal_bytes, and priorities: an array,
 highest first, of one object for each priority that has pending messages,
 with the keys priority, pending, oldest_pending_at and
-oldest_pending_age_seconds. Times are RFC 3339 UTC or null.`,
+oldest_pending_age_seconds; and commands: an object counting the commands
+received from the backend by state, with the keys waiting, applied,
+expired, failed and malformed (all 0 when none was; the text shows its line
+only when there are some). Times are RFC 3339 UTC or null.`,
 		Example: `  outboxctl status --db /var/lib/till/till.db
   outboxctl status --db /var/lib/till/till.db --json | jq .pending`,
 		Args: cli.NoArgs,
@@ -98,6 +120,8 @@ oldest_pending_age_seconds. Times are RFC 3339 UTC or null.`,
 				LeaseOwner: st.LeaseOwner,
 				FileBytes:  fileSize(db.path), WALBytes: fileSize(db.path + "-wal"),
 				Priorities: []priorityJSON{},
+				Commands: commandsJSON{Waiting: st.Commands.Waiting, Applied: st.Commands.Applied, Expired: st.Commands.Expired,
+					Failed: st.Commands.Failed, Malformed: st.Commands.Malformed},
 			}
 			for _, p := range st.Priorities {
 				out.Priorities = append(out.Priorities, priorityJSON{Priority: p.Priority, Pending: p.Pending,
@@ -142,6 +166,9 @@ oldest_pending_age_seconds. Times are RFC 3339 UTC or null.`,
 			fmt.Fprintf(w, "dead\t%d\n", out.Dead)
 			fmt.Fprintf(w, "expired\t%d\n", out.Expired)
 			fmt.Fprintf(w, "sent (kept)\t%d\n", out.Sent)
+			if c := out.Commands; c.some() {
+				fmt.Fprintf(w, "commands\t%d waiting, %d applied, %d expired, %d failed, %d malformed\n", c.Waiting, c.Applied, c.Expired, c.Failed, c.Malformed)
+			}
 			fmt.Fprintf(w, "limits\t%s\n", limitsText(out.MaxPendingMessages, out.MaxPendingBytes))
 			if out.LeaseOwner != "" {
 				if out.LeaseExpiresAt == nil {

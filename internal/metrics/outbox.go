@@ -65,6 +65,18 @@ var defs = [...]def{
 		read: func(s *Snapshot) []Sample {
 			return byPriority(s.Gauges.Priorities, func(p outbox.PriorityStats) float64 { return max(s.Now.Sub(p.OldestPending).Seconds(), 0) })
 		}},
+	{name: "outbox_commands", typ: Gauge, gauges: true, labels: []string{"state"},
+		help: "Commands received from the backend (the outbox_command table), by state: waiting (not yet applied, expired nor failed), applied, expired (stale, never applied), failed (the handler failed them too often) and malformed (not a valid command); done ones until deleted after CommandOptions.Keep.",
+		read: func(s *Snapshot) []Sample {
+			c := s.Gauges.Commands
+			return []Sample{
+				{LabelValues: []string{"waiting"}, Value: float64(c.Waiting)},
+				{LabelValues: []string{"applied"}, Value: float64(c.Applied)},
+				{LabelValues: []string{"expired"}, Value: float64(c.Expired)},
+				{LabelValues: []string{"failed"}, Value: float64(c.Failed)},
+				{LabelValues: []string{"malformed"}, Value: float64(c.Malformed)},
+			}
+		}},
 	{name: "outbox_dead_messages", typ: Gauge, gauges: true,
 		help: "Messages parked as dead, until requeued or purged.",
 		read: func(s *Snapshot) []Sample { return one(float64(s.Gauges.Dead)) }},

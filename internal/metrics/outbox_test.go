@@ -38,8 +38,8 @@ func names(families []Family) []string {
 // unique, with help, a type and the conventions' suffixes.
 func TestDefinitions(t *testing.T) {
 	all, alone := Definitions(true), Definitions(false)
-	require.Len(t, all, 23)
-	require.Len(t, alone, 10)
+	require.Len(t, all, 24)
+	require.Len(t, alone, 11)
 	seen := map[string]bool{}
 	for _, f := range all {
 		require.False(t, seen[f.Name], "%s twice", f.Name)
@@ -70,6 +70,7 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 		Pending: 1, PendingBytes: 2, PendingBytesKnown: true, OldestPending: now.Add(-90 * time.Second), Dead: 3,
 		DatabaseBytes: 4, WALBytes: 5, FreeBytes: 6, FreeBytesKnown: true,
 		Priorities: []outbox.PriorityStats{{Priority: 9, Pending: 7, OldestPending: now.Add(-20 * time.Second)}, {Priority: 0, Pending: 8, OldestPending: now.Add(-21 * time.Second)}},
+		Commands:   outbox.CommandStats{Waiting: 22, Applied: 23, Expired: 24, Failed: 25, Malformed: 26},
 	}}
 	fs := Outbox(s)
 	require.Equal(t, names(Definitions(true)), names(fs))
@@ -93,6 +94,10 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 		case "outbox_priority_oldest_pending_age_seconds":
 			require.Equal(t, []string{"priority"}, f.Labels)
 			require.Equal(t, []Sample{{LabelValues: []string{"9"}, Value: 20}, {LabelValues: []string{"0"}, Value: 21}}, f.Samples)
+		case "outbox_commands":
+			require.Equal(t, []string{"state"}, f.Labels)
+			require.Equal(t, []Sample{{LabelValues: []string{"waiting"}, Value: 22}, {LabelValues: []string{"applied"}, Value: 23},
+				{LabelValues: []string{"expired"}, Value: 24}, {LabelValues: []string{"failed"}, Value: 25}, {LabelValues: []string{"malformed"}, Value: 26}}, f.Samples)
 		case "outbox_publish_ack_seconds", "outbox_commit_ack_seconds":
 			h := f.Samples[0].Hist
 			require.Equal(t, outbox.HistogramBounds(), h.Bounds)

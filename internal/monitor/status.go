@@ -63,6 +63,10 @@ type statusData struct {
 	Refresh int
 	Now     string
 	Err     string
+	// Commands counts the commands received from the backend by state,
+	// "2 waiting, 140 applied, 1 expired, 0 failed, 0 malformed"; empty
+	// when there are none.
+	Commands string
 	// NoSubscribers says how many of Published the broker took with no
 	// subscriber, and the last topic: "12 reached the broker with no
 	// subscriber, last on stores/42/orders at 10:02:03 UTC, 3m ago".
@@ -190,7 +194,11 @@ func writeStatus(w io.Writer, d statusData) error {
 		put(`<div class="err" id="no-subscribers">`, escapeHTML(d.NoSubscribers), `: they reached nobody. Is the consumer subscribed, is the topic right?</div>`)
 	}
 	put(`</div>
-<div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>
+<div class="card"><div class="muted">Dead messages</div><div class="big" id="dead-count">`, num(d.DeadCount), `</div></div>`)
+	if d.Commands != "" {
+		put("\n", `<div class="card"><div class="muted">Commands from the backend</div><div id="commands">`, escapeHTML(d.Commands), `</div></div>`)
+	}
+	put(`
 </div>
 <h2>Last error</h2>
 `)
@@ -345,6 +353,9 @@ func (rd readings) page() statusData {
 			d.Priorities = append(d.Priorities, fmt.Sprintf("priority %d: %d pending, oldest %s", p.Priority, p.Pending, ago(now.Sub(p.OldestPending))))
 		}
 		d.Dead, d.Expired, d.ExpiredCount = rd.Dead, rd.Expired, rd.ExpiredCount
+		if c := g.Commands; c.Waiting+c.Applied+c.Expired+c.Failed+c.Malformed > 0 {
+			d.Commands = fmt.Sprintf("%d waiting, %d applied, %d expired, %d failed, %d malformed", c.Waiting, c.Applied, c.Expired, c.Failed, c.Malformed)
+		}
 	}
 	q := rd.Query
 	switch {

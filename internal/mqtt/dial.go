@@ -37,7 +37,10 @@ func (d dialer) dial(ctx context.Context, u *url.URL) (net.Conn, error) {
 		ctx, cancel = context.WithTimeout(ctx, d.timeout)
 		defer cancel()
 	}
-	nd := &net.Dialer{Control: d.control}
+	// No TCP keep-alive probes: MQTT's own keep-alive already tells a dead
+	// connection, and Go's default probe after 15 s of silence added two
+	// segments to every idle keep-alive period on a metered link.
+	nd := &net.Dialer{Control: d.control, KeepAlive: -1}
 	var raw net.Conn
 	var err error
 	if cd, ok := netproxy.FromEnvironmentUsing(nd).(netproxy.ContextDialer); ok {

@@ -47,7 +47,9 @@ type Command struct {
 // transaction rolls back and the command is tried again after
 // CommandOptions.RetryBackoff, up to MaxAttempts; then it is quarantined as
 // failed and the error's text goes to the sender in the answer. It must
-// not commit or roll tx back, nor have effects outside tx.
+// not commit or roll tx back, nor have effects outside tx. tx holds the
+// database's write lock while the handler runs, as any write transaction
+// does: the application's other writers wait for it, so keep it short.
 type CommandHandler func(ctx context.Context, tx *sql.Tx, cmd Command) (result []byte, err error)
 
 // CommandOutcome is what became of a command: the state it was left in.

@@ -44,7 +44,7 @@ type publishCheck struct {
 	left   int  // the bytes of its body not yet seen
 	head   []byte
 
-	mu  sync.Mutex // for refused, from another goroutine; scan's own reads need none
+	mu  sync.Mutex // for because, from another goroutine; scan's own reads need none
 	err error      // once refused, every later read is
 }
 

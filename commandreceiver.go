@@ -26,6 +26,17 @@ import (
 // within it.
 const commandExpireEvery = time.Second
 
+// commandPacketRoom is what a command's MQTT packet may hold beside its
+// payload, which StoreCommand bounds by the outbox's MaxPayloadBytes: the
+// fixed header, the topic, the packet id and MQTT 5's properties (Response
+// Topic and Correlation Data, 64 KiB each at most; Content Type; the user
+// properties of CloudEvents binary mode, whose id, source and type
+// StoreCommand bounds to 1 KiB or less). 512 KiB holds them with room to
+// spare; a packet beyond it is refused before it is read (its payload
+// could never be stored but as malformed), so what a broker sends cannot
+// make the receiver allocate more.
+const commandPacketRoom = 512 << 10
+
 // commandReceiver is an MQTTCommandReceiver's state.
 type commandReceiver struct {
 	ob      *Outbox
@@ -108,7 +119,7 @@ func newCommandReceiver(o *Outbox, opts MQTTCommandOptions) (*commandReceiver, e
 		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password, Topics: opts.Topics,
 		TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
 		ConnectTimeout: opts.ConnectTimeout, KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
-		Logger: log,
+		MaxPacketBytes: o.MaxPayloadBytes() + commandPacketRoom, Logger: log,
 		Connected: func(protocol string) {
 			r.mu.Lock()
 			r.protocol = protocol

@@ -692,3 +692,22 @@ func TestCommandsNATSAuthorization(t *testing.T) {
 	require.Zero(t, rows, "another till's command reached the till")
 	require.Empty(t, intruder.answers())
 }
+
+// TestCommandReceiverAnnouncesPacketLimit: the receiver bounds a command's
+// packet by what StoreCommand could store, the payload limit and room for
+// the topic and properties, and over MQTT 5 tells the broker so (Maximum
+// Packet Size), which then drops a larger command for it.
+func TestCommandReceiverAnnouncesPacketLimit(t *testing.T) {
+	b := harness.StartFakeBroker(t, harness.FakeBrokerOptions{})
+	ob := openTest(t, Options{MaxPayloadBytes: 100_000})
+	r, err := ob.NewMQTTCommandReceiver(MQTTCommandOptions{Broker: b.URL(), ClientID: "till-1-commands",
+		Topics: []string{"tills/1/commands/#"}, Protocol: Protocol5})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	eventually(t, 10*time.Second, "connected", func() bool { return len(b.Connects()) > 0 && b.Connects()[0].Level == 5 })
+	cancel()
+	require.NoError(t, <-done)
+	require.EqualValues(t, 100_000+commandPacketRoom, b.Connects()[0].MaxPacket)
+}

@@ -541,6 +541,12 @@ type MQTTCommandOptions struct {
 // and answers, the stored commands whose time has passed (ExpireCommands),
 // so that they are answered where no Commands runs. Commands, or an
 // application in any language, applies them from the table.
+//
+// A command's packet may be at most the outbox's MaxPayloadBytes plus 512
+// KiB for its topic and properties: the receiver never allocates more for
+// one, whatever the broker declares. Over MQTT 5 the broker is told so
+// (Maximum Packet Size) and drops a larger command, unanswered; over 3.1.1
+// the connection ends at one, and the broker sends it again on the next.
 type MQTTCommandReceiver struct{ r *commandReceiver }
 
 // MQTTCommandStats counts what an MQTTCommandReceiver did since it was

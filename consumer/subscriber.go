@@ -87,6 +87,17 @@ type SubscriberOptions struct {
 	ConnectTimeout time.Duration
 	KeepAlive      time.Duration
 	PingTimeout    time.Duration
+	// MaxPacketBytes bounds each packet from the broker, its MQTT header
+	// included: a larger one is never allocated. 0 means 17 MiB, which
+	// holds the largest batch a relay makes (outbox.MaxBatchBytesLimit)
+	// and a single event of up to about 12 MiB. It must cover the largest
+	// message the relays publish, batches included (their
+	// BatchOptions.MaxBytes) and any event alone (its payload limit, ×4/3
+	// in structured mode's base64): over MQTT 5 it is announced as the
+	// Maximum Packet Size and the broker drops a larger message for this
+	// subscriber; over 3.1.1 the connection ends at one, and the message
+	// comes again each time.
+	MaxPacketBytes int
 	Logger         *slog.Logger
 	// OnEvent, if set, is called for each event of a message, in order,
 	// once every event of it is settled and the message acknowledged:
@@ -206,6 +217,9 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 	if opts.PingTimeout <= 0 {
 		opts.PingTimeout = 10 * time.Second
 	}
+	if opts.MaxPacketBytes < 0 {
+		return nil, fmt.Errorf("outbox: subscriber: MaxPacketBytes %d is negative", opts.MaxPacketBytes)
+	}
 	log := opts.Logger
 	if log == nil {
 		log = in.log
@@ -216,7 +230,7 @@ func NewSubscriber(in *Inbox, h Handler, opts SubscriberOptions) (*Subscriber, e
 		ClientID: opts.ClientID, Username: opts.Username, Password: opts.Password, Topics: opts.Topics,
 		CleanSession: opts.CleanSession, TLSConfig: opts.TLSConfig, TLSFiles: (*mqtt.TLSFiles)(opts.TLSFiles),
 		ConnectTimeout: opts.ConnectTimeout, KeepAlive: opts.KeepAlive, PingTimeout: opts.PingTimeout,
-		Logger: log,
+		MaxPacketBytes: opts.MaxPacketBytes, Logger: log,
 		Connected: func(protocol string) {
 			s.mu.Lock()
 			s.protocol = protocol

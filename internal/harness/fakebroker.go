@@ -41,6 +41,9 @@ type FakeBrokerOptions struct {
 	// AfterConnack, if set, is written on connection n right after the
 	// CONNACK: a packet the publisher does not expect.
 	AfterConnack func(n int, level byte) []byte
+	// AfterSubscribe, if set, is written on connection n when a SUBSCRIBE
+	// arrives (no SUBACK is sent): what a subscriber gets once it asked.
+	AfterSubscribe func(n int, level byte) []byte
 	// Answer is what connection n does with its publish p.
 	Answer func(n int, p FakePublish) FakeAnswer
 	// NoPingresp, if set, leaves the PINGREQs of connection n unanswered
@@ -214,6 +217,12 @@ func (b *FakeBroker) serve(n int, c net.Conn) {
 			}
 		case packets.Disconnect:
 			return
+		case packets.Subscribe:
+			if b.opts.AfterSubscribe != nil {
+				if _, err := c.Write(b.opts.AfterSubscribe(n, level)); err != nil {
+					return
+				}
+			}
 		case packets.Puback:
 			if len(body) >= 2 {
 				b.mu.Lock()

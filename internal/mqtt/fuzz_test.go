@@ -182,10 +182,12 @@ func FuzzParseURL(f *testing.F) {
 // FuzzSubscribe5Stream feeds a stream of bytes from a broker, in reads of
 // any size, to the MQTT 5 subscriber's reader (firstBytes, whose
 // publishCheck reads ahead of paho) and to paho's packet reader behind it:
-// it never panics, keeps no more of a packet than its length, and every
-// PUBLISH that reaches paho carries each of Response Topic, Correlation
-// Data and Message Expiry at most once, within the packet, with the value
-// paho decoded.
+// it never panics, keeps no more of a packet than its length, hands paho no
+// packet over the limit (refused before paho has its Remaining Length),
+// and every PUBLISH that reaches paho carries each of Response Topic,
+// Correlation Data and Message Expiry at most once, within the packet,
+// with the value paho decoded. With v311 the check reads as the 3.1.1
+// subscriber's does (sizes only).
 func FuzzSubscribe5Stream(f *testing.F) {
 	publish := func(props ...byte) []byte {
 		body := append([]byte{0, 1, 'c', 0, 7}, appendVarint(nil, len(props))...)
@@ -197,32 +199,29 @@ func FuzzSubscribe5Stream(f *testing.F) {
 	f.Add(uint8(1), publish(0x26, 0, 1, 'k', 0, 1, 'v', 0x26, 0, 1, 'k', 0, 1, 'w', 0x0B, 1, 0x0B, 2))
 	f.Add(uint8(7), []byte{0x20, 3, 0, 0, 0, 0x32, 8, 0, 1, 'c', 0, 7, 10, 0x09, 0, 8})
 	f.Add(uint8(0), []byte{0x30, 4, 0, 1, 'c', 0, 0x90, 0, 0xD0, 0})
+	f.Add(uint8(3), []byte{0x20, 3, 0, 0, 0, 0x32, 0xFF, 0xFF, 0xFF, 0x7F})
+	f.Add(uint8(0x83), []byte{0x20, 2, 0, 0, 0x32, 0x80, 0x80, 0x04})
 	f.Fuzz(func(t *testing.T, step uint8, stream []byte) {
-		// paho allocates what a Remaining Length claims, up to 256 MiB:
-		// not what this target is about, and it would slow it down.
-		for pos := 0; pos < len(stream); {
-			n, w, err := readVarint(stream[pos+1:])
-			if err != nil {
-				break
-			}
-			if n > 1<<16 {
-				return
-			}
-			pos += 1 + w + n
-		}
+		// A limit small enough that the fuzzer reaches it: paho would
+		// allocate whatever a Remaining Length claims, up to 256 MiB.
+		const limit = 1 << 16
+		v311 := step&0x80 != 0
 		r := &pieces{data: stream, step: int(step%16) + 1}
-		fb := &firstBytes{Conn: readOnlyConn{r}}
+		fb := &firstBytes{Conn: readOnlyConn{r}, check: publishCheck{max: limit, v311: v311}}
 		for {
 			start := r.pos
 			cp, err := packets.ReadPacket(fb)
 			if len(fb.check.head) > r.pos-start {
 				t.Fatalf("the check holds %d bytes of a packet of %d read so far", len(fb.check.head), r.pos-start)
 			}
+			if r.pos-start > limit {
+				t.Fatalf("paho read %d bytes of a packet, over the limit of %d", r.pos-start, limit)
+			}
 			if err != nil {
 				return
 			}
 			pb, ok := cp.Content.(*packets.Publish)
-			if !ok {
+			if !ok || v311 {
 				continue
 			}
 			rt, cd, me := rawRequestProperties(t, stream[start:r.pos])

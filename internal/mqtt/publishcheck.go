@@ -1,6 +1,9 @@
 package mqtt
 
-import "errors"
+import (
+	"errors"
+	"sync"
+)
 
 // The subscriber's MQTT 5 packets are decoded by paho.golang's packets,
 // which takes a property given twice (the last one wins) and a property
@@ -13,6 +16,11 @@ import "errors"
 // packet paho cannot decode, and the message comes again on the next one.
 // It is the broker's fault, never the message's: a broker re-encodes the
 // properties it forwards.
+//
+// The same reading bounds every packet of either version's subscriber
+// (max): paho allocates whatever a Remaining Length claims, up to 256 MiB,
+// so a packet declared larger than the limit is refused as soon as its
+// Remaining Length is read, before paho has that length, let alone the body.
 
 // The states of publishCheck: what the next byte of the stream is.
 const (
@@ -22,27 +30,49 @@ const (
 	checkBody          // any other byte of a packet
 )
 
-// publishCheck follows the packets of a stream and checks each PUBLISH's
-// properties. It keeps no more than a PUBLISH's topic, packet id and
-// properties, which paho holds anyway.
+// publishCheck follows the packets of a stream, refuses one larger than
+// max and checks each MQTT 5 PUBLISH's properties. It keeps no more than a
+// PUBLISH's topic, packet id and properties, which paho holds anyway.
 type publishCheck struct {
+	max  int  // the largest packet taken, its fixed header included; 0: any
+	v311 bool // the stream is MQTT 3.1.1's: a PUBLISH has no properties
+
 	state  int
 	first  byte // the packet's first byte
 	length int  // its Remaining Length (while checkLength: so far)
 	shift  int  // the next Remaining Length byte's shift
 	left   int  // the bytes of its body not yet seen
 	head   []byte
-	err    error // once refused, every later read is
+
+	mu  sync.Mutex // for because, from another goroutine; scan's own reads need none
+	err error      // once refused, every later read is
 }
 
 // scan follows p, the next bytes of the stream; an error (a ProtocolError)
-// means a packet they end or continue is malformed.
+// means a packet they end or continue is malformed, or too large.
 func (c *publishCheck) scan(p []byte) error {
 	if c.err != nil {
 		return c.err
 	}
-	c.err = c.follow(p)
+	if err := c.follow(p); err != nil {
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+	}
 	return c.err
+}
+
+// because is err, or what the check refused the stream for if it did. A
+// connection it ended fails paho's calls under way with errors of their
+// own ("not Connected", "connection lost before Subscribe completed"),
+// which say nothing of why; the session reports the why.
+func (c *publishCheck) because(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	return err
 }
 
 func (c *publishCheck) follow(p []byte) error {
@@ -58,12 +88,16 @@ func (c *publishCheck) follow(p []byte) error {
 			c.shift += 7
 			if b&0x80 != 0 {
 				if c.shift == 28 {
-					return protocolError(false, "malformed Remaining Length (more than 4 bytes)")
+					return protocolError(c.v311, "malformed Remaining Length (more than 4 bytes)")
 				}
 				continue
 			}
+			if size := 1 + c.shift/7 + c.length; c.max > 0 && size > c.max {
+				return protocolError(c.v311, "a %s of %d bytes, over the subscriber's limit of %d (MaxPacketBytes)",
+					packetName(c.first), size, c.max)
+			}
 			c.left, c.state = c.length, checkBody
-			if c.first>>4 == typePublish {
+			if c.first>>4 == typePublish && !c.v311 {
 				c.state = checkHead
 			} else if c.left == 0 {
 				c.state = checkHeader

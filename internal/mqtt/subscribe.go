@@ -33,6 +33,18 @@ type SessionOptions struct {
 	ConnectTimeout time.Duration
 	KeepAlive      time.Duration
 	PingTimeout    time.Duration
+	// MaxPacketBytes is the largest packet the session takes from the
+	// broker, its fixed header included; 0 means DefaultMaxPacketBytes.
+	// Over MQTT 5 it is the CONNECT's Maximum Packet Size: the broker
+	// must not send this client a larger packet, and discards such a
+	// message for it as if delivered [MQTT-3.1.2-24, -25], so it never
+	// reaches this subscriber. Over either version a packet whose
+	// Remaining Length says it is larger ends the connection with a
+	// ProtocolError before its body is read or allocated; over 3.1.1,
+	// where the broker cannot be told, a queued message that large comes
+	// again on every connection, so the limit must cover every message
+	// the subscriber is meant to get.
+	MaxPacketBytes int
 	// Logger gets the session's notes.
 	Logger *slog.Logger
 	// Connected, if set, is called once the broker accepted the
@@ -41,6 +53,27 @@ type SessionOptions struct {
 	// Subscribed, if set, is called once the broker acknowledged the
 	// subscriptions.
 	Subscribed func()
+}
+
+// DefaultMaxPacketBytes is SessionOptions.MaxPacketBytes unless set:
+// 17 MiB, the largest batch a relay publishes (16 MiB, the outbox's
+// MaxBatchBytesLimit, before compression) with 1 MiB for its topic and
+// properties. A single event goes alone only up to the relay's payload
+// limit, 256 KiB by default (about 342 KiB in base64), far below it. It
+// bounds what one packet can make paho allocate; MQTT's own bound is
+// 256 MiB.
+const DefaultMaxPacketBytes = 17 << 20
+
+// maxMQTTPacket is the largest packet MQTT can frame: a fixed header of 5
+// bytes and the largest Remaining Length.
+const maxMQTTPacket = 1 + 4 + 268_435_455
+
+// maxPacket is the packet limit o asks for.
+func (o *SessionOptions) maxPacket() int {
+	if o.MaxPacketBytes <= 0 {
+		return DefaultMaxPacketBytes
+	}
+	return min(o.MaxPacketBytes, maxMQTTPacket)
 }
 
 // Message is one message a subscriber received, over either version.

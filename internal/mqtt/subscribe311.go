@@ -47,6 +47,12 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 	po.SetAutoReconnect(false)
 	po.SetConnectRetry(false)
 	po.SetConnectTimeout(o.ConnectTimeout)
+	// SubscribeMultiple hands the SUBSCRIBE over for up to WriteTimeout
+	// (30 s unless set), and waits that long for a connection that ended
+	// as it began (a PUBLISH the check refused, right after the CONNACK),
+	// unable to see the loss meanwhile. paho uses it elsewhere only for
+	// a PUBLISH, which the subscriber never sends.
+	po.SetWriteTimeout(o.ConnectTimeout)
 	po.SetKeepAlive(o.KeepAlive)
 	po.SetPingTimeout(o.PingTimeout)
 	po.SetCleanSession(o.CleanSession)
@@ -69,7 +75,7 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 	})
 	// The connection is ours (dial: the proxy, TLS), so that ctx can end
 	// the attempt.
-	abort := connectAbort{dial: dialer{tls: tlsCfg, timeout: o.ConnectTimeout}}
+	abort := connectAbort{dial: dialer{tls: tlsCfg, timeout: o.ConnectTimeout}, maxPacket: o.maxPacket()}
 	po.SetCustomOpenConnectionFn(abort.open(sctx))
 	c := paho311.NewClient(po)
 	tok := c.Connect()
@@ -86,7 +92,7 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 	}
 	abort.settle()
 	if err := tok.Error(); err != nil {
-		return fmt.Errorf("outbox: subscriber connect: %w", err)
+		return fmt.Errorf("outbox: subscriber connect: %w", abort.because(err))
 	}
 	a.Connected()
 	o.connected("3.1.1")
@@ -115,11 +121,11 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 		case <-subscribed:
 			subscribed = nil
 			if err := st.Error(); err != nil {
-				return fmt.Errorf("outbox: subscribe: %w", err)
+				return fmt.Errorf("outbox: subscribe: %w", abort.because(err))
 			}
 			o.subscribed(a, "3.1.1")
 		case err := <-lost:
-			return fmt.Errorf("connection lost: %w", err)
+			return fmt.Errorf("connection lost: %w", abort.because(err))
 		case m := <-queue:
 			if !handle(ctx, Message{Topic: m.Topic(), Payload: m.Payload(), ack: m}) {
 				return nil
@@ -129,13 +135,16 @@ func session311(ctx context.Context, a *Attempt, o *SessionOptions, handle func(
 }
 
 // connectAbort opens a session's connection for paho and closes it if ctx
-// ends while the connect is under way.
+// ends while the connect is under way. paho reads the connection through a
+// check that refuses a packet over maxPacket (checkedConn).
 type connectAbort struct {
-	dial dialer
+	dial      dialer
+	maxPacket int
 
 	mu   sync.Mutex
 	stop func() bool   // unregisters the close
 	done chan struct{} // closed once the close ran
+	conn *checkedConn  // the connection opened, once it is
 }
 
 // open returns paho's function to open the network connection: the dialer
@@ -151,11 +160,41 @@ func (a *connectAbort) open(ctx context.Context) paho311.OpenConnectionFunc {
 			defer close(done)
 			conn.Close()
 		})
+		checked := &checkedConn{Conn: conn, check: publishCheck{max: a.maxPacket, v311: true}}
 		a.mu.Lock()
-		a.stop, a.done = stop, done
+		a.stop, a.done, a.conn = stop, done, checked
 		a.mu.Unlock()
-		return conn, nil
+		return checked, nil
 	}
+}
+
+// because is err, or what the connection's check refused it for
+// (publishCheck.because).
+func (a *connectAbort) because(err error) error {
+	a.mu.Lock()
+	conn := a.conn
+	a.mu.Unlock()
+	if conn == nil {
+		return err
+	}
+	return conn.check.because(err)
+}
+
+// checkedConn is the 3.1.1 session's connection as paho reads it: each
+// read goes through publishCheck first, so that a packet declared larger
+// than the limit ends the connection (paho's connection lost, with the
+// ProtocolError) before paho allocates its body.
+type checkedConn struct {
+	net.Conn
+	check publishCheck // paho's one reader calls Read: no lock needed
+}
+
+func (c *checkedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if cerr := c.check.scan(p[:n]); cerr != nil {
+		return 0, cerr
+	}
+	return n, err
 }
 
 // settle, called once the connect has ended, keeps the connection from

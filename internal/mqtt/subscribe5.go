@@ -88,7 +88,7 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 		}
 		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", explain(err, time.Now()), err)
 	}
-	conn := &firstBytes{Conn: raw}
+	conn := &firstBytes{Conn: raw, check: publishCheck{max: o.maxPacket()}}
 	var queue queue5
 	queue.ready = make(chan struct{}, 1)
 	lost := make(chan error, 1)
@@ -124,6 +124,7 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 	// lower than a resumed session's backlog, writes the messages beyond
 	// it and forgets them at once, so a connection lost then loses them.
 	expiry := uint32(sessionNeverExpires)
+	maxPacket := uint32(o.maxPacket())
 	cp := &paho.Connect{
 		ClientID:   o.ClientID,
 		KeepAlive:  uint16(min(o.KeepAlive/time.Second, 65535)),
@@ -131,7 +132,10 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 		// RequestProblemInfo true is MQTT's default (paho would send 0):
 		// mochi, told 0, strips the user properties from every PUBLISH
 		// it delivers, and CloudEvents binary mode's attributes with them.
-		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, RequestProblemInfo: true},
+		// MaximumPacketSize has the broker drop a message too large for
+		// the check on the stream (firstBytes) instead of sending it.
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, RequestProblemInfo: true,
+			MaximumPacketSize: &maxPacket},
 	}
 	if o.CleanSession {
 		// No Session Expiry Interval is 0: the session ends with the
@@ -147,7 +151,7 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 		if ctx.Err() != nil {
 			return nil
 		}
-		err = conn.classify(ca, err)
+		err = conn.classify(ca, conn.check.because(err))
 		return fmt.Errorf("outbox: subscriber mqtt 5 connect: %s: %w", explain(err, time.Now()), err)
 	}
 	a.Connected()
@@ -202,17 +206,17 @@ func session5(ctx context.Context, a *Attempt, o *SessionOptions, handle func(co
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("outbox: subscribe: %w", err)
+				return fmt.Errorf("outbox: subscribe: %w", conn.check.because(err))
 			}
 			o.subscribed(a, "5")
 		case err := <-lost:
-			return fmt.Errorf("connection lost: %w", err)
+			return fmt.Errorf("connection lost: %w", conn.check.because(err))
 		case <-queue.ready:
 			for _, m := range queue.take() {
 				select {
 				case err := <-lost:
 					// The rest come again on the next connection.
-					return fmt.Errorf("connection lost: %w", err)
+					return fmt.Errorf("connection lost: %w", conn.check.because(err))
 				default:
 				}
 				if !handle(ctx, m.message()) {
@@ -266,8 +270,8 @@ func idInUse(reasons []byte) bool {
 // firstBytes is the connection paho reads, keeping the first bytes read:
 // a 3.1.1 broker answers an MQTT 5 CONNECT with a CONNACK of two bytes,
 // which paho cannot decode, and those bytes say what it meant. It also
-// checks each PUBLISH's properties before paho has the whole packet
-// (publishCheck).
+// checks each packet's size and each PUBLISH's properties before paho has
+// the whole packet (publishCheck).
 type firstBytes struct {
 	net.Conn
 	mu    sync.Mutex

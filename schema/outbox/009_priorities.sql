@@ -17,7 +17,7 @@
 --
 -- Every row of an older file has priority 0, and what was sent stays sent.
 
-ALTER TABLE outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 CHECK (priority IN (0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+ALTER TABLE outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 CHECK (typeof(priority) = 'integer' AND priority BETWEEN 0 AND 9);
 ALTER TABLE outbox_state ADD COLUMN sent_seq_0 INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE outbox_state ADD COLUMN sent_seq_1 INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE outbox_state ADD COLUMN sent_seq_2 INTEGER NOT NULL DEFAULT 0;

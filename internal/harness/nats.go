@@ -14,6 +14,7 @@ import (
 // test: its own configuration and store in the test's directory, loopback
 // ports of its own, stopped by PID.
 type NATS struct {
+	Addr     string // host:port of the NATS client listener
 	MQTTAddr string // host:port of the MQTT listener
 }
 
@@ -60,7 +61,7 @@ mqtt {
   %s
 }
 `, ports[0], filepath.Join(dir, "js"), strings.Join(conf, "\n"), ports[1], strings.Join(mqttConf, "\n  "))), 0o600), "nats.conf")
-	n := &NATS{MQTTAddr: loopback(ports[1])}
+	n := &NATS{Addr: loopback(ports[0]), MQTTAddr: loopback(ports[1])}
 	p := startProcess(tb, "nats-server", filepath.Join(dir, "nats.log"), "", nil, 10*time.Second, bin, "-c", file)
 	p.waitReady(tb, 15*time.Second, func(log []byte) bool {
 		return strings.Contains(string(log), "Listening for MQTT clients") && listening(n.MQTTAddr)
@@ -78,6 +79,7 @@ type NATSCluster struct {
 // NATSNode is one node of a NATSCluster.
 type NATSNode struct {
 	Name     string
+	Addr     string // host:port of the NATS client listener
 	MQTTAddr string
 	proc     *process
 }
@@ -121,7 +123,7 @@ mqtt {
 		logFile := filepath.Join(dir, "nats.log")
 		logs = append(logs, logFile)
 		p := startProcess(tb, "nats-server "+name, logFile, "", nil, 10*time.Second, bin, "-c", conf)
-		c.Nodes = append(c.Nodes, &NATSNode{Name: name, MQTTAddr: loopback(ports[3*i+2]), proc: p})
+		c.Nodes = append(c.Nodes, &NATSNode{Name: name, Addr: loopback(ports[3*i]), MQTTAddr: loopback(ports[3*i+2]), proc: p})
 	}
 	for _, node := range c.Nodes {
 		node.proc.waitReady(tb, 30*time.Second, func(log []byte) bool {

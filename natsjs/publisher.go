@@ -1,0 +1,370 @@
+package natsjs
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeoutbox/outbox"
+)
+
+// Options configure a Publisher.
+type Options struct {
+	// Servers are the NATS servers' URLs (nats://host:4222, tls://…), one
+	// per node of a cluster. Each Connect tries the next one, in turn: the
+	// relay's backoff is the failover, as for MQTT. Required.
+	Servers []string
+	// User and Password log in with a user and password; credentials in a
+	// server's URL do too.
+	User, Password string
+	// Token logs in with a token.
+	Token string
+	// NKeySeedFile is a file holding an NKey seed to log in with.
+	NKeySeedFile string
+	// CredsFile is a credentials file (a user JWT and its NKey seed), as
+	// an operator-mode account issues them.
+	CredsFile string
+	// TLS, if set, makes every connection TLS with this configuration.
+	TLS *tls.Config
+	// Name is the connection's name, as the server's monitoring shows it.
+	Name string
+	// ConnectTimeout bounds each Connect; 0 means 10 s.
+	ConnectTimeout time.Duration
+}
+
+// Publisher publishes to NATS JetStream for the relay: one connection at a
+// time, with nats.go's own reconnect and its reconnect buffer off, since
+// the relay reconnects and the outbox is the buffer. Each message's
+// PubAck decides its outcome: stored, or already stored within the
+// stream's duplicate window, is sent.
+//
+// The event id that Nats-Msg-Id carries is the one in the message as the
+// relay encoded it: the "id" attribute of CloudEvents binary mode (a
+// PublishWithProperties), else the "id" that the relay's structured-mode
+// JSON opens with. A raw-envelope message carries none, and the stream
+// cannot deduplicate it.
+type Publisher struct {
+	opts Options
+	auth []nats.Option
+
+	mu   sync.Mutex
+	next int   // the server the next Connect tries
+	conn *conn // nil while not connected
+}
+
+// conn is one connection.
+type conn struct {
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	server   string
+	lost     chan struct{} // closed when the connection ends
+	lostOnce sync.Once
+}
+
+func (c *conn) end() { c.lostOnce.Do(func() { close(c.lost) }) }
+
+var (
+	_ outbox.Publisher           = (*Publisher)(nil)
+	_ outbox.PropertiesPublisher = (*Publisher)(nil)
+	_ outbox.TopicChecker        = (*Publisher)(nil)
+	_ outbox.ConnectionWatcher   = (*Publisher)(nil)
+	_ outbox.BrokerNamer         = (*Publisher)(nil)
+)
+
+// New returns a Publisher for opts; it does not connect.
+func New(opts Options) (*Publisher, error) {
+	if len(opts.Servers) == 0 {
+		return nil, errors.New("natsjs: no server")
+	}
+	for _, s := range opts.Servers {
+		u, err := url.Parse(s)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("natsjs: server %q: want nats://host:port", redact(s))
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return nil, fmt.Errorf("natsjs: server %q: scheme %q, want nats, tls, ws or wss", redact(s), u.Scheme)
+		}
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	p := &Publisher{opts: opts}
+	if opts.User != "" || opts.Password != "" {
+		p.auth = append(p.auth, nats.UserInfo(opts.User, opts.Password))
+	}
+	if opts.Token != "" {
+		p.auth = append(p.auth, nats.Token(opts.Token))
+	}
+	if opts.NKeySeedFile != "" {
+		o, err := nats.NkeyOptionFromSeed(opts.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("natsjs: NKey seed file: %w", err)
+		}
+		p.auth = append(p.auth, o)
+	}
+	if opts.CredsFile != "" {
+		p.auth = append(p.auth, nats.UserCredentials(opts.CredsFile))
+	}
+	if opts.TLS != nil {
+		p.auth = append(p.auth, nats.Secure(opts.TLS))
+	}
+	return p, nil
+}
+
+// redact is s without the password or token a URL may hold.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if i := strings.LastIndexByte(s, '@'); i >= 0 {
+			return "…@" + s[i+1:]
+		}
+		return s
+	}
+	return u.Redacted()
+}
+
+// Broker is the server of the last Connect, without credentials.
+func (p *Publisher) Broker() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return ""
+	}
+	return p.conn.server
+}
+
+// ctxDialer dials within a Connect's context.
+type ctxDialer struct{ ctx context.Context }
+
+func (d ctxDialer) Dial(network, address string) (net.Conn, error) {
+	return (&net.Dialer{}).DialContext(d.ctx, network, address)
+}
+
+// Connect connects to the next server, closing any connection before.
+func (p *Publisher) Connect(ctx context.Context) error {
+	p.Disconnect()
+	p.mu.Lock()
+	server := p.opts.Servers[p.next%len(p.opts.Servers)]
+	p.next++
+	p.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	defer cancel()
+	c := &conn{server: redact(server), lost: make(chan struct{})}
+	opts := append([]nats.Option{
+		nats.NoReconnect(),
+		nats.ReconnectBufSize(-1),
+		nats.DontRandomize(),
+		nats.Timeout(p.opts.ConnectTimeout),
+		nats.SetCustomDialer(ctxDialer{ctx}),
+		nats.ClosedHandler(func(*nats.Conn) { c.end() }),
+		nats.DisconnectErrHandler(func(*nats.Conn, error) { c.end() }),
+	}, p.auth...)
+	if p.opts.Name != "" {
+		opts = append(opts, nats.Name(p.opts.Name))
+	}
+	nc, err := nats.Connect(server, opts...)
+	if err != nil {
+		return fmt.Errorf("natsjs: connect to %s: %w", c.server, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("natsjs: %s: %w", c.server, err)
+	}
+	c.nc, c.js = nc, js
+	p.mu.Lock()
+	p.conn = c
+	p.mu.Unlock()
+	return nil
+}
+
+// Disconnect closes the connection; tokens in flight fail.
+func (p *Publisher) Disconnect() {
+	p.mu.Lock()
+	c := p.conn
+	p.conn = nil
+	p.mu.Unlock()
+	if c != nil {
+		c.end()
+		c.nc.Close()
+	}
+}
+
+// ConnectionLost is closed when the connection of the last Connect ends.
+func (p *Publisher) ConnectionLost() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return nil
+	}
+	return p.conn.lost
+}
+
+// CarriesProperties is true: NATS headers carry them.
+func (p *Publisher) CarriesProperties() bool { return true }
+
+// CheckTopic refuses a topic that no subject can hold (see Subject).
+func (p *Publisher) CheckTopic(topic string) error {
+	_, err := Subject(topic)
+	return err
+}
+
+// Publish publishes payload to topic's subject.
+func (p *Publisher) Publish(topic string, payload []byte) outbox.Token {
+	return p.publish(topic, payload, nil)
+}
+
+// PublishWithProperties publishes with props as NATS headers, as the
+// CloudEvents NATS binding has them: each user property as "ce-" and its
+// key, the content type as Content-Type. A message expiry is not carried:
+// the relay parks expired messages itself.
+func (p *Publisher) PublishWithProperties(topic string, payload []byte, props outbox.PublishProperties) outbox.Token {
+	return p.publish(topic, payload, &props)
+}
+
+func (p *Publisher) publish(topic string, payload []byte, props *outbox.PublishProperties) outbox.Token {
+	t := &token{done: make(chan struct{})}
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return t.fail(fmt.Errorf("natsjs: %w", outbox.ErrNotConnected))
+	}
+	subject, err := Subject(topic)
+	if err != nil {
+		return t.fail(&outbox.Refusal{Reason: err.Error(), Permanent: true})
+	}
+	msg := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{}}
+	id := ""
+	if props != nil {
+		if props.ContentType != "" {
+			msg.Header.Set("Content-Type", props.ContentType)
+		}
+		for _, u := range props.User {
+			msg.Header.Add("ce-"+u.Key, u.Value)
+			if u.Key == "id" {
+				id = u.Value
+			}
+		}
+	}
+	if id == "" {
+		id = structuredID(payload)
+	}
+	if id != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			if strings.ContainsAny(k, "\r\n: ") || strings.ContainsAny(v, "\r\n") {
+				return t.fail(&outbox.Refusal{Reason: fmt.Sprintf("natsjs: header %q cannot hold a line break", k), Permanent: true})
+			}
+		}
+	}
+	paf, err := c.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if err != nil {
+		return t.fail(publishFault(subject, err))
+	}
+	go t.await(c, subject, paf)
+	return t
+}
+
+// structuredIDPrefix is how the relay's CloudEvents structured mode opens.
+const structuredIDPrefix = `{"specversion":"1.0","id":`
+
+// structuredID is the event id of a structured-mode message the relay
+// encoded; "" for any other payload.
+func structuredID(payload []byte) string {
+	rest, ok := bytes.CutPrefix(payload, []byte(structuredIDPrefix))
+	if !ok {
+		return ""
+	}
+	var id string
+	if err := json.NewDecoder(bytes.NewReader(rest)).Decode(&id); err != nil {
+		return ""
+	}
+	return id
+}
+
+// token is one publish.
+type token struct {
+	done chan struct{}
+	err  error
+}
+
+var _ outbox.Token = (*token)(nil)
+
+func (t *token) Done() <-chan struct{} { return t.done }
+func (t *token) Error() error          { return t.err }
+
+func (t *token) fail(err error) *token {
+	t.err = err
+	close(t.done)
+	return t
+}
+
+// await completes t with the stream's answer, or fails it when the
+// connection ends first.
+func (t *token) await(c *conn, subject string, paf jetstream.PubAckFuture) {
+	select {
+	case <-paf.Ok():
+		// A duplicate is already stored: sent.
+		t.err = nil
+	case err := <-paf.Err():
+		t.err = publishFault(subject, err)
+	case <-c.lost:
+		t.err = fmt.Errorf("natsjs: connection to %s lost before the PubAck", c.server)
+	}
+	close(t.done)
+}
+
+// refusals are the JetStream API errors that refuse the message itself;
+// every other one is the stream's state (full, no quorum, out of
+// resources): an outage.
+var refusals = map[jetstream.ErrorCode]bool{
+	jetstream.JSErrCodeStreamMessageExceedsMaximum: true,  // too large for the stream, for good
+	jetstream.JSErrCodeStreamWrongLastSequence:     false, // an expectation header, not the relay's
+}
+
+// publishFault says whose fault a failed publish to subject was, in the
+// terms of outbox.Token.
+func publishFault(subject string, err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return unavailable(fmt.Errorf("natsjs: no stream captures the subject %q (no responders): %w", subject, err))
+	case errors.Is(err, nats.ErrMaxPayload):
+		return &outbox.Refusal{Reason: "natsjs: " + err.Error(), Permanent: true}
+	case errors.As(err, &apiErr):
+		if permanent, ok := refusals[apiErr.ErrorCode]; ok {
+			return &outbox.Refusal{Reason: fmt.Sprintf("natsjs: the stream refused the message: %s", apiErr.Description), Permanent: permanent}
+		}
+		return unavailable(fmt.Errorf("natsjs: the stream cannot take the message: %w", err))
+	case errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, jetstream.ErrTooManyStalledMsgs), errors.Is(err, nats.ErrTimeout):
+		return unavailable(fmt.Errorf("natsjs: %w", err))
+	}
+	return fmt.Errorf("natsjs: %w", err)
+}
+
+// unavailable marks err as the broker's state: it matches
+// outbox.ErrBrokerUnavailable and reads as err.
+func unavailable(err error) error { return &brokerUnavailable{err} }
+
+type brokerUnavailable struct{ err error }
+
+func (e *brokerUnavailable) Error() string        { return e.err.Error() }
+func (e *brokerUnavailable) Unwrap() error        { return e.err }
+func (e *brokerUnavailable) Is(target error) bool { return target == outbox.ErrBrokerUnavailable }

@@ -17,6 +17,7 @@ import (
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/cli"
 	"github.com/edgeoutbox/outbox/internal/monitor"
+	"github.com/edgeoutbox/outbox/natsjs"
 )
 
 type relayFlags struct {
@@ -56,7 +57,7 @@ func relayCmd(a *cli.App) *cobra.Command {
 	var f relayFlags
 	cmd := &cobra.Command{
 		Use:   "relay --db PATH --broker URL",
-		Short: "Drain an outbox that other processes write to an MQTT broker",
+		Short: "Drain an outbox that other processes write to an MQTT broker or NATS JetStream",
 		Long: `relay is the sidecar: it publishes the rows that any program — a Go app
 through the library, or a Python, Node or shell program that only runs
 INSERT INTO outbox (topic, payload) in its own transaction — writes to the
@@ -75,19 +76,32 @@ so they can be replaced on disk while the relay runs.
 /readyz and a status page at /. It is off unless asked; bind it to loopback
 unless the LAN is trusted (SECURITY.md). The status page can requeue dead
 messages and make the relay try to connect now only with --admin-token-file:
-without one it is read-only.`,
+without one it is read-only.
+
+With nats:// brokers it publishes to NATS JetStream: each event to the subject
+of its topic (pos/a is pos.a), with its id as Nats-Msg-Id, into whatever
+stream captures the subject, which the operator creates; while none does the
+events stay pending and the relay says why. Certificates are read once, at
+start, there.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
   outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
       --client-id store42-till7 --source /stores/42/tills/7 \
       --username till7 --password-file /etc/till/mqtt-password \
       --ca-file /etc/till/ca.pem --cert-file /etc/till/till.pem --key-file /etc/till/till.key
   MQTT_PASSWORD=secret outboxctl relay --db till.db --broker tcp://broker:1883 --username till7 --password-env MQTT_PASSWORD --log-format json
+  outboxctl relay --db till.db --broker nats://nats-1:4222 --broker nats://nats-2:4222 --username till7 --password-file /etc/till/nats-password
   outboxctl relay --db till.db --broker tcp://127.0.0.1:1883 --metrics-listen 127.0.0.1:9464 --admin-token-file /etc/till/outbox-admin-token`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			mopts, err := f.mqttOptions()
+			jsOpts, onNATS, err := f.natsOptions()
 			if err != nil {
 				return cli.UsageError{Err: err}
+			}
+			var mopts outbox.MQTTOptions
+			if !onNATS {
+				if mopts, err = f.mqttOptions(); err != nil {
+					return cli.UsageError{Err: err}
+				}
 			}
 			mopts.Logger = a.Logger
 			if f.window < 1 || f.window > 65535 {
@@ -129,11 +143,19 @@ without one it is read-only.`,
 					return cli.Usagef("--admin-token-file: the token must have at least 8 characters")
 				}
 			}
-			pub, err := outbox.NewMQTTPublisher(mopts)
-			if err != nil {
-				return cli.UsageError{Err: err}
+			var pub outbox.Publisher
+			if onNATS {
+				if pub, err = natsjs.New(jsOpts); err != nil {
+					return cli.UsageError{Err: err}
+				}
+			} else {
+				mp, err := outbox.NewMQTTPublisher(mopts)
+				if err != nil {
+					return cli.UsageError{Err: err}
+				}
+				defer mp.Close()
+				pub = mp
 			}
-			defer pub.Close()
 			// Everything that can fail is tried before the database is
 			// opened, which creates the file and its disk reserve: a
 			// relay that cannot start leaves nothing behind. (The
@@ -177,7 +199,7 @@ without one it is read-only.`,
 			if ln != nil {
 				defer serveMetrics(a, ln, ob, relay, token)()
 			}
-			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(mopts.Brokers), "client_id", mopts.ClientID)
+			a.Logger.Info("outboxctl relay", "db", f.db.path, "brokers", len(f.brokers), "nats", onNATS, "client_id", mopts.ClientID)
 			if recv == nil {
 				return relay.Run(cmd.Context())
 			}
@@ -200,7 +222,7 @@ without one it is read-only.`,
 	}
 	f.db.register(cmd)
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.brokers, "broker", nil, "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required); repeat it for the nodes of a cluster: after a failed or lost connection the relay moves to the next")
+	fl.StringArrayVar(&f.brokers, "broker", nil, "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required), or nats://HOST:4222 for NATS JetStream (each event with its id as Nats-Msg-Id, into the stream that captures its subject); repeat it for the nodes of a cluster: after a failed or lost connection the relay moves to the next")
 	fl.StringVar(&f.clientID, "client-id", "", "MQTT client id, unique per broker (default outbox-HOST-PID)")
 	fl.StringVar(&f.topicPrefix, "topic-prefix", "", "park as dead, at once, any message whose topic does not start with this (e.g. acme/till-7/)")
 	fl.StringVar(&f.source, "source", "", "CloudEvents source naming this device (default /outbox/HOST)")
@@ -251,24 +273,8 @@ func (f *relayFlags) connOptions() (outbox.MQTTOptions, error) {
 		return o, fmt.Errorf("--mqtt-version: %w", err)
 	}
 	o.Protocol = proto
-	switch {
-	case f.passwordFile != "" && f.passwordEnv != "":
-		return o, errors.New("give --password-file or --password-env, not both")
-	case f.passwordFile != "":
-		b, err := os.ReadFile(f.passwordFile)
-		if err != nil {
-			return o, fmt.Errorf("--password-file: %w", err)
-		}
-		o.Password = strings.TrimRight(string(b), "\r\n")
-	case f.passwordEnv != "":
-		v, ok := os.LookupEnv(f.passwordEnv)
-		if !ok {
-			return o, fmt.Errorf("--password-env: environment variable %s is not set", f.passwordEnv)
-		}
-		o.Password = v
-	}
-	if o.Password != "" && o.Username == "" {
-		return o, errors.New("a password needs --username")
+	if o.Password, err = f.password(); err != nil {
+		return o, err
 	}
 	var tlsURL bool
 	for i, b := range f.brokers {
@@ -290,6 +296,68 @@ func (f *relayFlags) connOptions() (outbox.MQTTOptions, error) {
 		o.TLSFiles = &outbox.TLSFiles{CAFile: f.caFile, CertFile: f.certFile, KeyFile: f.keyFile, ServerName: f.serverName}
 	}
 	return o, nil
+}
+
+// password reads --password-file or --password-env.
+func (f *relayFlags) password() (string, error) {
+	var pw string
+	switch {
+	case f.passwordFile != "" && f.passwordEnv != "":
+		return "", errors.New("give --password-file or --password-env, not both")
+	case f.passwordFile != "":
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return "", fmt.Errorf("--password-file: %w", err)
+		}
+		pw = strings.TrimRight(string(b), "\r\n")
+	case f.passwordEnv != "":
+		v, ok := os.LookupEnv(f.passwordEnv)
+		if !ok {
+			return "", fmt.Errorf("--password-env: environment variable %s is not set", f.passwordEnv)
+		}
+		pw = v
+	}
+	if pw != "" && f.username == "" {
+		return "", errors.New("a password needs --username")
+	}
+	return pw, nil
+}
+
+// natsOptions reads --broker as NATS JetStream servers when they are
+// nats:// URLs (onNATS), with the credentials and TLS files; onNATS is
+// false when none is. What only MQTT has (batches, compression,
+// --commands, --mqtt-version) is refused with them.
+func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
+	n := 0
+	for _, b := range f.brokers {
+		if strings.HasPrefix(strings.ToLower(b), "nats://") {
+			n++
+		}
+	}
+	switch {
+	case n == 0:
+		return o, false, nil
+	case n < len(f.brokers):
+		return o, true, errors.New("--broker: mix of nats:// and MQTT URLs")
+	case f.db.path == "":
+		return o, true, errors.New("--db is required")
+	case f.batchEvents > 1 || f.batchBytes > 0 || f.batchDelay > 0 || !strings.EqualFold(f.compress, "none") && f.compress != "":
+		return o, true, errors.New("--batch-max-* and --compress are MQTT's: NATS JetStream carries one event per message")
+	case len(f.commands) > 0:
+		return o, true, errors.New("--commands is MQTT's: not on NATS JetStream yet")
+	case f.mqttVersion != "auto":
+		return o, true, errors.New("--mqtt-version is MQTT's: not with a nats:// broker")
+	}
+	o = natsjs.Options{Servers: f.brokers, User: f.username, Name: f.clientID}
+	if o.Password, err = f.password(); err != nil {
+		return o, true, err
+	}
+	if f.caFile != "" || f.certFile != "" || f.keyFile != "" || f.serverName != "" {
+		if o.TLS, err = (outbox.TLSFiles{CAFile: f.caFile, CertFile: f.certFile, KeyFile: f.keyFile, ServerName: f.serverName}).Config(); err != nil {
+			return o, true, err
+		}
+	}
+	return o, true, nil
 }
 
 // checkCommands checks the flags of --commands before anything is opened,

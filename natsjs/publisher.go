@@ -63,6 +63,9 @@ type Publisher struct {
 	conn *conn // nil while not connected
 }
 
+// maxInFlight is above any window the relay allows.
+const maxInFlight = 1 << 16
+
 // conn is one connection.
 type conn struct {
 	nc       *nats.Conn
@@ -180,7 +183,9 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natsjs: connect to %s: %w", c.server, err)
 	}
-	js, err := jetstream.New(nc)
+	// The relay's window bounds what is in flight; nats.go's own bound
+	// (4,000 by default) would stall a larger one.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(maxInFlight))
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)

@@ -262,3 +262,36 @@ func TestStreamFullStaysPending(t *testing.T) {
 	waitFor(t, 10*time.Second, "every event sent once the limit is raised", func() bool { return pending(t, ob) == 0 })
 	require.Equal(t, ids, msgIDs(stored(t, st)))
 }
+
+// TestCredentials: a server that asks for a user and password takes the
+// Publisher's, and a wrong password fails Connect, saying so.
+func TestCredentials(t *testing.T) {
+	n := harness.StartNATSWith(t, []string{`authorization { user: till7, password: "s3cret-pw" }`})
+	url := "nats://" + n.Addr
+	bad, err := natsjs.New(natsjs.Options{Servers: []string{url}, User: "till7", Password: "wrong"})
+	require.NoError(t, err)
+	err = bad.Connect(context.Background())
+	require.ErrorContains(t, err, "Authorization Violation")
+	require.NotContains(t, err.Error(), "wrong", "no password in the error")
+
+	nc, err := nats.Connect(url, nats.UserInfo("till7", "s3cret-pw"))
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	st, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "POS", Subjects: []string{"pos.>"}})
+	require.NoError(t, err)
+	pub, err := natsjs.New(natsjs.Options{Servers: []string{url}, User: "till7", Password: "s3cret-pw"})
+	require.NoError(t, err)
+	require.NoError(t, pub.Connect(context.Background()))
+	defer pub.Disconnect()
+	require.Equal(t, url, pub.Broker())
+	tok := pub.Publish("pos/orders", []byte(`{"specversion":"1.0","id":"ev-1","source":"/t"}`))
+	select {
+	case <-tok.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no PubAck")
+	}
+	require.NoError(t, tok.Error())
+	require.Equal(t, []string{"ev-1"}, msgIDs(stored(t, st)))
+}

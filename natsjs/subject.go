@@ -9,18 +9,17 @@ import (
 // Subject is the NATS subject that a topic is published to: the subject
 // NATS's own MQTT listener gives an MQTT publish to that topic, so that a
 // fleet can mix MQTT and JetStream relays on one stream. Each level becomes
-// a token: "pos/a" is "pos.a". Inside a level, '.' becomes "//" and a space
-// "%20" (so a literal "%20" reads as a space); an empty level (a leading, trailing or doubled '/') is the token
-// "/"; the topic "/" stays "/". A topic that no subject can hold is an
-// error: empty, with a wildcard ('+', '#', or a level that is just '*' or
-// '>', which NATS reads as one) or with a control character or other
-// white space, which would end the subject on the wire.
+// a token: "pos/a" is "pos.a". An empty level (a leading, trailing or
+// doubled '/') is the token "/", so the topic "/" is "/./", as nats-server
+// 2.9's listener has it. Inside a level, '.' becomes "//" and a space
+// "%20" (a literal "%20" then reads as a space), as newer listeners map
+// what 2.9's refuses. A topic that no subject can hold is an error: empty,
+// with a wildcard ('+', '#', or a level that is just '*' or '>', which
+// NATS reads as one) or with a control character, which would end the
+// subject on the wire.
 func Subject(topic string) (string, error) {
 	if topic == "" {
 		return "", errors.New("natsjs: empty topic")
-	}
-	if topic == "/" {
-		return "/", nil
 	}
 	var b strings.Builder
 	b.Grow(len(topic) + 8)

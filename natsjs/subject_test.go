@@ -10,7 +10,8 @@ func TestSubject(t *testing.T) {
 	for topic, want := range map[string]string{
 		"pos/a":        "pos.a",
 		"pos":          "pos",
-		"/":            "/",
+		"/":            "/./",
+		"//":           "/././",
 		"/pos":         "/.pos",
 		"pos/":         "pos./",
 		"pos//a":       "pos./.a",

@@ -295,3 +295,31 @@ func TestCredentials(t *testing.T) {
 	require.NoError(t, tok.Error())
 	require.Equal(t, []string{"ev-1"}, msgIDs(stored(t, st)))
 }
+
+// TestTopicNoSubjectCanHoldIsDead: a topic with a space, which no subject
+// can hold (nor NATS's MQTT listener take), is parked dead at once with
+// the reason; the events beside it go, in commit order.
+func TestTopicNoSubjectCanHoldIsDead(t *testing.T) {
+	s := startJS(t)
+	st := s.stream(t, "POS", "pos.>")
+	ob := openOutbox(t)
+	ctx := context.Background()
+	var want []string
+	for i, topic := range []string{"pos/a", "pos/a b", "pos/a"} {
+		require.NoError(t, ob.Transact(ctx, func(tx *sql.Tx) error {
+			return ob.Enqueue(ctx, tx, outbox.Message{Topic: topic, Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+		}))
+	}
+	recs, err := ob.List(ctx, outbox.ListOptions{})
+	require.NoError(t, err)
+	want = []string{recs[0].ID, recs[2].ID}
+	runRelay(t, ob, newPublisher(t, s.url), outbox.EnvelopeCloudEvents)
+	waitFor(t, 10*time.Second, "nothing pending", func() bool { return pending(t, ob) == 0 })
+	dead, err := ob.List(ctx, outbox.ListOptions{State: outbox.StateDead})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, recs[1].ID, dead[0].ID)
+	require.Equal(t, 1, dead[0].Attempts, "parked at once")
+	require.Contains(t, dead[0].LastError, "white space")
+	require.Equal(t, want, msgIDs(stored(t, st)))
+}

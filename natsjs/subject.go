@@ -11,12 +11,11 @@ import (
 // fleet can mix MQTT and JetStream relays on one stream. Each level becomes
 // a token: "pos/a" is "pos.a". An empty level (a leading, trailing or
 // doubled '/') is the token "/", so the topic "/" is "/./", as nats-server
-// 2.9's listener has it. Inside a level, '.' becomes "//" and a space
-// "%20" (a literal "%20" then reads as a space), as newer listeners map
-// what 2.9's refuses. A topic that no subject can hold is an error: empty,
-// with a wildcard ('+', '#', or a level that is just '*' or '>', which
-// NATS reads as one) or with a control character, which would end the
-// subject on the wire.
+// 2.9's listener has it. Inside a level, '.' becomes "//", as 2.10's
+// listener maps it (2.9's refuses it). A topic that no subject can hold
+// is an error, as on the listener: empty, with white space or a control
+// character (which would end the subject on the wire) or a wildcard ('+',
+// '#', or a level that is just '*' or '>', which NATS reads as one).
 func Subject(topic string) (string, error) {
 	if topic == "" {
 		return "", errors.New("natsjs: empty topic")
@@ -38,12 +37,10 @@ func Subject(topic string) (string, error) {
 			switch c := level[j]; {
 			case c == '.':
 				b.WriteString("//")
-			case c == ' ':
-				b.WriteString("%20")
 			case c == '+' || c == '#':
 				return "", fmt.Errorf("natsjs: topic %q holds the MQTT wildcard %q", topic, c)
-			case c < 0x20 || c == 0x7f:
-				return "", fmt.Errorf("natsjs: topic %q holds the control character %#x", topic, c)
+			case c <= ' ' || c == 0x7f:
+				return "", fmt.Errorf("natsjs: topic %q holds white space or a control character (%#x), which no NATS subject can", topic, c)
 			default:
 				b.WriteByte(c)
 			}

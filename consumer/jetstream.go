@@ -96,7 +96,9 @@ type JetStreamConsumerOptions struct {
 // may share one durable consumer and one Inbox database: each message goes
 // to one member at a time, and what a member held unacknowledged when it
 // died goes to the others after AckWait. Order across members is not kept;
-// each member applies what it is given in order. A message that cannot be
+// each member applies what it is given in order, but a message in flight
+// when a connection broke comes again only after AckWait, behind later
+// ones (the Inbox still applies it once). A message that cannot be
 // decoded is quarantined and acknowledged, never allowed to block the rest.
 type JetStreamConsumer struct {
 	in   *Inbox

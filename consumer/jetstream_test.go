@@ -274,3 +274,32 @@ func TestNewJetStreamConsumerChecksOptions(t *testing.T) {
 	_, err = NewJetStreamConsumer(in, recordApplied, JetStreamConsumerOptions{Servers: []string{"nats://x:4222"}, Stream: "S", Durable: "d"})
 	require.NoError(t, err)
 }
+
+// TestJetStreamConsumerReconnects: the connection is cut and the server
+// unreachable for a while; the consumer connects again, binds to the same
+// durable consumer and applies what was published meanwhile, after what it
+// applied before, each event once.
+func TestJetStreamConsumerReconnects(t *testing.T) {
+	const n = 60
+	s := startJetStream(t)
+	proxy := harness.StartFaultProxy(t, s.url[len("nats://"):])
+	db := consumerDB(t, t.TempDir()+"/consumer.db")
+	in, err := NewInbox(context.Background(), db, InboxOptions{Logger: testLogger()})
+	require.NoError(t, err)
+	c, _ := runJetStreamConsumer(t, in, recordApplied, JetStreamConsumerOptions{Servers: []string{"nats://" + proxy.Addr()}, AckWait: 2 * time.Second})
+	publish := func(from, to int) {
+		for seq := from; seq <= to; seq++ {
+			id := outbox.NewID()
+			s.publish(t, "pos.a", id, jsEvent(id, seq), nil)
+		}
+	}
+	publish(1, n/2)
+	eventually(t, 10*time.Second, "the first half applied", func() bool { return c.Stats().Applied == n/2 })
+	proxy.Down()
+	eventually(t, 10*time.Second, "disconnected", func() bool { return !c.Stats().Connected })
+	publish(n/2+1, n)
+	require.NoError(t, proxy.Up())
+	eventually(t, 10*time.Second, "every event applied", func() bool { return c.Stats().Applied == n })
+	require.Equal(t, oneToN(n), appliedSeqs(t, db))
+	require.GreaterOrEqual(t, proxy.Connected(), int64(2))
+}

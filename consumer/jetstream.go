@@ -150,6 +150,11 @@ func NewJetStreamConsumer(in *Inbox, h Handler, opts JetStreamConsumerOptions) (
 	if opts.Stream == "" || opts.Durable == "" {
 		return nil, errors.New("outbox: jetstream consumer: Stream and Durable are required")
 	}
+	// NATS refuses these in a stream's or consumer's name; said here once
+	// rather than at every connection.
+	if strings.ContainsAny(opts.Stream+opts.Durable, ".*> \t\r\n/\\") {
+		return nil, fmt.Errorf("outbox: jetstream consumer: Stream %q or Durable %q has a character NATS does not allow in a name", opts.Stream, opts.Durable)
+	}
 	if opts.AckWait < 0 || opts.MaxAckPending < 0 || opts.Batch < 0 {
 		return nil, errors.New("outbox: jetstream consumer: negative AckWait, MaxAckPending or Batch")
 	}

@@ -265,6 +265,7 @@ func TestNewJetStreamConsumerChecksOptions(t *testing.T) {
 		"no servers":  {Stream: "S", Durable: "d"},
 		"no stream":   {Servers: []string{"nats://x:4222"}, Durable: "d"},
 		"no durable":  {Servers: []string{"nats://x:4222"}, Stream: "S"},
+		"dot in name": {Servers: []string{"nats://x:4222"}, Stream: "S", Durable: "a.b"},
 		"joined URLs": {Servers: []string{"nats://x:4222,nats://y:4222"}, Stream: "S", Durable: "d"},
 		"tls twice":   {Servers: []string{"nats://x:4222"}, Stream: "S", Durable: "d", TLSFiles: &outbox.TLSFiles{}, TLSConfig: &tls.Config{}},
 	} {

@@ -62,6 +62,17 @@
 //
 // On PostgreSQL orders_seen also records which consumer applied the event,
 // and each consumer prints only its own.
+//
+// # NATS JetStream
+//
+// With --nats URL (a cluster's nodes comma-separated) instead of --broker,
+// the consumer is a member of a JetStream durable pull consumer (--durable,
+// on --stream, which must exist; the first member creates the durable
+// consumer with --ack-wait): any number of members, each message applied by
+// one, and what a member that dies held goes to the others after the ack
+// wait. Order across members is not kept, as with --share.
+//
+//	go run ./examples/consumer --nats nats://127.0.0.1:4222 --stream EVENTS --durable backend --postgres postgres://app@db/backend --client-id consumer-js-1
 package main
 
 import (
@@ -102,6 +113,10 @@ type config struct {
 	clientID string
 	count    int
 	demo     bool
+	nats     string        // NATS URLs, comma-separated; set, JetStream instead of MQTT
+	stream   string        // the JetStream stream
+	durable  string        // the durable pull consumer's name
+	ackWait  time.Duration // the durable consumer's AckWait, when this member creates it
 }
 
 func main() {
@@ -115,10 +130,19 @@ func main() {
 	flag.StringVar(&cfg.clientID, "client-id", "", "MQTT client id, one per consumer; keep it fixed so the broker keeps this consumer's session (default "+sqliteClientID+" on SQLite; required with --postgres)")
 	flag.IntVar(&cfg.count, "count", 0, "exit after this many events applied (0 = run until SIGINT/SIGTERM)")
 	flag.BoolVar(&cfg.demo, "demo", false, "start an embedded broker and publish a few demo events to it")
+	flag.StringVar(&cfg.nats, "nats", "", "NATS URL, e.g. nats://127.0.0.1:4222, or a cluster's nodes comma-separated: consume from JetStream instead of MQTT")
+	flag.StringVar(&cfg.stream, "stream", "EVENTS", "with --nats: the JetStream stream (it must exist)")
+	flag.StringVar(&cfg.durable, "durable", "backend", "with --nats: the durable pull consumer the members share (created if absent)")
+	flag.DurationVar(&cfg.ackWait, "ack-wait", 30*time.Second, "with --nats: the durable consumer's ack wait, if this member creates it: how long a dead member's messages wait for the others")
 	flag.Parse()
-	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" ||
-		(cfg.broker == "") == !cfg.demo || (cfg.db != "" && cfg.postgres != "") {
-		fmt.Fprintln(os.Stderr, "consumer: give either --broker URL or --demo, and at most one of --db and --postgres")
+	sources := 0
+	for _, set := range []bool{cfg.broker != "", cfg.demo, cfg.nats != ""} {
+		if set {
+			sources++
+		}
+	}
+	if flag.NArg() > 0 || cfg.count < 0 || cfg.topic == "" || sources != 1 || (cfg.db != "" && cfg.postgres != "") {
+		fmt.Fprintln(os.Stderr, "consumer: give one of --broker URL, --nats URL and --demo, and at most one of --db and --postgres")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -204,31 +228,52 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	// fails (SQLite busy, a failed commit, an error) and a duplicate never
 	// reaches it. That is why it does not print: the lines are printed by
 	// report, from the committed rows.
-	var sub *consumer.Subscriber
+	var stats func() progress
 	apply := func(ctx context.Context, tx *sql.Tx, ev outbox.Event) error {
 		// Events are applied one at a time, so Applied counts exactly the
 		// events committed before this one. Once --count is reached, hold
 		// this one until shutdown: it rolls back, stays unacknowledged and
 		// is delivered again next time.
-		if cfg.count > 0 && sub.Stats().Applied >= int64(cfg.count) {
+		if cfg.count > 0 && stats().applied >= int64(cfg.count) {
 			<-ctx.Done()
 			return ctx.Err()
 		}
 		return st.record(ctx, tx, ev)
 	}
-	sub, err = consumer.NewSubscriber(in, apply, consumer.SubscriberOptions{
-		// Several addresses (a cluster's nodes), comma-separated: the
-		// Subscriber moves to the next one when a connection fails.
-		Brokers: strings.Split(cfg.broker, ","),
-		// A fixed client id gives a persistent session: the broker keeps
-		// the subscription and the QoS 1 messages published while this
-		// consumer is away, and delivers them when it connects again.
-		ClientID: cfg.clientID,
-		Topics:   cfg.filters(),
-		Logger:   logger,
-	})
-	if err != nil {
-		return err
+	var sub interface{ Run(context.Context) error }
+	where := cfg.filters()
+	if cfg.nats != "" {
+		js, err := consumer.NewJetStreamConsumer(in, apply, consumer.JetStreamConsumerOptions{
+			Servers: strings.Split(cfg.nats, ","), Stream: cfg.stream, Durable: cfg.durable, AckWait: cfg.ackWait, Logger: logger,
+		})
+		if err != nil {
+			return err
+		}
+		sub, where, cfg.broker = js, []string{cfg.stream + "/" + cfg.durable}, cfg.nats
+		stats = func() progress {
+			st := js.Stats()
+			return progress{st.Connected, st.Applied, st.Duplicates, st.Quarantined}
+		}
+	} else {
+		mq, err := consumer.NewSubscriber(in, apply, consumer.SubscriberOptions{
+			// Several addresses (a cluster's nodes), comma-separated: the
+			// Subscriber moves to the next one when a connection fails.
+			Brokers: strings.Split(cfg.broker, ","),
+			// A fixed client id gives a persistent session: the broker keeps
+			// the subscription and the QoS 1 messages published while this
+			// consumer is away, and delivers them when it connects again.
+			ClientID: cfg.clientID,
+			Topics:   cfg.filters(),
+			Logger:   logger,
+		})
+		if err != nil {
+			return err
+		}
+		sub = mq
+		stats = func() progress {
+			st := mq.Stats()
+			return progress{st.Connected, st.Applied, st.Duplicates, st.Quarantined}
+		}
 	}
 	rep, err := newReporter(ctx, st)
 	if err != nil {
@@ -253,9 +298,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer tick.Stop()
 	connected, published := false, false
 	for ctx.Err() == nil {
-		st := sub.Stats()
-		if st.Connected && !connected {
-			fmt.Printf("subscribed to %s at %s as %s\n", strings.Join(cfg.filters(), ","), cfg.broker, cfg.clientID)
+		st := stats()
+		if st.connected && !connected {
+			fmt.Printf("subscribed to %s at %s as %s\n", strings.Join(where, ","), cfg.broker, cfg.clientID)
 			if cfg.demo && !published {
 				if err := publishDemo(srv); err != nil {
 					return err
@@ -263,11 +308,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 				published = true
 			}
 		}
-		connected = st.Connected
+		connected = st.connected
 		if err := rep.print(ctx); err != nil {
 			return err
 		}
-		if cfg.count > 0 && st.Applied >= int64(cfg.count) {
+		if cfg.count > 0 && st.applied >= int64(cfg.count) {
 			break
 		}
 		select {
@@ -280,9 +325,15 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := rep.print(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	stats := sub.Stats()
-	fmt.Printf("applied %d, duplicates %d, malformed %d\n", stats.Applied, stats.Duplicates, stats.Quarantined)
+	final := stats()
+	fmt.Printf("applied %d, duplicates %d, malformed %d\n", final.applied, final.duplicates, final.quarantined)
 	return nil
+}
+
+// progress is what the consumer did, from either kind's Stats.
+type progress struct {
+	connected                        bool
+	applied, duplicates, quarantined int64
 }
 
 // store is the consumer's database and how its handler writes there.

@@ -14,7 +14,7 @@ import (
 // test: its own configuration and store in the test's directory, loopback
 // ports of its own, stopped by PID.
 type NATS struct {
-	Addr     string // host:port of the NATS client listener
+	Addr     string // host:port of the client listener (NATS and JetStream)
 	MQTTAddr string // host:port of the MQTT listener
 }
 
@@ -64,7 +64,7 @@ mqtt {
 	n := &NATS{Addr: loopback(ports[0]), MQTTAddr: loopback(ports[1])}
 	p := startProcess(tb, "nats-server", filepath.Join(dir, "nats.log"), "", nil, 10*time.Second, bin, "-c", file)
 	p.waitReady(tb, 15*time.Second, func(log []byte) bool {
-		return strings.Contains(string(log), "Listening for MQTT clients") && listening(n.MQTTAddr)
+		return strings.Contains(string(log), "Listening for MQTT clients") && listening(n.MQTTAddr) && listening(n.Addr)
 	})
 	return n
 }

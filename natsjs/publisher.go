@@ -235,7 +235,7 @@ func (p *Publisher) Publish(topic string, payload []byte) outbox.Token {
 
 // PublishWithProperties publishes with props as NATS headers, as the
 // CloudEvents NATS binding has them: each user property as "ce-" and its
-// key, the content type as Content-Type. A message expiry is not carried:
+// key, its value percent-encoded, the content type as Content-Type. A message expiry is not carried:
 // the relay parks expired messages itself.
 func (p *Publisher) PublishWithProperties(topic string, payload []byte, props outbox.PublishProperties) outbox.Token {
 	return p.publish(topic, payload, &props)
@@ -260,7 +260,7 @@ func (p *Publisher) publish(topic string, payload []byte, props *outbox.PublishP
 			msg.Header.Set("Content-Type", props.ContentType)
 		}
 		for _, u := range props.User {
-			msg.Header.Add("ce-"+u.Key, u.Value)
+			msg.Header.Add("ce-"+u.Key, percentEncode(u.Value))
 			if u.Key == "id" {
 				id = u.Value
 			}
@@ -373,3 +373,29 @@ type brokerUnavailable struct{ err error }
 func (e *brokerUnavailable) Error() string        { return e.err.Error() }
 func (e *brokerUnavailable) Unwrap() error        { return e.err }
 func (e *brokerUnavailable) Is(target error) bool { return target == outbox.ErrBrokerUnavailable }
+
+// percentEncode encodes a header value as the CloudEvents bindings ask
+// (HTTP binding 3.1.3.2, which the NATS binding follows): space, '"', '%'
+// and every byte outside printable ASCII as %XX of its UTF-8 bytes, so that
+// a consumer that decodes gets the value back as it was.
+func percentEncode(v string) string {
+	const hex = "0123456789ABCDEF"
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c > '~' || c == '"' || c == '%' {
+			n++
+		}
+	}
+	if n == 0 {
+		return v
+	}
+	b := make([]byte, 0, len(v)+2*n)
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c > '~' || c == '"' || c == '%' {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+			continue
+		}
+		b = append(b, v[i])
+	}
+	return string(b)
+}

@@ -501,6 +501,9 @@ func TestCommandReceiverMalformed(t *testing.T) {
 				require.Len(t, as, 2)
 				require.Equal(t, "malformed", as[0].Status)
 			}
+			// Counted once StoreCommand has returned, a moment after the
+			// commit the answer followed.
+			eventually(t, 10*time.Second, "both counted", func() bool { return d.recv.Stats().Stored == 2 })
 			st := d.recv.Stats()
 			d.stopAll()
 			require.EqualValues(t, 2, st.Stored)
@@ -525,10 +528,14 @@ func TestCommandReceiverStoreErrorRedelivers(t *testing.T) {
 	eventually(t, 10*time.Second, "store errors", func() bool { return d.recv.Stats().StoreErrors >= 2 })
 	_, err = d.ob.DB().Exec(`DROP TRIGGER refuse`)
 	require.NoError(t, err)
-	eventually(t, 10*time.Second, "stored", func() bool { n, _ := d.command(t, "later"); return n == 1 })
-	st := d.recv.Stats()
+	// The receiver counts a command once StoreCommand has returned, a
+	// moment after its row is visible: wait for both.
+	eventually(t, 10*time.Second, "stored and counted", func() bool {
+		n, _ := d.command(t, "later")
+		return n == 1 && d.recv.Stats().Stored == 1
+	})
 	d.stopAll()
-	require.EqualValues(t, 1, st.Stored)
+	require.EqualValues(t, 1, d.recv.Stats().Stored)
 	rows, _ := d.command(t, "later")
 	require.Equal(t, 1, rows)
 }

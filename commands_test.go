@@ -241,6 +241,8 @@ func TestCommandEnvelopeForms(t *testing.T) {
 	}}
 	r.run(t, opts)
 	r.settled(t, 3)
+	// OnCommand is called after the commit that settles.
+	eventually(t, 10*time.Second, "OnCommand of all three", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(got) == 3 })
 	require.Equal(t, []answerRow{
 		{Topic: "backend/mqtt5", Type: AnswerEventType, ContentType: "application/json", Correlation: []byte("y"), Priority: MaxPriority,
 			Payload: `{"command":"bin","source":"/backend","status":"applied"}`},
@@ -408,6 +410,8 @@ func TestCommandHandlerFails(t *testing.T) {
 		mu.Unlock()
 	}})
 	r.settled(t, 2)
+	// OnCommand is called after the commit that settles.
+	eventually(t, 10*time.Second, "OnCommand of the last", func() bool { mu.Lock(); defer mu.Unlock(); return len(outcomes) == 4 })
 	require.Equal(t, []string{"bad", "bad", "bad", "good"}, r.handlerCalls())
 	require.Equal(t, []string{"good"}, r.appliedIDs(t), "the failed attempts' work rolled back")
 	require.Equal(t, []cmdRow{{"bad", "failed", 3, "no paper in the printer"}, {"good", "applied", 0, ""}}, r.rows(t))

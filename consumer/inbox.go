@@ -15,6 +15,7 @@ import (
 	"github.com/edgeoutbox/outbox/internal/migrate"
 	"github.com/edgeoutbox/outbox/internal/sqlconn"
 	"github.com/edgeoutbox/outbox/internal/txn"
+	"github.com/edgeoutbox/outbox/internal/wait"
 )
 
 // InboxSchemaVersion is the newest inbox schema version this code knows.
@@ -190,6 +191,24 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 		return fmt.Errorf("outbox: quarantine: %w", writeErr(err))
 	}
 	return nil
+}
+
+// quarantineRetrying stores payload in the quarantine, trying again after
+// each failure (reported to failed) with backoff bo until it is stored;
+// false means ctx ended first. A subscriber must not acknowledge a message
+// it could not keep.
+func (in *Inbox) quarantineRetrying(ctx context.Context, bo outbox.Backoff, topic string, payload []byte, cause error, failed func(error)) bool {
+	retry := wait.Backoff(bo).Sequence()
+	for {
+		err := in.Quarantine(ctx, topic, payload, cause.Error())
+		if err == nil {
+			return true
+		}
+		failed(err)
+		if !wait.Sleep(ctx, retry.NextBackOff(), nil) {
+			return false
+		}
+	}
 }
 
 // PurgeExpired forgets applied events, and deletes quarantined messages,

@@ -541,16 +541,8 @@ func (c *JetStreamConsumer) quarantine(ctx context.Context, m jetstream.Msg, ev 
 // keep stores payload in the Inbox's quarantine, trying again until it is
 // stored; false means ctx ended first.
 func (c *JetStreamConsumer) keep(ctx context.Context, subject string, payload []byte, cause error) bool {
-	retry := wait.Backoff(c.opts.HandlerBackoff).Sequence()
-	for {
-		err := c.in.Quarantine(ctx, subject, payload, cause.Error())
-		if err == nil {
-			break
-		}
-		c.setErr(err)
-		if !wait.Sleep(ctx, retry.NextBackOff(), nil) {
-			return false
-		}
+	if !c.in.quarantineRetrying(ctx, c.opts.HandlerBackoff, subject, payload, cause, c.setErr) {
+		return false
 	}
 	c.quarantined.Add(1)
 	c.log.Warn("outbox jetstream consumer quarantined a message", "subject", subject, "reason", cause)

@@ -419,16 +419,8 @@ func (s *Subscriber) quarantine(ctx context.Context, m mqtt.Message, ev outbox.E
 // keep stores payload in the Inbox's quarantine, trying again until it is
 // stored; false means ctx ended first.
 func (s *Subscriber) keep(ctx context.Context, topic string, payload []byte, cause error) bool {
-	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
-	for {
-		err := s.in.Quarantine(ctx, topic, payload, cause.Error())
-		if err == nil {
-			break
-		}
-		s.setErr(err)
-		if !wait.Sleep(ctx, retry.NextBackOff(), nil) {
-			return false
-		}
+	if !s.in.quarantineRetrying(ctx, s.opts.HandlerBackoff, topic, payload, cause, s.setErr) {
+		return false
 	}
 	s.quarantined.Add(1)
 	s.log.Warn("outbox subscriber quarantined a message", "topic", topic, "reason", cause)

@@ -171,8 +171,27 @@ func (m *Mochi) Stop() {
 	srv := m.srv
 	m.srv = nil
 	m.mu.Unlock()
-	if srv != nil {
-		srv.Close()
+	if srv == nil {
+		return
+	}
+	// mochi's Close disconnects the clients it knows of, then waits for
+	// every client's goroutine; one whose CONNECT it was still handling is
+	// not among them, reads on, and Close would wait for it forever (a
+	// client that reconnects at once gets there). So the clients are
+	// disconnected again until Close returns.
+	closed := make(chan struct{})
+	go func() { srv.Close(); close(closed) }()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-closed:
+			return
+		case <-tick.C:
+			for _, cl := range srv.Clients.GetAll() {
+				cl.Stop(packets.ErrServerShuttingDown)
+			}
+		}
 	}
 }
 

@@ -57,6 +57,10 @@ type Options struct {
 type Publisher struct {
 	opts Options
 	auth []nats.Option
+	// login says how Connect logs in, without the secret, for the error
+	// of a refused login.
+	login      string
+	clientCert bool
 
 	mu   sync.Mutex
 	next int   // the server the next Connect tries
@@ -83,6 +87,7 @@ var (
 	_ outbox.TopicChecker        = (*Publisher)(nil)
 	_ outbox.ConnectionWatcher   = (*Publisher)(nil)
 	_ outbox.BrokerNamer         = (*Publisher)(nil)
+	_ outbox.SizeLimiter         = (*Publisher)(nil)
 )
 
 // New returns a Publisher for opts; it does not connect.
@@ -105,11 +110,14 @@ func New(opts Options) (*Publisher, error) {
 		opts.ConnectTimeout = 10 * time.Second
 	}
 	p := &Publisher{opts: opts}
+	var login []string
 	if opts.User != "" || opts.Password != "" {
 		p.auth = append(p.auth, nats.UserInfo(opts.User, opts.Password))
+		login = append(login, fmt.Sprintf("user %q with a password", opts.User))
 	}
 	if opts.Token != "" {
 		p.auth = append(p.auth, nats.Token(opts.Token))
+		login = append(login, "a token")
 	}
 	if opts.NKeySeedFile != "" {
 		o, err := nats.NkeyOptionFromSeed(opts.NKeySeedFile)
@@ -117,12 +125,21 @@ func New(opts Options) (*Publisher, error) {
 			return nil, fmt.Errorf("natsjs: NKey seed file: %w", err)
 		}
 		p.auth = append(p.auth, o)
+		login = append(login, "the NKey seed file "+opts.NKeySeedFile)
 	}
 	if opts.CredsFile != "" {
 		p.auth = append(p.auth, nats.UserCredentials(opts.CredsFile))
+		login = append(login, "the creds file "+opts.CredsFile)
 	}
 	if opts.TLS != nil {
 		p.auth = append(p.auth, nats.Secure(opts.TLS))
+		if p.clientCert = len(opts.TLS.Certificates) > 0 || opts.TLS.GetClientCertificate != nil; p.clientCert {
+			login = append(login, "a client certificate")
+		}
+	}
+	p.login = "no credentials"
+	if len(login) > 0 {
+		p.login = strings.Join(login, " and ")
 	}
 	return p, nil
 }
@@ -181,6 +198,12 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	}
 	nc, err := nats.Connect(server, opts...)
 	if err != nil {
+		if loginRefused(err) || p.clientCert && tlsRefused(err) {
+			// The server says only "Authorization Violation", or closes a
+			// TLS connection whose certificate it refused: which of the
+			// credentials it refused is this side's to say.
+			return fmt.Errorf("natsjs: connect to %s, logging in with %s: %w", c.server, p.login, err)
+		}
 		return fmt.Errorf("natsjs: connect to %s: %w", c.server, err)
 	}
 	// The relay's window bounds what is in flight; nats.go's own bound
@@ -195,6 +218,25 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	p.conn = c
 	p.mu.Unlock()
 	return nil
+}
+
+// loginRefused reports whether err is the server's refusal of the
+// credentials.
+func loginRefused(err error) bool {
+	for _, e := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// tlsRefused reports whether err is the server's end of a TLS handshake:
+// an alert, or the connection closed right after the handshake (both are
+// how a server refuses a client certificate).
+func tlsRefused(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, nats.ErrTLS) || errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 // Disconnect closes the connection; tokens in flight fail.
@@ -226,6 +268,56 @@ func (p *Publisher) CarriesProperties() bool { return true }
 func (p *Publisher) CheckTopic(topic string) error {
 	_, err := Subject(topic)
 	return err
+}
+
+// CheckSize refuses a message that cannot fit the current connection's
+// server's max_payload (payload and headers), so that the relay parks it
+// dead before publishing it; while not connected the limit is unknown and
+// the publish's token says. The headers counted are those known from
+// props: the Nats-Msg-Id of a structured-mode message is not, so a message
+// within those bytes of the limit is left to the token.
+func (p *Publisher) CheckSize(topic string, payloadBytes int, props *outbox.PublishProperties) error {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	limit := c.nc.MaxPayload()
+	if n := int64(payloadBytes + headerBytes(props)); limit > 0 && n > limit {
+		return tooLarge(n, limit)
+	}
+	return nil
+}
+
+// tooLarge is why a message of n bytes, payload and headers, cannot be
+// published to a server whose max_payload is limit.
+func tooLarge(n, limit int64) error {
+	return fmt.Errorf("natsjs: the message, %d bytes with its headers, exceeds the server's max_payload of %d bytes", n, limit)
+}
+
+// headerBytes is, at least, what the headers publish sets for props take
+// in a NATS message: the header line, each header line and the blank line.
+func headerBytes(props *outbox.PublishProperties) int {
+	if props == nil {
+		return 0
+	}
+	n, id := 0, false
+	line := func(k, v string) { n += len(k) + len(": ") + len(strings.TrimSpace(v)) + len("\r\n") }
+	if props.ContentType != "" {
+		line("Content-Type", props.ContentType)
+	}
+	for _, u := range props.User {
+		line("ce-"+u.Key, percentEncode(u.Value))
+		if u.Key == "id" && u.Value != "" && !id {
+			line(jetstream.MsgIDHeader, u.Value)
+			id = true
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return n + len("NATS/1.0\r\n") + len("\r\n")
 }
 
 // Publish publishes payload to topic's subject.
@@ -280,6 +372,10 @@ func (p *Publisher) publish(topic string, payload []byte, props *outbox.PublishP
 		}
 	}
 	paf, err := c.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		n := msg.Size() - len(msg.Subject) - len(msg.Reply)
+		return t.fail(&outbox.Refusal{Reason: tooLarge(int64(n), c.nc.MaxPayload()).Error(), Permanent: true})
+	}
 	if err != nil {
 		return t.fail(publishFault(subject, err))
 	}
@@ -351,8 +447,6 @@ func publishFault(subject string, err error) error {
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return unavailable(fmt.Errorf("natsjs: no stream captures the subject %q (no responders): %w", subject, err))
-	case errors.Is(err, nats.ErrMaxPayload):
-		return &outbox.Refusal{Reason: "natsjs: " + err.Error(), Permanent: true}
 	case errors.As(err, &apiErr):
 		if permanent, ok := refusals[apiErr.ErrorCode]; ok {
 			return &outbox.Refusal{Reason: fmt.Sprintf("natsjs: the stream refused the message: %s", apiErr.Description), Permanent: permanent}

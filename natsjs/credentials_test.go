@@ -204,3 +204,33 @@ func keyBody(t *testing.T, file string) []string {
 	}
 	return lines
 }
+
+// TestExpiredCredentialsSaid: when the user JWT of a creds file expires,
+// the server ends the connection saying so, and the Publisher tells the
+// relay why (outbox.LossExplainer) rather than only that it was lost; the
+// next Connect is refused, naming the creds file.
+func TestExpiredCredentialsSaid(t *testing.T) {
+	op := natsauth.NewOperator(t)
+	n := harness.StartNATSWith(t, op.Conf())
+	expires := time.Now().Add(2 * time.Second).Truncate(time.Second)
+	creds := op.ExpiringCreds(t, "till-7", expires)
+	pub, err := natsjs.New(natsjs.Options{Servers: []string{"nats://" + n.Addr}, CredsFile: creds})
+	require.NoError(t, err)
+	var le outbox.LossExplainer = pub
+	require.NoError(t, pub.Connect(context.Background()))
+	defer pub.Disconnect()
+	require.NoError(t, le.LostReason(), "connected: no reason")
+	select {
+	case <-pub.ConnectionLost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server kept the connection of an expired user")
+	}
+	require.ErrorContains(t, le.LostReason(), "ended the connection: nats: authentication expired")
+	require.ErrorIs(t, le.LostReason(), nats.ErrAuthExpired)
+	// A JWT's expiry is in whole seconds: within its last one it still
+	// logs in.
+	waitFor(t, 5*time.Second, "the JWT's expiry second past", func() bool { return time.Now().Unix() > expires.Unix() })
+	err = pub.Connect(context.Background())
+	require.ErrorContains(t, err, "logging in with the creds file "+creds)
+	noSecret(t, seedsIn(t, creds), "Connect's error", err.Error())
+}

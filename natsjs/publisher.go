@@ -77,9 +77,36 @@ type conn struct {
 	server   string
 	lost     chan struct{} // closed when the connection ends
 	lostOnce sync.Once
+	saidMu   sync.Mutex
+	said     error // what the server said that ended the connection
 }
 
 func (c *conn) end() { c.lostOnce.Do(func() { close(c.lost) }) }
+
+// say keeps err, the first time it is one by which the server ends a
+// connection (an -ERR before it closes it: credentials expired or
+// revoked, a stale connection, too many connections).
+func (c *conn) say(err error) {
+	if err == nil || !serverEnds(err) {
+		return
+	}
+	c.saidMu.Lock()
+	defer c.saidMu.Unlock()
+	if c.said == nil {
+		c.said = err
+	}
+}
+
+// serverEnds reports whether err is what a server says as it ends a
+// connection.
+func serverEnds(err error) bool {
+	for _, e := range []error{nats.ErrStaleConnection, nats.ErrMaxConnectionsExceeded, nats.ErrMaxAccountConnectionsExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return loginRefused(err)
+}
 
 var (
 	_ outbox.Publisher           = (*Publisher)(nil)
@@ -88,6 +115,7 @@ var (
 	_ outbox.ConnectionWatcher   = (*Publisher)(nil)
 	_ outbox.BrokerNamer         = (*Publisher)(nil)
 	_ outbox.SizeLimiter         = (*Publisher)(nil)
+	_ outbox.LossExplainer       = (*Publisher)(nil)
 )
 
 // New returns a Publisher for opts; it does not connect.
@@ -190,8 +218,16 @@ func (p *Publisher) Connect(ctx context.Context) error {
 		nats.DontRandomize(),
 		nats.Timeout(p.opts.ConnectTimeout),
 		nats.SetCustomDialer(ctxDialer{ctx}),
-		nats.ClosedHandler(func(*nats.Conn) { c.end() }),
-		nats.DisconnectErrHandler(func(*nats.Conn, error) { c.end() }),
+		// nats.go hands an -ERR to the error handler, then the connection's
+		// end, in that order, to the disconnect and closed handlers; the
+		// error they see is often only the socket's EOF.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil {
+				c.say(err)
+			}
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) { c.say(nc.LastError()); c.end() }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { c.say(err); c.end() }),
 	}, p.auth...)
 	if p.opts.Name != "" {
 		opts = append(opts, nats.Name(p.opts.Name))
@@ -221,14 +257,16 @@ func (p *Publisher) Connect(ctx context.Context) error {
 }
 
 // loginRefused reports whether err is the server's refusal of the
-// credentials.
+// credentials. At Connect, nats.go returns the server's -ERR as it came,
+// which matches its sentinel errors only for "Authorization Violation".
 func loginRefused(err error) bool {
 	for _, e := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
-	return false
+	text := strings.ToLower(err.Error())
+	return strings.Contains(text, "authentication expired") || strings.Contains(text, "authentication revoked")
 }
 
 // tlsRefused reports whether err is the server's end of a TLS handshake:
@@ -259,6 +297,29 @@ func (p *Publisher) ConnectionLost() <-chan struct{} {
 		return nil
 	}
 	return p.conn.lost
+}
+
+// LostReason is what the server said as it ended the last connection (a
+// user JWT that expired, a stale connection); nil when it said nothing or
+// the connection has not ended.
+func (p *Publisher) LostReason() error {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.lost:
+	default:
+		return nil
+	}
+	c.saidMu.Lock()
+	defer c.saidMu.Unlock()
+	if c.said != nil {
+		return fmt.Errorf("natsjs: %s ended the connection: %w", c.server, c.said)
+	}
+	return nil
 }
 
 // CarriesProperties is true: NATS headers carry them.

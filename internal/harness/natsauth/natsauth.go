@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -76,24 +77,35 @@ func (o *Operator) Conf() []string {
 // file's path.
 func (o *Operator) Creds(tb harness.TB, name string) string {
 	tb.Helper()
-	return o.creds(tb, name, o.account, "")
+	return o.creds(tb, name, o.account, "", time.Time{})
+}
+
+// ExpiringCreds is Creds for a user whose JWT expires at expires: the
+// server ends its connection then.
+func (o *Operator) ExpiringCreds(tb harness.TB, name string, expires time.Time) string {
+	tb.Helper()
+	return o.creds(tb, name, o.account, "", expires)
 }
 
 // ForeignCreds issues a user of the account signed by a key that is not
 // one of the account's: a creds file well formed and not trusted.
 func (o *Operator) ForeignCreds(tb harness.TB, name string) string {
 	tb.Helper()
-	return o.creds(tb, name, mustKey(tb, nkeys.CreateAccount), o.accPub)
+	return o.creds(tb, name, mustKey(tb, nkeys.CreateAccount), o.accPub, time.Time{})
 }
 
 // creds writes a creds file of a user signed by signer; issuerAccount, if
-// set, is the account whose signing key signer claims to be.
-func (o *Operator) creds(tb harness.TB, name string, signer nkeys.KeyPair, issuerAccount string) string {
+// set, is the account whose signing key signer claims to be; expires, if
+// set, is when the user's JWT expires.
+func (o *Operator) creds(tb harness.TB, name string, signer nkeys.KeyPair, issuerAccount string, expires time.Time) string {
 	tb.Helper()
 	u := mustKey(tb, nkeys.CreateUser)
 	uc := jwt.NewUserClaims(mustPub(tb, u))
 	uc.Name = name
 	uc.IssuerAccount = issuerAccount
+	if !expires.IsZero() {
+		uc.Expires = expires.Unix()
+	}
 	userJWT, err := uc.Encode(signer)
 	check(tb, err, "user JWT")
 	seed, err := u.Seed()

@@ -41,6 +41,10 @@ type Options struct {
 	Name string
 	// ConnectTimeout bounds each Connect; 0 means 10 s.
 	ConnectTimeout time.Duration
+	// CreateStream, if set, has each Connect create this stream unless
+	// one of its name exists (see StreamSpec); a Connect that can do
+	// neither fails. Off by default: streams are the operator's.
+	CreateStream *StreamSpec
 }
 
 // Publisher publishes to NATS JetStream for the relay: one connection at a
@@ -55,8 +59,9 @@ type Options struct {
 // JSON opens with. A raw-envelope message carries none, and the stream
 // cannot deduplicate it.
 type Publisher struct {
-	opts Options
-	auth []nats.Option
+	opts   Options
+	auth   []nats.Option
+	stream *jetstream.StreamConfig // Options.CreateStream's, checked
 	// login says how Connect logs in, without the secret, for the error
 	// of a refused login.
 	login      string
@@ -138,6 +143,13 @@ func New(opts Options) (*Publisher, error) {
 		opts.ConnectTimeout = 10 * time.Second
 	}
 	p := &Publisher{opts: opts}
+	if opts.CreateStream != nil {
+		cfg, err := opts.CreateStream.config()
+		if err != nil {
+			return nil, err
+		}
+		p.stream = &cfg
+	}
 	var login []string
 	if opts.User != "" || opts.Password != "" {
 		p.auth = append(p.auth, nats.UserInfo(opts.User, opts.Password))
@@ -248,6 +260,12 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)
+	}
+	if p.stream != nil {
+		if err := ensureStream(ctx, js, *p.stream); err != nil {
+			nc.Close()
+			return err
+		}
 	}
 	c.nc, c.js = nc, js
 	p.mu.Lock()

@@ -91,11 +91,65 @@ func TestRelayNATSUsage(t *testing.T) {
 		"give one of --username, --nats-token-file": {"--broker", "nats://127.0.0.1:1", "--username", "till7", "--nats-nkey-file", "till.nk"},
 		"--nats-token-file: the file is empty":      {"--broker", "nats://127.0.0.1:1", "--nats-token-file", "/dev/null"},
 		"--nats-creds-file: open":                   {"--broker", "nats://127.0.0.1:1", "--nats-creds-file", "/nonexistent/till.creds"},
+		"they need nats:// brokers":                 {"--broker", "tcp://127.0.0.1:1", "--create-stream", "POS", "--stream-subject", "pos.>"},
+		"--stream-* need --create-stream":           {"--broker", "nats://127.0.0.1:1", "--stream-subject", "pos.>"},
+		`CreateStream "POS": no subjects`:           {"--broker", "nats://127.0.0.1:1", "--create-stream", "POS"},
+		"longer than MaxAge":                        {"--broker", "nats://127.0.0.1:1", "--create-stream", "POS", "--stream-subject", "pos.>", "--stream-max-age", "1m", "--stream-duplicate-window", "2m"},
 	} {
 		r := ctl(t, append([]string{"relay", "--db", path}, want...)...)
 		require.Equal(t, 2, r.Code, r.Stderr)
 		require.Contains(t, r.Stderr, args)
 	}
+	require.NoFileExists(t, path, "a relay that cannot start leaves no file")
+}
+
+// TestRelayCreatesStream: with --create-stream the relay creates the stream
+// the flags describe at its connection, and publishes into it.
+func TestRelayCreatesStream(t *testing.T) {
+	n := harness.StartNATS(t)
+	nc, err := nats.Connect("nats://" + n.Addr)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	path := filepath.Join(t.TempDir(), "shop.db")
+	cmd := exec.Command(binary, "relay", "--db", path, "--broker", "nats://"+n.Addr, "--create-stream", "SHOP",
+		"--stream-subject", "shop.>", "--stream-subject", "till.>", "--stream-max-bytes", "1048576",
+		"--stream-max-age", "1h", "--stream-duplicate-window", "5m", "--log-format", "json")
+	var stderr harness.LogBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var st jetstream.Stream
+	require.True(t, harness.WaitFor(10*time.Second, func() bool {
+		st, err = js.Stream(ctx, "SHOP")
+		return err == nil
+	}), "no stream created: %v %s", err, stderr.String())
+	cfg := st.CachedInfo().Config
+	require.Equal(t, []string{"shop.>", "till.>"}, cfg.Subjects)
+	require.EqualValues(t, 1<<20, cfg.MaxBytes)
+	require.Equal(t, time.Hour, cfg.MaxAge)
+	require.Equal(t, 5*time.Minute, cfg.Duplicates)
+	require.Equal(t, jetstream.DiscardNew, cfg.Discard)
+	require.Equal(t, jetstream.FileStorage, cfg.Storage)
+
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('till/sales', '{"sale":1}')`)
+	require.NoError(t, err)
+	var id string
+	require.NoError(t, db.QueryRow(`SELECT id FROM outbox`).Scan(&id))
+	require.True(t, harness.WaitFor(10*time.Second, func() bool {
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	}), "not delivered: %s", stderr.String())
+	m, err := st.GetMsg(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, id, m.Header.Get(jetstream.MsgIDHeader))
+	stopRelay(t, cmd, &stderr)
 }
 
 // TestRelayNATSCredentials: the relay logs in to nats-server with each way

@@ -54,6 +54,18 @@ type relayFlags struct {
 	natsToken     string
 	natsNKey      string
 	natsCreds     string
+	stream        streamFlags
+}
+
+// streamFlags are the stream --create-stream asks for
+// (natsjs.StreamSpec).
+type streamFlags struct {
+	name       string
+	subjects   []string
+	replicas   int
+	maxBytes   int64
+	maxAge     time.Duration
+	duplicates time.Duration
 }
 
 func relayCmd(a *cli.App) *cobra.Command {
@@ -83,12 +95,13 @@ without one it is read-only.
 
 With nats:// brokers it publishes to NATS JetStream: each event to the subject
 of its topic (pos/a is pos.a), with its id as Nats-Msg-Id, into whatever
-stream captures the subject, which the operator creates; while none does the
-events stay pending and the relay says why. It logs in with --username and
---password-file, --nats-token-file, --nats-nkey-file or --nats-creds-file;
---ca-file (and --cert-file, --key-file for mutual TLS) make the nats://
-connection TLS (tls:// is MQTT's). Certificates and the NKey seed are read
-once, at start, the creds file at every connection.`,
+stream captures the subject, which the operator creates (or the relay, with
+--create-stream, where the till may); while none does the events stay pending
+and the relay says why. It logs in with --username and --password-file,
+--nats-token-file, --nats-nkey-file or --nats-creds-file; --ca-file (and
+--cert-file, --key-file for mutual TLS) make the nats:// connection TLS
+(tls:// is MQTT's). Certificates and the NKey seed are read once, at start,
+the creds file at every connection.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
   outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
       --client-id store42-till7 --source /stores/42/tills/7 \
@@ -259,6 +272,12 @@ once, at start, the creds file at every connection.`,
 	fl.StringVar(&f.natsToken, "nats-token-file", "", "with nats://: log in with the token in this file (trailing newline ignored)")
 	fl.StringVar(&f.natsNKey, "nats-nkey-file", "", "with nats://: log in with the NKey seed in this file")
 	fl.StringVar(&f.natsCreds, "nats-creds-file", "", "with nats://: log in with this credentials file (a user JWT and its NKey seed, as an operator-mode account issues them)")
+	fl.StringVar(&f.stream.name, "create-stream", "", "with nats:// brokers: create this stream at each connection unless one of its name exists (which is used as it is), with file storage, limits retention and discard new (a full stream keeps events pending); needs --stream-subject. Off by default: streams are the operator's")
+	fl.StringArrayVar(&f.stream.subjects, "stream-subject", nil, "a subject the created stream captures, e.g. 'pos.>' for the topics pos/… (repeatable; required with --create-stream)")
+	fl.IntVar(&f.stream.replicas, "stream-replicas", 1, "nodes of the cluster that hold the created stream")
+	fl.Int64Var(&f.stream.maxBytes, "stream-max-bytes", 0, "bytes the created stream holds at most before it refuses new events (0: the account's limit)")
+	fl.DurationVar(&f.stream.maxAge, "stream-max-age", 0, "how long the created stream keeps a message (0: until removed)")
+	fl.DurationVar(&f.stream.duplicates, "stream-duplicate-window", 0, "the created stream's duplicate window: exactly once into the stream holds for re-sends within it (0: 2m, NATS's default)")
 	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's buttons (requeue, try to connect now), with the token in this file (default: read-only page)")
 	return cmd
 }
@@ -346,9 +365,14 @@ func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
 			n++
 		}
 	}
+	stream := f.stream.name != "" || len(f.stream.subjects) > 0 || f.stream.replicas != 1 || f.stream.maxBytes != 0 || f.stream.maxAge != 0 || f.stream.duplicates != 0
 	switch {
+	case n == 0 && stream:
+		return o, false, errors.New("--create-stream and --stream-* are NATS JetStream's: they need nats:// brokers")
 	case n == 0:
 		return o, false, nil
+	case stream && f.stream.name == "":
+		return o, true, errors.New("--stream-* need --create-stream")
 	case n < len(f.brokers):
 		return o, true, errors.New("--broker: mix of nats:// and MQTT URLs")
 	case f.db.path == "":
@@ -361,6 +385,10 @@ func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
 		return o, true, errors.New("--mqtt-version is MQTT's: not with a nats:// broker")
 	}
 	o = natsjs.Options{Servers: f.brokers, User: f.username, Name: f.clientID, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds}
+	if f.stream.name != "" {
+		o.CreateStream = &natsjs.StreamSpec{Name: f.stream.name, Subjects: f.stream.subjects, Replicas: f.stream.replicas,
+			MaxBytes: f.stream.maxBytes, MaxAge: f.stream.maxAge, Duplicates: f.stream.duplicates}
+	}
 	if o.Password, err = f.password(); err != nil {
 		return o, true, err
 	}

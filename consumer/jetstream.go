@@ -42,12 +42,15 @@ type JetStreamConsumerOptions struct {
 	Stream string
 	// Durable is the name of the durable pull consumer the members share.
 	// Required. Each connection binds to it when it exists, as it is (its
-	// settings are then the operator's, and FilterSubject, AckWait and
-	// MaxAckPending are not applied), and creates it with these settings
-	// when it does not.
+	// settings are then the operator's: AckWait and MaxAckPending are not
+	// applied, FilterSubject is checked), and creates it with these
+	// settings when it does not.
 	Durable string
 	// FilterSubject, when set, limits the consumer to the stream's
-	// subjects that match it (on creation).
+	// subjects that match it (on creation), and a member refuses to bind
+	// to an existing Durable that filters otherwise. It keeps a device's
+	// order across members: one Durable per partition of the subjects
+	// (pos.store1.>, pos.store2.>), each with one member at a time.
 	FilterSubject string
 	// AckWait is how long a message given to a member waits for its
 	// acknowledgement before the consumer gives it to a member again (on
@@ -326,7 +329,7 @@ func (c *JetStreamConsumer) bind(ctx context.Context, nc *nats.Conn) (jetstream.
 	defer cancel()
 	cons, err := js.Consumer(ctx, c.opts.Stream, c.opts.Durable)
 	if err == nil {
-		return cons, nil
+		return c.checkFilter(cons)
 	}
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("consumer %s on stream %s: %w", c.opts.Durable, c.opts.Stream, err)
@@ -338,11 +341,24 @@ func (c *JetStreamConsumer) bind(ctx context.Context, nc *nats.Conn) (jetstream.
 	if err != nil {
 		// Another member may have created it at the same moment.
 		if cons, err2 := js.Consumer(ctx, c.opts.Stream, c.opts.Durable); err2 == nil {
-			return cons, nil
+			return c.checkFilter(cons)
 		}
 		return nil, fmt.Errorf("create consumer %s on stream %s: %w", c.opts.Durable, c.opts.Stream, err)
 	}
 	c.log.Info("outbox jetstream consumer created the durable consumer", "stream", c.opts.Stream, "ack_wait", c.opts.AckWait)
+	return cons, nil
+}
+
+// checkFilter refuses an existing durable consumer whose filter is not
+// FilterSubject, when one is set: a member meant for one partition of the
+// subjects would otherwise take another's events, silently.
+func (c *JetStreamConsumer) checkFilter(cons jetstream.Consumer) (jetstream.Consumer, error) {
+	if c.opts.FilterSubject == "" {
+		return cons, nil
+	}
+	if got := cons.CachedInfo().Config.FilterSubject; got != c.opts.FilterSubject {
+		return nil, fmt.Errorf("consumer %s on stream %s filters %q, not FilterSubject %q: give each partition a Durable of its own", c.opts.Durable, c.opts.Stream, got, c.opts.FilterSubject)
+	}
 	return cons, nil
 }
 

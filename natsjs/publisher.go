@@ -41,6 +41,10 @@ type Options struct {
 	Name string
 	// ConnectTimeout bounds each Connect; 0 means 10 s.
 	ConnectTimeout time.Duration
+	// CreateStream, if set, has each Connect create this stream unless
+	// one of its name exists (see StreamSpec); a Connect that can do
+	// neither fails. Off by default: streams are the operator's.
+	CreateStream *StreamSpec
 }
 
 // Publisher publishes to NATS JetStream for the relay: one connection at a
@@ -55,8 +59,13 @@ type Options struct {
 // JSON opens with. A raw-envelope message carries none, and the stream
 // cannot deduplicate it.
 type Publisher struct {
-	opts Options
-	auth []nats.Option
+	opts   Options
+	auth   []nats.Option
+	stream *jetstream.StreamConfig // Options.CreateStream's, checked
+	// login says how Connect logs in, without the secret, for the error
+	// of a refused login.
+	login      string
+	clientCert bool
 
 	mu   sync.Mutex
 	next int   // the server the next Connect tries
@@ -73,9 +82,36 @@ type conn struct {
 	server   string
 	lost     chan struct{} // closed when the connection ends
 	lostOnce sync.Once
+	saidMu   sync.Mutex
+	said     error // what the server said that ended the connection
 }
 
 func (c *conn) end() { c.lostOnce.Do(func() { close(c.lost) }) }
+
+// say keeps err, the first time it is one by which the server ends a
+// connection (an -ERR before it closes it: credentials expired or
+// revoked, a stale connection, too many connections).
+func (c *conn) say(err error) {
+	if err == nil || !serverEnds(err) {
+		return
+	}
+	c.saidMu.Lock()
+	defer c.saidMu.Unlock()
+	if c.said == nil {
+		c.said = err
+	}
+}
+
+// serverEnds reports whether err is what a server says as it ends a
+// connection.
+func serverEnds(err error) bool {
+	for _, e := range []error{nats.ErrStaleConnection, nats.ErrMaxConnectionsExceeded, nats.ErrMaxAccountConnectionsExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return loginRefused(err)
+}
 
 var (
 	_ outbox.Publisher           = (*Publisher)(nil)
@@ -83,6 +119,8 @@ var (
 	_ outbox.TopicChecker        = (*Publisher)(nil)
 	_ outbox.ConnectionWatcher   = (*Publisher)(nil)
 	_ outbox.BrokerNamer         = (*Publisher)(nil)
+	_ outbox.SizeLimiter         = (*Publisher)(nil)
+	_ outbox.LossExplainer       = (*Publisher)(nil)
 )
 
 // New returns a Publisher for opts; it does not connect.
@@ -105,11 +143,21 @@ func New(opts Options) (*Publisher, error) {
 		opts.ConnectTimeout = 10 * time.Second
 	}
 	p := &Publisher{opts: opts}
+	if opts.CreateStream != nil {
+		cfg, err := opts.CreateStream.config()
+		if err != nil {
+			return nil, err
+		}
+		p.stream = &cfg
+	}
+	var login []string
 	if opts.User != "" || opts.Password != "" {
 		p.auth = append(p.auth, nats.UserInfo(opts.User, opts.Password))
+		login = append(login, fmt.Sprintf("user %q with a password", opts.User))
 	}
 	if opts.Token != "" {
 		p.auth = append(p.auth, nats.Token(opts.Token))
+		login = append(login, "a token")
 	}
 	if opts.NKeySeedFile != "" {
 		o, err := nats.NkeyOptionFromSeed(opts.NKeySeedFile)
@@ -117,12 +165,21 @@ func New(opts Options) (*Publisher, error) {
 			return nil, fmt.Errorf("natsjs: NKey seed file: %w", err)
 		}
 		p.auth = append(p.auth, o)
+		login = append(login, "the NKey seed file "+opts.NKeySeedFile)
 	}
 	if opts.CredsFile != "" {
 		p.auth = append(p.auth, nats.UserCredentials(opts.CredsFile))
+		login = append(login, "the creds file "+opts.CredsFile)
 	}
 	if opts.TLS != nil {
 		p.auth = append(p.auth, nats.Secure(opts.TLS))
+		if p.clientCert = len(opts.TLS.Certificates) > 0 || opts.TLS.GetClientCertificate != nil; p.clientCert {
+			login = append(login, "a client certificate")
+		}
+	}
+	p.login = "no credentials"
+	if len(login) > 0 {
+		p.login = strings.Join(login, " and ")
 	}
 	return p, nil
 }
@@ -173,14 +230,28 @@ func (p *Publisher) Connect(ctx context.Context) error {
 		nats.DontRandomize(),
 		nats.Timeout(p.opts.ConnectTimeout),
 		nats.SetCustomDialer(ctxDialer{ctx}),
-		nats.ClosedHandler(func(*nats.Conn) { c.end() }),
-		nats.DisconnectErrHandler(func(*nats.Conn, error) { c.end() }),
+		// nats.go hands an -ERR to the error handler, then the connection's
+		// end, in that order, to the disconnect and closed handlers; the
+		// error they see is often only the socket's EOF.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil {
+				c.say(err)
+			}
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) { c.say(nc.LastError()); c.end() }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { c.say(err); c.end() }),
 	}, p.auth...)
 	if p.opts.Name != "" {
 		opts = append(opts, nats.Name(p.opts.Name))
 	}
 	nc, err := nats.Connect(server, opts...)
 	if err != nil {
+		if loginRefused(err) || p.clientCert && tlsRefused(err) {
+			// The server says only "Authorization Violation", or closes a
+			// TLS connection whose certificate it refused: which of the
+			// credentials it refused is this side's to say.
+			return fmt.Errorf("natsjs: connect to %s, logging in with %s: %w", c.server, p.login, err)
+		}
 		return fmt.Errorf("natsjs: connect to %s: %w", c.server, err)
 	}
 	// The relay's window bounds what is in flight; nats.go's own bound
@@ -190,11 +261,38 @@ func (p *Publisher) Connect(ctx context.Context) error {
 		nc.Close()
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)
 	}
+	if p.stream != nil {
+		if err := ensureStream(ctx, js, *p.stream); err != nil {
+			nc.Close()
+			return err
+		}
+	}
 	c.nc, c.js = nc, js
 	p.mu.Lock()
 	p.conn = c
 	p.mu.Unlock()
 	return nil
+}
+
+// loginRefused reports whether err is the server's refusal of the
+// credentials. At Connect, nats.go returns the server's -ERR as it came,
+// which matches its sentinel errors only for "Authorization Violation".
+func loginRefused(err error) bool {
+	for _, e := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	text := strings.ToLower(err.Error())
+	return strings.Contains(text, "authentication expired") || strings.Contains(text, "authentication revoked")
+}
+
+// tlsRefused reports whether err is the server's end of a TLS handshake:
+// an alert, or the connection closed right after the handshake (both are
+// how a server refuses a client certificate).
+func tlsRefused(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, nats.ErrTLS) || errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 // Disconnect closes the connection; tokens in flight fail.
@@ -219,6 +317,29 @@ func (p *Publisher) ConnectionLost() <-chan struct{} {
 	return p.conn.lost
 }
 
+// LostReason is what the server said as it ended the last connection (a
+// user JWT that expired, a stale connection); nil when it said nothing or
+// the connection has not ended.
+func (p *Publisher) LostReason() error {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.lost:
+	default:
+		return nil
+	}
+	c.saidMu.Lock()
+	defer c.saidMu.Unlock()
+	if c.said != nil {
+		return fmt.Errorf("natsjs: %s ended the connection: %w", c.server, c.said)
+	}
+	return nil
+}
+
 // CarriesProperties is true: NATS headers carry them.
 func (p *Publisher) CarriesProperties() bool { return true }
 
@@ -226,6 +347,56 @@ func (p *Publisher) CarriesProperties() bool { return true }
 func (p *Publisher) CheckTopic(topic string) error {
 	_, err := Subject(topic)
 	return err
+}
+
+// CheckSize refuses a message that cannot fit the current connection's
+// server's max_payload (payload and headers), so that the relay parks it
+// dead before publishing it; while not connected the limit is unknown and
+// the publish's token says. The headers counted are those known from
+// props: the Nats-Msg-Id of a structured-mode message is not, so a message
+// within those bytes of the limit is left to the token.
+func (p *Publisher) CheckSize(topic string, payloadBytes int, props *outbox.PublishProperties) error {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	limit := c.nc.MaxPayload()
+	if n := int64(payloadBytes + headerBytes(props)); limit > 0 && n > limit {
+		return tooLarge(n, limit)
+	}
+	return nil
+}
+
+// tooLarge is why a message of n bytes, payload and headers, cannot be
+// published to a server whose max_payload is limit.
+func tooLarge(n, limit int64) error {
+	return fmt.Errorf("natsjs: the message, %d bytes with its headers, exceeds the server's max_payload of %d bytes", n, limit)
+}
+
+// headerBytes is, at least, what the headers publish sets for props take
+// in a NATS message: the header line, each header line and the blank line.
+func headerBytes(props *outbox.PublishProperties) int {
+	if props == nil {
+		return 0
+	}
+	n, id := 0, false
+	line := func(k, v string) { n += len(k) + len(": ") + len(strings.TrimSpace(v)) + len("\r\n") }
+	if props.ContentType != "" {
+		line("Content-Type", props.ContentType)
+	}
+	for _, u := range props.User {
+		line("ce-"+u.Key, percentEncode(u.Value))
+		if u.Key == "id" && u.Value != "" && !id {
+			line(jetstream.MsgIDHeader, u.Value)
+			id = true
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return n + len("NATS/1.0\r\n") + len("\r\n")
 }
 
 // Publish publishes payload to topic's subject.
@@ -280,6 +451,10 @@ func (p *Publisher) publish(topic string, payload []byte, props *outbox.PublishP
 		}
 	}
 	paf, err := c.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		n := msg.Size() - len(msg.Subject) - len(msg.Reply)
+		return t.fail(&outbox.Refusal{Reason: tooLarge(int64(n), c.nc.MaxPayload()).Error(), Permanent: true})
+	}
 	if err != nil {
 		return t.fail(publishFault(subject, err))
 	}
@@ -351,8 +526,6 @@ func publishFault(subject string, err error) error {
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return unavailable(fmt.Errorf("natsjs: no stream captures the subject %q (no responders): %w", subject, err))
-	case errors.Is(err, nats.ErrMaxPayload):
-		return &outbox.Refusal{Reason: "natsjs: " + err.Error(), Permanent: true}
 	case errors.As(err, &apiErr):
 		if permanent, ok := refusals[apiErr.ErrorCode]; ok {
 			return &outbox.Refusal{Reason: fmt.Sprintf("natsjs: the stream refused the message: %s", apiErr.Description), Permanent: permanent}

@@ -51,6 +51,21 @@ type relayFlags struct {
 	compress      string
 	commands      []string
 	commandsID    string
+	natsToken     string
+	natsNKey      string
+	natsCreds     string
+	stream        streamFlags
+}
+
+// streamFlags are the stream --create-stream asks for
+// (natsjs.StreamSpec).
+type streamFlags struct {
+	name       string
+	subjects   []string
+	replicas   int
+	maxBytes   int64
+	maxAge     time.Duration
+	duplicates time.Duration
 }
 
 func relayCmd(a *cli.App) *cobra.Command {
@@ -80,9 +95,13 @@ without one it is read-only.
 
 With nats:// brokers it publishes to NATS JetStream: each event to the subject
 of its topic (pos/a is pos.a), with its id as Nats-Msg-Id, into whatever
-stream captures the subject, which the operator creates; while none does the
-events stay pending and the relay says why. Certificates are read once, at
-start, there.`,
+stream captures the subject, which the operator creates (or the relay, with
+--create-stream, where the till may); while none does the events stay pending
+and the relay says why. It logs in with --username and --password-file,
+--nats-token-file, --nats-nkey-file or --nats-creds-file; --ca-file (and
+--cert-file, --key-file for mutual TLS) make the nats:// connection TLS
+(tls:// is MQTT's). Certificates and the NKey seed are read once, at start,
+the creds file at every connection.`,
 		Example: `  outboxctl relay --db /var/lib/till/till.db --broker tcp://127.0.0.1:1883
   outboxctl relay --db till.db --broker ssl://broker.example.com:8883 \
       --client-id store42-till7 --source /stores/42/tills/7 \
@@ -222,13 +241,13 @@ start, there.`,
 	}
 	f.db.register(cmd)
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.brokers, "broker", nil, "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required), or nats://HOST:4222 for NATS JetStream (each event with its id as Nats-Msg-Id, into the stream that captures its subject); repeat it for the nodes of a cluster: after a failed or lost connection the relay moves to the next")
+	fl.StringArrayVar(&f.brokers, "broker", nil, "broker URL: tcp://, mqtt://, ssl://, tls:// or mqtts://HOST:PORT (required), or nats://HOST:4222 for NATS JetStream (each event with its id as Nats-Msg-Id, into the stream that captures its subject; TLS with --ca-file); repeat it for the nodes of a cluster: after a failed or lost connection the relay moves to the next")
 	fl.StringVar(&f.clientID, "client-id", "", "MQTT client id, unique per broker (default outbox-HOST-PID)")
 	fl.StringVar(&f.topicPrefix, "topic-prefix", "", "park as dead, at once, any message whose topic does not start with this (e.g. acme/till-7/)")
 	fl.StringVar(&f.source, "source", "", "CloudEvents source naming this device (default /outbox/HOST)")
-	fl.StringVar(&f.username, "username", "", "MQTT user name")
-	fl.StringVar(&f.passwordFile, "password-file", "", "read the MQTT password from this file (trailing newline ignored)")
-	fl.StringVar(&f.passwordEnv, "password-env", "", "read the MQTT password from this environment variable")
+	fl.StringVar(&f.username, "username", "", "the broker's user name (MQTT or NATS)")
+	fl.StringVar(&f.passwordFile, "password-file", "", "read the broker's password (MQTT or NATS) from this file (trailing newline ignored)")
+	fl.StringVar(&f.passwordEnv, "password-env", "", "read the broker's password (MQTT or NATS) from this environment variable")
 	fl.StringVar(&f.caFile, "ca-file", "", "PEM CA bundle to verify the broker (default: system roots)")
 	fl.StringVar(&f.certFile, "cert-file", "", "PEM client certificate for mutual TLS")
 	fl.StringVar(&f.keyFile, "key-file", "", "PEM private key of the client certificate")
@@ -250,6 +269,15 @@ start, there.`,
 	fl.StringVar(&f.compress, "compress", "none", "compress batches and single events of 256 bytes or more: none, gzip or zstd")
 	fl.StringArrayVar(&f.commands, "commands", nil, "receive commands on this topic filter (repeatable) beside the relay, on a second connection with a persistent session, storing each in outbox_command before acknowledging it (docs/commands.md)")
 	fl.StringVar(&f.commandsID, "commands-client-id", "", "the commands connection's client id (default: --client-id + \"-commands\"); fixed, for its persistent session")
+	fl.StringVar(&f.natsToken, "nats-token-file", "", "with nats://: log in with the token in this file (trailing newline ignored)")
+	fl.StringVar(&f.natsNKey, "nats-nkey-file", "", "with nats://: log in with the NKey seed in this file")
+	fl.StringVar(&f.natsCreds, "nats-creds-file", "", "with nats://: log in with this credentials file (a user JWT and its NKey seed, as an operator-mode account issues them)")
+	fl.StringVar(&f.stream.name, "create-stream", "", "with nats:// brokers: create this stream at each connection unless one of its name exists (which is used as it is), with file storage, limits retention and discard new (a full stream keeps events pending); needs --stream-subject. Off by default: streams are the operator's")
+	fl.StringArrayVar(&f.stream.subjects, "stream-subject", nil, "a subject the created stream captures, e.g. 'pos.>' for the topics pos/… (repeatable; required with --create-stream)")
+	fl.IntVar(&f.stream.replicas, "stream-replicas", 1, "nodes of the cluster that hold the created stream")
+	fl.Int64Var(&f.stream.maxBytes, "stream-max-bytes", 0, "bytes the created stream holds at most before it refuses new events (0: the account's limit)")
+	fl.DurationVar(&f.stream.maxAge, "stream-max-age", 0, "how long the created stream keeps a message (0: until removed)")
+	fl.DurationVar(&f.stream.duplicates, "stream-duplicate-window", 0, "the created stream's duplicate window: exactly once into the stream holds for re-sends within it (0: 2m, NATS's default)")
 	fl.StringVar(&f.tokenFile, "admin-token-file", "", "enable the status page's buttons (requeue, try to connect now), with the token in this file (default: read-only page)")
 	return cmd
 }
@@ -257,6 +285,9 @@ start, there.`,
 func (f *relayFlags) mqttOptions() (outbox.MQTTOptions, error) {
 	if len(f.brokers) == 0 {
 		return outbox.MQTTOptions{}, errors.New("--broker is required")
+	}
+	if f.natsToken != "" || f.natsNKey != "" || f.natsCreds != "" {
+		return outbox.MQTTOptions{}, errors.New("--nats-token-file, --nats-nkey-file and --nats-creds-file are NATS's: not with an MQTT broker")
 	}
 	if f.db.path == "" {
 		return outbox.MQTTOptions{}, errors.New("--db is required")
@@ -334,9 +365,14 @@ func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
 			n++
 		}
 	}
+	stream := f.stream.name != "" || len(f.stream.subjects) > 0 || f.stream.replicas != 1 || f.stream.maxBytes != 0 || f.stream.maxAge != 0 || f.stream.duplicates != 0
 	switch {
+	case n == 0 && stream:
+		return o, false, errors.New("--create-stream and --stream-* are NATS JetStream's: they need nats:// brokers")
 	case n == 0:
 		return o, false, nil
+	case stream && f.stream.name == "":
+		return o, true, errors.New("--stream-* need --create-stream")
 	case n < len(f.brokers):
 		return o, true, errors.New("--broker: mix of nats:// and MQTT URLs")
 	case f.db.path == "":
@@ -348,8 +384,15 @@ func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
 	case f.mqttVersion != "auto":
 		return o, true, errors.New("--mqtt-version is MQTT's: not with a nats:// broker")
 	}
-	o = natsjs.Options{Servers: f.brokers, User: f.username, Name: f.clientID}
+	o = natsjs.Options{Servers: f.brokers, User: f.username, Name: f.clientID, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds}
+	if f.stream.name != "" {
+		o.CreateStream = &natsjs.StreamSpec{Name: f.stream.name, Subjects: f.stream.subjects, Replicas: f.stream.replicas,
+			MaxBytes: f.stream.maxBytes, MaxAge: f.stream.maxAge, Duplicates: f.stream.duplicates}
+	}
 	if o.Password, err = f.password(); err != nil {
+		return o, true, err
+	}
+	if err := f.natsLogin(&o); err != nil {
 		return o, true, err
 	}
 	if f.caFile != "" || f.certFile != "" || f.keyFile != "" || f.serverName != "" {
@@ -358,6 +401,35 @@ func (f *relayFlags) natsOptions() (o natsjs.Options, onNATS bool, err error) {
 		}
 	}
 	return o, true, nil
+}
+
+// natsLogin reads --nats-token-file and checks that one way of logging in
+// is given at most, and that its files can be read.
+func (f *relayFlags) natsLogin(o *natsjs.Options) error {
+	ways := 0
+	for _, given := range []bool{f.username != "", f.natsToken != "", f.natsNKey != "", f.natsCreds != ""} {
+		if given {
+			ways++
+		}
+	}
+	if ways > 1 {
+		return errors.New("give one of --username, --nats-token-file, --nats-nkey-file and --nats-creds-file")
+	}
+	if f.natsToken != "" {
+		b, err := os.ReadFile(f.natsToken)
+		if err != nil {
+			return fmt.Errorf("--nats-token-file: %w", err)
+		}
+		if o.Token = strings.TrimRight(string(b), "\r\n"); o.Token == "" {
+			return errors.New("--nats-token-file: the file is empty")
+		}
+	}
+	if f.natsCreds != "" {
+		if _, err := os.ReadFile(f.natsCreds); err != nil {
+			return fmt.Errorf("--nats-creds-file: %w", err)
+		}
+	}
+	return nil
 }
 
 // checkCommands checks the flags of --commands before anything is opened,

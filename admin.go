@@ -40,8 +40,9 @@ type Stats struct {
 	SchemaVersion      int
 	LeaseOwner         string    // relay holding the lease; empty if none
 	LeaseExpires       time.Time // by the holder's clock at its last renewal; an idle holder lets it pass (RelayOptions.LeaseTTL); zero if no relay holds the lease
-	// LeaseProtocol is the MQTT version the lease holder's connection
-	// speaks ("5" or "3.1.1"), as it last connected; empty if not known.
+	// LeaseProtocol is what the lease holder's connection speaks (an MQTT
+	// version, "5" or "3.1.1", or another protocol's name: ProtocolNamer),
+	// as it last connected; empty if not known.
 	LeaseProtocol string
 	// LeaseBrokerUnavailable is what the broker says of itself, as the
 	// lease holder last recorded it, while it says it cannot take

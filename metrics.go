@@ -374,9 +374,9 @@ type RelayStats struct {
 	// come only while that many run ahead of the last sync: none under a
 	// trickle, a few per thousand events when draining fast (BENCHMARKS.md).
 	MarkSyncs int64
-	// Protocol is the MQTT version the publisher's connection speaks ("5"
-	// or "3.1.1"), as it last connected; empty for a publisher that does
-	// not say.
+	// Protocol is what the publisher's connection speaks (an MQTT version,
+	// "5" or "3.1.1", or another protocol's name: ProtocolNamer), as it
+	// last connected; empty for a publisher that does not say.
 	Protocol string
 	// Broker is the address the publisher's connection is on, as it last
 	// connected (MQTTOptions.Brokers: a cluster's node), without

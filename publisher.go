@@ -238,12 +238,13 @@ type LossExplainer interface {
 	LostReason() error
 }
 
-// ProtocolNamer is a Publisher that can say which protocol version its
-// connection speaks: the relay logs it, shows it in RelayStats and stores it
-// with the lease, for outboxctl status.
+// ProtocolNamer is a Publisher that can say which protocol its connection
+// speaks: the relay logs it, shows it in RelayStats and stores it with the
+// lease, for outboxctl status and the status page.
 type ProtocolNamer interface {
-	// Protocol is the version the current connection speaks ("5",
-	// "3.1.1"); "" while not connected.
+	// Protocol is what the current connection speaks: an MQTT version
+	// ("5", "3.1.1"), or another protocol's name ("NATS JetStream"); ""
+	// while not connected.
 	Protocol() string
 }
 

@@ -591,8 +591,9 @@ func (r *Relay) broker() string {
 	return ""
 }
 
-// Protocol is the MQTT version the relay's connection speaks, as it last
-// connected ("5" or "3.1.1"); empty if the publisher does not say.
+// Protocol is what the relay's connection speaks, as it last connected (an
+// MQTT version, "5" or "3.1.1", or another protocol's name: ProtocolNamer);
+// empty if the publisher does not say.
 func (r *Relay) Protocol() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -52,7 +52,8 @@ func TestConformance(t *testing.T) {
 		}
 	}
 	outboxtest.Run(t, outboxtest.Transport{
-		Features: outboxtest.Features{Refusal: outboxtest.RefusedForGood, RefusalReason: "natsjs: the stream refused the message: message size exceeds maximum allowed"},
+		Features: outboxtest.Features{Refusal: outboxtest.RefusedForGood, RefusalReason: "natsjs: the stream refused the message: message size exceeds maximum allowed",
+			Protocol: "NATS JetStream"},
 		Broker:   broker,
 		Refusing: broker,
 	})

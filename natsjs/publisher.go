@@ -121,6 +121,7 @@ var (
 	_ outbox.BrokerNamer         = (*Publisher)(nil)
 	_ outbox.SizeLimiter         = (*Publisher)(nil)
 	_ outbox.LossExplainer       = (*Publisher)(nil)
+	_ outbox.ProtocolNamer       = (*Publisher)(nil)
 )
 
 // New returns a Publisher for opts; it does not connect.
@@ -194,6 +195,17 @@ func redact(s string) string {
 		return s
 	}
 	return u.Redacted()
+}
+
+// Protocol is "NATS JetStream" while connected, "" otherwise: what the
+// relay's status shows where an MQTT publisher says its version.
+func (p *Publisher) Protocol() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return ""
+	}
+	return "NATS JetStream"
 }
 
 // Broker is the server of the last Connect, without credentials.

@@ -52,7 +52,7 @@ func TestMetricsExposed(t *testing.T) {
 			require.Equal(t, "1", metricValue(t, text, "outbox_connected"))
 			require.Equal(t, "7", metricValue(t, text, "outbox_publish_ack_seconds_count"))
 			require.Equal(t, "7", metricValue(t, text, "outbox_commit_ack_seconds_count"))
-			require.Contains(t, text, `outbox_info{mqtt_version="5",source="/test/till-7",version="`)
+			require.Contains(t, text, `outbox_info{protocol="MQTT 5",source="/test/till-7",version="`)
 			require.Contains(t, text, "# TYPE outbox_publish_ack_seconds histogram")
 			require.Contains(t, text, "# TYPE outbox_published_total counter")
 			require.Contains(t, text, "# TYPE go_goroutines gauge")

@@ -73,7 +73,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	require.Contains(t, dom, "Connected to the broker")
 	require.Regexp(t, regexp.MustCompile(`id="pending">0<`), dom)
 	require.Contains(t, dom, "nothing waits")
-	require.Contains(t, dom, `MQTT version (of the last connection): <b>5</b>`)
+	require.Contains(t, dom, `Protocol (of the last connection): <b>MQTT 5</b>`)
 	require.Regexp(t, regexp.MustCompile(`id="published">25<`), dom)
 	require.NotContains(t, dom, `action="/reconnect"`, "connected: nothing to try")
 }

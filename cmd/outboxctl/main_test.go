@@ -617,9 +617,9 @@ func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 	var st map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
-	require.Equal(t, speaks, st["mqtt_version"], "mochi speaks both; auto chooses 5")
+	require.Equal(t, "MQTT "+speaks, st["protocol"], "mochi speaks both; auto chooses 5")
 	r = ctl(t, "status", "--db", path)
-	require.Regexp(t, `mqtt version\s+`+regexp.QuoteMeta(speaks)+`\n`, r.Stdout)
+	require.Regexp(t, `protocol\s+MQTT `+regexp.QuoteMeta(speaks)+`\n`, r.Stdout)
 
 	stopRelay(t, cmd, &stderr)
 	logs := stderr.String()

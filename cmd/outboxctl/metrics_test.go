@@ -60,7 +60,7 @@ func TestRelayMetricsListen(t *testing.T) {
 		return strings.Contains(text, "\noutbox_published_total 2\n") && strings.Contains(text, "\noutbox_commit_ack_seconds_count 2\n")
 	})
 	_, text := get("/metrics")
-	require.Contains(t, text, `outbox_info{mqtt_version="5",source="/shops/9",version="dev"} 1`)
+	require.Contains(t, text, `outbox_info{protocol="MQTT 5",source="/shops/9",version="dev"} 1`)
 	for _, family := range []string{"outbox_pending_messages gauge", "outbox_publish_ack_seconds histogram", "outbox_connection_attempts_total counter",
 		"go_goroutines gauge", "process_resident_memory_bytes gauge", "process_start_time_seconds gauge"} {
 		require.Contains(t, text, "\n# TYPE "+family+"\n")

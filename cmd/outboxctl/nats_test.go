@@ -77,6 +77,9 @@ func TestRelayToNATS(t *testing.T) {
 		got = append(got, m.Header.Get(jetstream.MsgIDHeader))
 	}
 	require.Equal(t, ids, got, "every event once, in commit order, its id as Nats-Msg-Id")
+	// status, another process, names the protocol, not an MQTT version.
+	r := ctl(t, "status", "--db", path)
+	require.Regexp(t, `(?m)^protocol\s+NATS JetStream$`, r.Stdout)
 	stopRelay(t, cmd, &stderr)
 }
 

@@ -511,7 +511,7 @@ func logStats(cmd *cobra.Command, a *cli.App, r *outbox.Relay, every time.Durati
 		if err != nil {
 			continue
 		}
-		a.Logger.Info("outbox relay stats", "connected", s.Connected, "mqtt_version", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
+		a.Logger.Info("outbox relay stats", "connected", s.Connected, "protocol", s.Protocol, "pending", s.Pending, "pending_bytes", s.PendingBytes,
 			"in_flight", s.InFlight, "sent", s.SentSince, "no_subscribers", s.NoSubscribers, "dead", s.Dead, "wal_syncs", s.WALSyncs, "last_error", s.LastError)
 	}
 }
@@ -528,7 +528,7 @@ func logCommandStats(ctx context.Context, a *cli.App, r *outbox.MQTTCommandRecei
 		case <-t.C:
 		}
 		s := r.Stats()
-		a.Logger.Info("outbox commands stats", "connected", s.Connected, "mqtt_version", s.Protocol, "stored", s.Stored,
+		a.Logger.Info("outbox commands stats", "connected", s.Connected, "protocol", s.Protocol, "stored", s.Stored,
 			"duplicates", s.Duplicates, "store_errors", s.StoreErrors, "expired", s.Expired, "last_error", s.LastError)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/metrics"
+
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox/internal/cli"
@@ -27,7 +29,7 @@ type statusJSON struct {
 	MaxPendingBytes    int64      `json:"max_pending_bytes"`
 	LeaseOwner         string     `json:"lease_owner"`
 	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
-	MQTTVersion        *string    `json:"mqtt_version"` // what the lease holder speaks; null: not known
+	Protocol           *string    `json:"protocol"` // what the lease holder speaks; null: not known
 	// BrokerUnavailable is what the broker says of itself while it says it
 	// cannot take messages, as the lease holder recorded it; null: it
 	// does not say so.
@@ -91,8 +93,8 @@ written, and a database closed cleanly gets no -wal or -shm file.
 --json prints one object with these keys: db, schema_version, pending,
 pending_bytes, oldest_pending_at, oldest_pending_age_seconds, dead, expired, sent,
 max_pending_messages, max_pending_bytes, lease_owner, lease_expires_at,
-mqtt_version (what the relay holding the lease speaks: "5", "3.1.1" or
-null), broker_unavailable and broker_unavailable_since (what the broker
+protocol (what the relay holding the lease speaks: "MQTT 5", "MQTT 3.1.1",
+"NATS JetStream" or null), broker_unavailable and broker_unavailable_since (what the broker
 says of itself while it says it cannot take messages, and since when; null
 otherwise), no_subscribers, no_subscribers_topic and no_subscribers_at
 (messages the broker took with no subscriber since the relay started, the
@@ -137,8 +139,8 @@ only when there are some). Times are RFC 3339 UTC or null.`,
 				out.LeaseExpiresAt = &t
 			}
 			if st.LeaseOwner != "" && st.LeaseProtocol != "" {
-				v := st.LeaseProtocol
-				out.MQTTVersion = &v
+				v := metrics.ProtocolName(st.LeaseProtocol)
+				out.Protocol = &v
 			}
 			if st.LeaseOwner != "" && st.LeaseBrokerUnavailable != "" {
 				v, t := st.LeaseBrokerUnavailable, st.LeaseBrokerUnavailableSince.UTC()
@@ -180,8 +182,8 @@ only when there are some). Times are RFC 3339 UTC or null.`,
 				} else {
 					fmt.Fprintf(w, "relay lease\t%s, until %s\n", out.LeaseOwner, out.LeaseExpiresAt.Format(time.RFC3339))
 				}
-				if out.MQTTVersion != nil {
-					fmt.Fprintf(w, "mqtt version\t%s\n", *out.MQTTVersion)
+				if out.Protocol != nil {
+					fmt.Fprintf(w, "protocol\t%s\n", *out.Protocol)
 				}
 				if out.NoSubscribers > 0 {
 					fmt.Fprintf(w, "no subscriber\t%d messages reached the broker with no subscriber, last on %s at %s (%s ago): is the consumer subscribed, is the topic right?\n",

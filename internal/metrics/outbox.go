@@ -94,12 +94,12 @@ var defs = [...]def{
 			}
 			return one(float64(s.Gauges.FreeBytes))
 		}},
-	{name: "outbox_info", typ: Gauge, labels: []string{"mqtt_version", "source", "version"},
-		help: "Always 1: the outbox's version, the relay's CloudEvents source and the MQTT version its connection speaks (empty until it connected).",
+	{name: "outbox_info", typ: Gauge, labels: []string{"protocol", "source", "version"},
+		help: "Always 1: the outbox's version, the relay's CloudEvents source and the protocol its connection speaks (MQTT 5, MQTT 3.1.1, NATS JetStream; empty until it connected).",
 		read: func(s *Snapshot) []Sample {
 			var protocol, source string
 			if s.Relay != nil {
-				protocol, source = s.Relay.Protocol, s.Relay.Source
+				protocol, source = ProtocolName(s.Relay.Protocol), s.Relay.Source
 			}
 			return []Sample{{LabelValues: labelValues(protocol, source, s.Version), Value: 1}}
 		}},

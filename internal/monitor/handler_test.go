@@ -55,7 +55,7 @@ func TestWithoutRelay(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, metrics.ContentType, resp.Header.Get("Content-Type"))
 	require.Contains(t, body, "\noutbox_pending_messages 0\n")
-	require.Contains(t, body, `outbox_info{mqtt_version="",source="",version="dev"} 1`)
+	require.Contains(t, body, `outbox_info{protocol="",source="",version="dev"} 1`)
 	require.Contains(t, body, "\n# TYPE go_goroutines gauge\n")
 	require.NotContains(t, body, "outbox_connected")
 	resp, body = get("/nothing")

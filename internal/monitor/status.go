@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeoutbox/outbox/internal/metrics"
+
 	"github.com/edgeoutbox/outbox"
 )
 
@@ -148,9 +150,9 @@ func writeStatus(w io.Writer, d statusData) error {
 <button type="submit">Try to connect now</button> <span class="muted">rather than at the relay's next attempt</span></form>
 `)
 		}
-		put("<p id=\"mqtt\">MQTT version (of the last connection): <b>")
+		put("<p id=\"protocol\">Protocol (of the last connection): <b>")
 		if d.Protocol != "" {
-			put(escapeHTML(d.Protocol))
+			put(escapeHTML(metrics.ProtocolName(d.Protocol)))
 		} else {
 			put("not known yet")
 		}

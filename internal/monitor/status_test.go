@@ -152,7 +152,7 @@ func pageStates(t *testing.T) []pageState {
 			m.HoldsLease, m.Connected, m.Published, m.Protocol = false, false, 0, ""
 			m.Since = now.Add(-10 * time.Minute)
 		}), Gauges: backlog},
-			says: []string{`class="err" id="role">Another relay on this device is sending its events`, "stands by", "MQTT version (of the last connection): <b>not known yet"},
+			says: []string{`class="err" id="role">Another relay on this device is sending its events`, "stands by", "Protocol (of the last connection): <b>not known yet"},
 			not:  []string{"attempts to connect", `action="/reconnect"`}},
 		{name: "dead-messages", rd: readings{Relay: &up, Gauges: outbox.Gauges{Dead: 23}, Dead: parked(maxDeadShown, "not authorized (0x87)"), Admin: true},
 			says: []string{`id="dead-count">23<`, "not authorized (0x87)", "and more: 23 in all; outboxctl list --state dead", `action="/requeue"`},

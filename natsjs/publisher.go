@@ -61,7 +61,7 @@ type Options struct {
 type Publisher struct {
 	opts   Options
 	auth   []nats.Option
-	stream *jetstream.StreamConfig // Options.CreateStream's, checked
+	stream *streamMaker // Options.CreateStream's, or nil
 
 	mu   sync.Mutex
 	next int   // the server the next Connect tries
@@ -111,11 +111,11 @@ func New(opts Options) (*Publisher, error) {
 	}
 	p := &Publisher{opts: opts}
 	if opts.CreateStream != nil {
-		cfg, err := opts.CreateStream.config()
+		m, err := newStreamMaker(*opts.CreateStream)
 		if err != nil {
 			return nil, err
 		}
-		p.stream = &cfg
+		p.stream = m
 	}
 	if opts.User != "" || opts.Password != "" {
 		p.auth = append(p.auth, nats.UserInfo(opts.User, opts.Password))
@@ -203,7 +203,7 @@ func (p *Publisher) Connect(ctx context.Context) error {
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)
 	}
 	if p.stream != nil {
-		if err := ensureStream(ctx, js, *p.stream); err != nil {
+		if err := p.stream.ensure(ctx, js); err != nil {
 			nc.Close()
 			return err
 		}

@@ -158,6 +158,9 @@ start, there.`,
 			}
 			var pub outbox.Publisher
 			if onNATS {
+				if jsOpts.CreateStream != nil {
+					jsOpts.CreateStream.Logger = a.Logger
+				}
 				if pub, err = natsjs.New(jsOpts); err != nil {
 					return cli.UsageError{Err: err}
 				}

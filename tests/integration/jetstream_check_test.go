@@ -39,9 +39,9 @@ type jsEvent struct {
 	Pad      string `json:"pad"`
 }
 
-// jsWriter is the application: it commits one event every interval, each
-// to one of jsTopics with one of crashPriorities, and lists what was
-// committed, in commit order.
+// jsWriter is the application: it commits perTx events every interval,
+// in one transaction, each to one of jsTopics with one of
+// crashPriorities, and lists what was committed, in commit order.
 type jsWriter struct {
 	t    *testing.T
 	ob   *outbox.Outbox
@@ -53,7 +53,7 @@ type jsWriter struct {
 	err       error
 }
 
-func startJSWriter(t *testing.T, ob *outbox.Outbox, every time.Duration, seed uint64) *jsWriter {
+func startJSWriter(t *testing.T, ob *outbox.Outbox, every time.Duration, perTx int, seed uint64) *jsWriter {
 	w := &jsWriter{t: t, ob: ob, stop: make(chan struct{}), done: make(chan struct{})}
 	rng := rand.New(rand.NewPCG(seed, 0x75))
 	go func() {
@@ -67,11 +67,19 @@ func startJSWriter(t *testing.T, ob *outbox.Outbox, every time.Duration, seed ui
 				return
 			case <-tick.C:
 			}
-			ev := jsEvent{ID: outbox.NewID(), Topic: jsTopics[rng.IntN(len(jsTopics))],
-				Priority: crashPriorities[rng.IntN(len(crashPriorities))], Pad: strings.Repeat("x", rng.IntN(600))}
-			payload, _ := json.Marshal(ev)
+			evs := make([]jsEvent, perTx)
+			for i := range evs {
+				evs[i] = jsEvent{ID: outbox.NewID(), Topic: jsTopics[rng.IntN(len(jsTopics))],
+					Priority: crashPriorities[rng.IntN(len(crashPriorities))], Pad: strings.Repeat("x", rng.IntN(600))}
+			}
 			err := ob.Transact(ctx, func(tx *sql.Tx) error {
-				return ob.Enqueue(ctx, tx, outbox.Message{ID: ev.ID, Topic: ev.Topic, Type: "order.created", Priority: ev.Priority, Payload: payload})
+				for _, ev := range evs {
+					payload, _ := json.Marshal(ev)
+					if err := ob.Enqueue(ctx, tx, outbox.Message{ID: ev.ID, Topic: ev.Topic, Type: "order.created", Priority: ev.Priority, Payload: payload}); err != nil {
+						return err
+					}
+				}
+				return nil
 			})
 			w.mu.Lock()
 			if err != nil {
@@ -79,7 +87,7 @@ func startJSWriter(t *testing.T, ob *outbox.Outbox, every time.Duration, seed ui
 				w.mu.Unlock()
 				return
 			}
-			w.committed = append(w.committed, ev)
+			w.committed = append(w.committed, evs...)
 			w.mu.Unlock()
 		}
 	}()

@@ -61,7 +61,7 @@ type Options struct {
 type Publisher struct {
 	opts   Options
 	auth   []nats.Option
-	stream *jetstream.StreamConfig // Options.CreateStream's, checked
+	stream *streamMaker // Options.CreateStream's, or nil
 	// login says how Connect logs in, without the secret, for the error
 	// of a refused login.
 	login      string
@@ -145,11 +145,11 @@ func New(opts Options) (*Publisher, error) {
 	}
 	p := &Publisher{opts: opts}
 	if opts.CreateStream != nil {
-		cfg, err := opts.CreateStream.config()
+		m, err := newStreamMaker(*opts.CreateStream)
 		if err != nil {
 			return nil, err
 		}
-		p.stream = &cfg
+		p.stream = m
 	}
 	var login []string
 	if opts.User != "" || opts.Password != "" {
@@ -274,7 +274,7 @@ func (p *Publisher) Connect(ctx context.Context) error {
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)
 	}
 	if p.stream != nil {
-		if err := ensureStream(ctx, js, *p.stream); err != nil {
+		if err := p.stream.ensure(ctx, js); err != nil {
 			nc.Close()
 			return err
 		}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,6 +49,9 @@ type StreamSpec struct {
 	MaxMsgs  int64
 	MaxBytes int64
 	MaxAge   time.Duration
+	// Logger, if set, hears whether Connect created the stream or found
+	// one of its name, which it then uses as it is.
+	Logger *slog.Logger
 }
 
 // defaultDuplicates is NATS's own duplicate window.
@@ -98,20 +103,49 @@ func (s StreamSpec) config() (jetstream.StreamConfig, error) {
 	return c, nil
 }
 
-// ensureStream creates the stream cfg describes unless one of its name
-// exists, which it leaves as it is.
-func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
-	_, err := js.Stream(ctx, cfg.Name)
+// streamMaker creates a StreamSpec's stream at Connect.
+type streamMaker struct {
+	cfg    jetstream.StreamConfig
+	logger *slog.Logger
+	found  atomic.Bool // said once that the stream exists
+}
+
+func newStreamMaker(s StreamSpec) (*streamMaker, error) {
+	cfg, err := s.config()
+	if err != nil {
+		return nil, err
+	}
+	m := &streamMaker{cfg: cfg, logger: s.Logger}
+	if m.logger == nil {
+		m.logger = slog.New(slog.DiscardHandler)
+	}
+	return m, nil
+}
+
+// ensure creates the stream unless one of its name exists, which it leaves
+// as it is.
+func (m *streamMaker) ensure(ctx context.Context, js jetstream.JetStream) error {
+	name := m.cfg.Name
+	_, err := js.Stream(ctx, name)
 	if err == nil {
+		if !m.found.Swap(true) {
+			m.logger.Info("natsjs: the stream exists: used as it is, not updated", "stream", name)
+		}
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("natsjs: stream %q: %w", cfg.Name, err)
+		return fmt.Errorf("natsjs: stream %q: %w", name, err)
 	}
-	_, err = js.CreateStream(ctx, cfg)
-	// Another relay may have created it meanwhile: then it is that one's.
-	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("natsjs: create stream %q: %w", cfg.Name, err)
+	_, err = js.CreateStream(ctx, m.cfg)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		// Another relay created it meanwhile: it is that one's.
+		m.logger.Info("natsjs: the stream was created meanwhile by another: used as it is", "stream", name)
+	case err != nil:
+		return fmt.Errorf("natsjs: create stream %q: %w", name, err)
+	default:
+		m.logger.Info("natsjs: created the stream", "stream", name, "subjects", m.cfg.Subjects, "replicas", m.cfg.Replicas,
+			"max_msgs", m.cfg.MaxMsgs, "max_bytes", m.cfg.MaxBytes, "max_age", m.cfg.MaxAge, "duplicate_window", m.cfg.Duplicates)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package natsjs_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox"
+	"github.com/edgeoutbox/outbox/internal/harness"
 	"github.com/edgeoutbox/outbox/natsjs"
 )
 
@@ -37,7 +39,8 @@ func TestCreateStreamOnlyWhenAsked(t *testing.T) {
 	plain.Disconnect()
 	require.Empty(t, s.streamNames(t), "no stream unless asked")
 
-	spec := &natsjs.StreamSpec{Name: "POS", Subjects: []string{"pos.>"}, MaxBytes: 1 << 20}
+	var logs harness.LogBuffer
+	spec := &natsjs.StreamSpec{Name: "POS", Subjects: []string{"pos.>"}, MaxBytes: 1 << 20, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	pub, err := natsjs.New(natsjs.Options{Servers: []string{s.url}, CreateStream: spec})
 	require.NoError(t, err)
 	ob := openOutbox(t)
@@ -56,6 +59,7 @@ func TestCreateStreamOnlyWhenAsked(t *testing.T) {
 	require.Equal(t, 1, cfg.Replicas)
 	require.EqualValues(t, 1<<20, cfg.MaxBytes)
 	require.Equal(t, ids, msgIDs(stored(t, st)), "every event once, in commit order")
+	require.Contains(t, logs.String(), `msg="natsjs: created the stream" stream=POS`)
 }
 
 // TestCreateStreamLeavesExistingAlone: when a stream of the name exists,
@@ -68,11 +72,13 @@ func TestCreateStreamLeavesExistingAlone(t *testing.T) {
 	_, err := s.js.CreateStream(ctx, want)
 	require.NoError(t, err)
 
+	var logs harness.LogBuffer
 	pub, err := natsjs.New(natsjs.Options{Servers: []string{s.url},
-		CreateStream: &natsjs.StreamSpec{Name: "POS", Subjects: []string{"pos.>", "till.>"}, MaxBytes: 4096}})
+		CreateStream: &natsjs.StreamSpec{Name: "POS", Subjects: []string{"pos.>", "till.>"}, MaxBytes: 4096, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 	require.NoError(t, err)
 	require.NoError(t, pub.Connect(ctx))
 	defer pub.Disconnect()
+	require.Contains(t, logs.String(), "the stream exists: used as it is, not updated")
 	st, err := s.js.Stream(ctx, "POS")
 	require.NoError(t, err)
 	got := st.CachedInfo().Config

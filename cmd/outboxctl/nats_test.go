@@ -152,6 +152,7 @@ func TestRelayCreatesStream(t *testing.T) {
 	m, err := st.GetMsg(ctx, 1)
 	require.NoError(t, err)
 	require.Equal(t, id, m.Header.Get(jetstream.MsgIDHeader))
+	require.Contains(t, stderr.String(), "natsjs: created the stream")
 	stopRelay(t, cmd, &stderr)
 }
 

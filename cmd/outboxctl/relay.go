@@ -164,6 +164,9 @@ the creds file at every connection.`,
 			}
 			var pub outbox.Publisher
 			if onNATS {
+				if jsOpts.CreateStream != nil {
+					jsOpts.CreateStream.Logger = a.Logger
+				}
 				if pub, err = natsjs.New(jsOpts); err != nil {
 					return cli.UsageError{Err: err}
 				}

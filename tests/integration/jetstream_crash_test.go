@@ -119,7 +119,7 @@ func TestJetStreamKill9(t *testing.T) {
 	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { ob.Close() })
-	w := startJSWriter(t, ob, 4*time.Millisecond, seed)
+	w := startJSWriter(t, ob, 4*time.Millisecond, 1, seed)
 
 	verbose := os.Getenv("OUTBOX_TEST_LOG") != ""
 	var early, relayed int

@@ -66,7 +66,7 @@ fast it empties, each beside the physical limit measured the same way:
 It prints Markdown tables (with --json, one JSON object with one key per
 figure, listed by --keys), with the machine, Go and SQLite versions. Each
 target is marked met or MISSED. Quick by default (under 2 minutes; workloads
-scaled down and labelled so); --full runs the full sizes (about 18 minutes on 2 cores).
+scaled down and labelled so); --full runs the full sizes (about 21 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory. bench compare compares the JSON reports of runs.`,
 		Example: `  outboxlab bench
@@ -130,7 +130,7 @@ directory. bench compare compares the JSON reports of runs.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link (about 18 minutes on 2 cores)")
+	cmd.Flags().BoolVar(&full, "full", false, "the full sizes: 100,000-message backlogs, 10,000 latency events, a 1,000,000-message memory run, a 30 s outage, a 30,000-event day over the slow link, 50,000-message drains to JetStream (about 21 minutes on 2 cores)")
 	cmd.Flags().BoolVar(&smoke, "smoke", false, "tiny sizes, only to check that everything runs (seconds)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of Markdown")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

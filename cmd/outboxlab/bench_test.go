@@ -170,7 +170,8 @@ func TestBenchSmoke(t *testing.T) {
 	// where PostgreSQL is too.
 	if natsInstalled() {
 		for _, k := range []string{"jetstream_drain_r1_w64_ratio", "jetstream_drain_r3_w64_ratio",
-			"jetstream_drain_r1_w64_library_cpu_us_per_msg", "jetstream_drain_r1_w64_raw_nats_cpu_us_per_msg"} {
+			"jetstream_drain_r1_w64_library_cpu_us_per_msg", "jetstream_drain_r1_w64_raw_nats_cpu_us_per_msg",
+			"jetstream_drain_instant_msgs_per_s", "jetstream_drain_instant_cpu_us_per_msg"} {
 			v, ok := rep[k].(float64)
 			require.True(t, ok && v > 0, "%s = %v", k, rep[k])
 		}

@@ -116,6 +116,21 @@ func (r *runner) jsDrains(ctx context.Context, targets []jsTarget) error {
 			}
 		}
 	}
+	for round := 0; round < sz.jsRounds; round++ {
+		path, err := r.makeBacklog(ctx, fmt.Sprintf("js-instant-%d.db", round), n)
+		if err != nil {
+			return err
+		}
+		rate, use, err := r.drainInstant(ctx, path, n, jsTargetWindow)
+		if err != nil {
+			return fmt.Errorf("the relay alone: %w", err)
+		}
+		rates["instant"] = append(rates["instant"], rate)
+		selfCPU["instant"] = append(selfCPU["instant"], float64(use.self.Microseconds())/float64(n))
+		r.progress("  the relay alone, window %d: %.0f msg/s", jsTargetWindow, rate)
+	}
+	r.rep.set("jetstream_drain_instant_msgs_per_s", median(rates["instant"]))
+	r.rep.set("jetstream_drain_instant_cpu_us_per_msg", median(selfCPU["instant"]))
 	for _, t := range targets {
 		for _, w := range sz.jsWindows {
 			p := fmt.Sprintf("jetstream_drain_%s_w%d_", t.key, w)
@@ -140,8 +155,8 @@ func (r *runner) jsDrains(ctx context.Context, targets []jsTarget) error {
 	}
 	r.rep.note(11, "%s into the stream %s (subjects bench.>, file storage, duplicate window 2 min), on nats-server %s: one server (R1), and a 3-node cluster (R3; both publishers on node 1, the stream's leader %s). "+
 		"Rate: messages / (the stream's last message's time − start); the relay's start includes its lease and the connect; raw: nats.go's jetstream PublishMsgAsync of the same bytes and headers, "+
-		"at most window PubAcks awaited, no database. Each drain a fresh backlog (fresh ids), the stream purged before it; %d round(s), raw and library alternating; medians.",
-		note, jsStream, version, leaders["r3"], sz.jsRounds)
+		"at most window PubAcks awaited, no database. The relay alone: the same drain at window %d to a Publisher that acknowledges at once and sends nothing (its reads, encoding, dispatch and marks). Each drain a fresh backlog (fresh ids), the stream purged before it; %d round(s), raw and library alternating; medians.",
+		note, jsStream, version, leaders["r3"], jsTargetWindow, sz.jsRounds)
 	return nil
 }
 
@@ -285,6 +300,42 @@ func (r *runner) jsDrainLibrary(ctx context.Context, t jsTarget, path string, n,
 		return 0, cpuUse{}, werr
 	}
 	return float64(n) / last.Sub(start).Seconds(), use, nil
+}
+
+// drainInstant drains the backlog at path through the relay to a
+// Publisher that acknowledges at once, at window w.
+func (r *runner) drainInstant(ctx context.Context, path string, n, w int) (float64, cpuUse, error) {
+	ob, err := outbox.Open(ctx, path, outbox.Options{Logger: r.log, ReserveBytes: -1})
+	if err != nil {
+		return 0, cpuUse{}, err
+	}
+	defer ob.Close()
+	pub := newInstantPublisher(n)
+	relay, err := ob.NewRelay(pub, outbox.RelayOptions{Window: w, Source: benchSource})
+	if err != nil {
+		return 0, cpuUse{}, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	before := takeCPUSample()
+	start := time.Now()
+	go func() { done <- relay.Run(rctx) }()
+	werr := waitDone(ctx, pub.done, drainTimeout(n, w), func() error {
+		return fmt.Errorf("%d of %d published", pub.published.Load(), n)
+	})
+	use := before.until(takeCPUSample(), time.Since(start))
+	if werr == nil {
+		werr = waitPending(ctx, ob, 0, 30*time.Second)
+	}
+	cancel()
+	if err := <-done; err != nil && werr == nil {
+		werr = err
+	}
+	if werr != nil {
+		return 0, cpuUse{}, werr
+	}
+	return float64(n) / time.Unix(0, pub.last.Load()).Sub(start).Seconds(), use, nil
 }
 
 // jsDrainRaw publishes the messages the relay would publish for the

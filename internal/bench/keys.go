@@ -342,6 +342,8 @@ var keys = func() []keyDoc {
 	}
 
 	// 11. NATS JetStream.
+	add(11, "jetstream_drain_instant_msgs_per_s", fmt.Sprintf("the relay alone, window %d: to a Publisher that acknowledges at once (no transport)", jsTargetWindow), "msg/s", "")
+	add(11, "jetstream_drain_instant_cpu_us_per_msg", fmt.Sprintf("the relay alone, window %d: CPU of this process per message", jsTargetWindow), "µs", "")
 	for _, t := range []struct{ key, name string }{{"r1", "R1 (one server)"}, {"r3", "R3 (3-node cluster)"}} {
 		for _, w := range sizesFor(Full).jsWindows {
 			p := fmt.Sprintf("jetstream_drain_%s_w%d_", t.key, w)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
@@ -11,7 +12,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/edgeoutbox/outbox/internal/bench"
+	"github.com/edgeoutbox/outbox/internal/harness"
 )
+
+// natsInstalled is whether the harness finds nats-server, as section 11
+// looks for it.
+func natsInstalled() bool {
+	if _, err := exec.LookPath("nats-server"); err == nil {
+		return true
+	}
+	for _, p := range []string{"/usr/sbin/nats-server", "/usr/bin/nats-server"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
 
 // TestBenchSmoke runs every section of outboxlab bench at tiny sizes
 // through the built binary and checks the JSON report's keys, so that the
@@ -149,6 +165,27 @@ func TestBenchSmoke(t *testing.T) {
 		require.Nil(t, rep["flash_slow50_link_vs_limit"], "smoke: 10 ms only")
 	}
 
+	// NATS JetStream where nats-server is installed: the drains beside raw
+	// nats.go at R1 and R3, and the consumers with 1, 2 and 4 members
+	// where PostgreSQL is too.
+	if natsInstalled() {
+		for _, k := range []string{"jetstream_drain_r1_w64_ratio", "jetstream_drain_r3_w64_ratio",
+			"jetstream_drain_r1_w64_library_cpu_us_per_msg", "jetstream_drain_r1_w64_raw_nats_cpu_us_per_msg",
+			"jetstream_drain_instant_msgs_per_s", "jetstream_drain_instant_cpu_us_per_msg"} {
+			v, ok := rep[k].(float64)
+			require.True(t, ok && v > 0, "%s = %v", k, rep[k])
+		}
+		if harness.PostgresBinDir() != "" {
+			for _, k := range []string{"jetstream_consumer_m1_events_per_s", "jetstream_consumer_m2_vs_m1", "jetstream_consumer_m4_vs_m1",
+				"jetstream_consumer_m1_postgres_cpu_us_per_event", "jetstream_consumer_m4_cpu_share"} {
+				v, ok := rep[k].(float64)
+				require.True(t, ok && v > 0, "%s = %v", k, rep[k])
+			}
+		}
+	} else {
+		require.Contains(t, fmt.Sprint(notes["11"]), "not run", "section 11 without nats-server")
+	}
+
 	// The Markdown form has a table per section.
 	r = lab(t, "bench", "--smoke", "--quiet", "--mosquitto", "none", "--sections", "1")
 	require.Equal(t, 0, r.Code, r.Stderr)
@@ -156,7 +193,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.Contains(t, r.Stdout, "| FULL: library / business alone |")
 	require.True(t, strings.Contains(r.Stdout, "**met**") || strings.Contains(r.Stdout, "**MISSED**"))
 
-	r = lab(t, "bench", "--sections", "11")
+	r = lab(t, "bench", "--sections", "12")
 	require.Equal(t, 2, r.Code, r.Stderr)
 
 	// One window of section 2: its cells, and no others.

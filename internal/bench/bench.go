@@ -4,8 +4,9 @@
 // publishing, latency, catch-up after an outage, memory, binary size, a
 // baseline (the polling dispatcher of the articles), what durable before
 // publish costs, a drain over a slow cellular link beside that link's
-// limit, and what the outbox writes to the flash, and how it does on a
-// slow card. outboxlab bench runs it.
+// limit, what the outbox writes to the flash, and how it does on a slow
+// card, and NATS JetStream: the drain beside raw nats.go publishing, and
+// consumers into PostgreSQL. outboxlab bench runs it.
 //
 // Absolute numbers on shared machines move from run to run; the ratios,
 // measured side by side with interleaved rounds, are what the targets are
@@ -39,7 +40,7 @@ const (
 // Config says what to run.
 type Config struct {
 	Mode Mode
-	// Sections to run, 1..10; empty means all.
+	// Sections to run, 1..11; empty means all.
 	Sections []int
 	// Self is the command line that runs this program's child entry point
 	// (Child): the sidecar writer and the relay whose memory is measured
@@ -97,6 +98,13 @@ type sizes struct {
 	// whether every delay of the slow card runs (else 10 ms only).
 	flashEnqueue, flashDrain, flashSlowTx int
 	flashSlowAll                          bool
+	// Section 11: the backlog of each drain to JetStream, the windows,
+	// the rounds (drains and consumers), and the events the consumers
+	// apply.
+	jsBacklog        int
+	jsWindows        []int
+	jsRounds         int
+	jsConsumerEvents int
 }
 
 func sizesFor(m Mode) sizes {
@@ -115,6 +123,7 @@ func sizesFor(m Mode) sizes {
 			linkBytesEvents: 1000, linkDrainSeconds: 12, linkAllDrains: true, linkDay: true, linkPrioBacklog: linkDayEvents,
 			linkOrdersBytesEvents: 3000, linkOrdersDay: true, compressTime: 2 * time.Second,
 			flashEnqueue: 5000, flashDrain: 30_000, flashSlowTx: 200, flashSlowAll: true,
+			jsBacklog: 50_000, jsWindows: []int{64, 256}, jsRounds: 3, jsConsumerEvents: 20_000,
 		}
 	case Smoke:
 		return sizes{
@@ -129,6 +138,7 @@ func sizesFor(m Mode) sizes {
 			linkBytesEvents: 50, linkDrainSeconds: 0.5, linkPrioBacklog: 500,
 			linkOrdersBytesEvents: 300, compressTime: 50 * time.Millisecond,
 			flashEnqueue: 100, flashDrain: 500, flashSlowTx: 10,
+			jsBacklog: 300, jsWindows: []int{64}, jsRounds: 1, jsConsumerEvents: 200,
 		}
 	}
 	return sizes{
@@ -144,6 +154,7 @@ func sizesFor(m Mode) sizes {
 		linkBytesEvents: 300, linkDrainSeconds: 4, linkAllDrains: true, linkPrioBacklog: 10_000,
 		linkOrdersBytesEvents: 1000, linkOrdersDay: true, compressTime: 500 * time.Millisecond,
 		flashEnqueue: 2000, flashDrain: 10_000, flashSlowTx: 50, flashSlowAll: true,
+		jsBacklog: 10_000, jsWindows: []int{64, 256}, jsRounds: 3, jsConsumerEvents: 5000,
 	}
 }
 
@@ -188,7 +199,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		run func(context.Context) error
 	}{
 		{1, r.enqueue}, {2, r.drain}, {3, r.latency}, {4, r.catchup}, {5, r.memory}, {6, r.size}, {7, r.baseline},
-		{8, r.durable}, {9, r.link}, {10, r.flash},
+		{8, r.durable}, {9, r.link}, {10, r.flash}, {11, r.jetstream},
 	}
 	for _, s := range sections {
 		if !r.selected(s.n) {

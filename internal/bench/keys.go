@@ -340,5 +340,40 @@ var keys = func() []keyDoc {
 			add(10, p+"link_fsyncs_per_1000", name+": the relay's WAL fsyncs per 1,000 events (reads and marks)", "fsyncs", "")
 		}
 	}
+
+	// 11. NATS JetStream.
+	add(11, "jetstream_drain_instant_msgs_per_s", fmt.Sprintf("the relay alone, window %d: to a Publisher that acknowledges at once (no transport)", jsTargetWindow), "msg/s", "")
+	add(11, "jetstream_drain_instant_cpu_us_per_msg", fmt.Sprintf("the relay alone, window %d: CPU of this process per message", jsTargetWindow), "µs", "")
+	for _, t := range []struct{ key, name string }{{"r1", "R1 (one server)"}, {"r3", "R3 (3-node cluster)"}} {
+		for _, w := range sizesFor(Full).jsWindows {
+			p := fmt.Sprintf("jetstream_drain_%s_w%d_", t.key, w)
+			name := fmt.Sprintf("drain to JetStream %s, window %d", t.name, w)
+			target := ""
+			if w == jsTargetWindow {
+				target = "≥ 0.90"
+			}
+			add(11, p+"raw_msgs_per_s", name+": raw nats.go (PublishMsgAsync)", "msg/s", "")
+			add(11, p+"library_msgs_per_s", name+": relay (natsjs)", "msg/s", "")
+			add(11, p+"ratio", name+": relay / raw", "ratio", target)
+			for _, v := range []struct{ key, name string }{{"raw", "raw"}, {"library", "relay"}} {
+				add(11, p+v.key+"_cpu_us_per_msg", name+", "+v.name+": CPU of this process per message", "µs", "")
+				add(11, p+v.key+"_nats_cpu_us_per_msg", name+", "+v.name+": CPU of nats-server per message", "µs", "")
+				add(11, p+v.key+"_machine_busy", name+", "+v.name+": the machine's CPUs busy (anyone's work)", "ratio", "")
+			}
+		}
+	}
+	for _, m := range jsMembers {
+		p := fmt.Sprintf("jetstream_consumer_m%d_", m)
+		name := fmt.Sprintf("consumers into PostgreSQL, %d member(s)", m)
+		add(11, p+"events_per_s", name+": events applied per second", "events/s", "")
+		if m > 1 {
+			add(11, p+"vs_m1", name+": / 1 member", "ratio", "")
+		}
+		add(11, p+"consumer_cpu_us_per_event", name+": CPU of the consumers (this process) per event", "µs", "")
+		add(11, p+"postgres_cpu_us_per_event", name+": CPU of PostgreSQL per event", "µs", "")
+		add(11, p+"nats_cpu_us_per_event", name+": CPU of nats-server per event", "µs", "")
+		add(11, p+"cpu_share", name+": consumers + PostgreSQL + nats-server, share of the machine's CPUs", "ratio", "")
+		add(11, p+"machine_busy", name+": the machine's CPUs busy (anyone's work)", "ratio", "")
+	}
 	return k
 }()

@@ -21,6 +21,7 @@ var sectionTitles = map[int]string{
 	8:  "Durable before publish",
 	9:  "A slow link used to its limit",
 	10: "Writes to the flash, and a slow card",
+	11: "NATS JetStream: drain and consumers",
 }
 
 // Meta describes the run: machine, versions, mode and duration.

@@ -32,12 +32,11 @@ func enqueuePriority(t *testing.T, ob *outbox.Outbox, prio, n int) {
 }
 
 // TestPrioritiesHoldOnJetStream: priority-9 events committed while a
-// priority-0 backlog drains into the stream reach it within a few windows
-// of their commit, ahead of the backlog's tail, and the stream holds every
-// event once, each priority in commit order.
+// priority-0 backlog drains into the stream reach it ahead of most of the
+// backlog pending at their commit, and the stream holds every event once,
+// each priority in commit order.
 func TestPrioritiesHoldOnJetStream(t *testing.T) {
 	const (
-		window  = 32 // runRelay's
 		backlog = 2000
 		urgent  = 20
 	)
@@ -86,5 +85,10 @@ func TestPrioritiesHoldOnJetStream(t *testing.T) {
 	require.Equal(t, want, per, "every event once, each priority in commit order")
 	t.Logf("priority 9 committed with %d in the stream; its events at %d to %d of %d", at, first+1, last+1, len(got))
 	require.Less(t, last, backlog-1, "priority 9 ahead of the backlog's tail")
-	require.LessOrEqual(t, first-at, 4*window, "priority 9's first event more than a few windows behind its commit")
+	// How many go between the commit and the relay's noticing it is the
+	// drain's rate times a wake-up's delay (TestRelayPriorityTakesTheNextSlot
+	// bounds the slots, with no clock): the bound here leaves a loaded
+	// machine tens of milliseconds, while the backlog's order would put
+	// priority 9 after all of it.
+	require.Less(t, first-at, (backlog-at)/2, "priority 9's first event behind most of the backlog pending at its commit")
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -84,9 +85,62 @@ type conn struct {
 	lostOnce sync.Once
 	saidMu   sync.Mutex
 	said     error // what the server said that ended the connection
+
+	// inFlight are the tokens of the messages published and not yet
+	// answered, by message: nats.go's ack and error handlers settle them,
+	// which costs no goroutine a message; nil once the connection ended.
+	inFlightMu sync.Mutex
+	inFlight   map[*nats.Msg]*token
 }
 
-func (c *conn) end() { c.lostOnce.Do(func() { close(c.lost) }) }
+// end settles what is in flight as lost, once, and closes lost.
+func (c *conn) end() {
+	c.lostOnce.Do(func() {
+		c.inFlightMu.Lock()
+		lost := c.inFlight
+		c.inFlight = nil
+		c.inFlightMu.Unlock()
+		close(c.lost)
+		for _, t := range lost {
+			t.settle(fmt.Errorf("natsjs: connection to %s lost before the PubAck", c.server))
+		}
+	})
+}
+
+// add holds t until msg's answer; false once the connection ended.
+func (c *conn) add(msg *nats.Msg, t *token) bool {
+	c.inFlightMu.Lock()
+	defer c.inFlightMu.Unlock()
+	if c.inFlight == nil {
+		return false
+	}
+	c.inFlight[msg] = t
+	return true
+}
+
+// take is msg's token, nil if it was settled already; the one that takes
+// it settles it.
+func (c *conn) take(msg *nats.Msg) *token {
+	c.inFlightMu.Lock()
+	defer c.inFlightMu.Unlock()
+	t := c.inFlight[msg]
+	delete(c.inFlight, msg)
+	return t
+}
+
+// acked settles msg as stored: a duplicate is already stored, so sent.
+func (c *conn) acked(_ jetstream.JetStream, msg *nats.Msg, _ *jetstream.PubAck) {
+	if t := c.take(msg); t != nil {
+		t.settle(nil)
+	}
+}
+
+// failed settles msg with the stream's refusal or the server's answer.
+func (c *conn) failed(_ jetstream.JetStream, msg *nats.Msg, err error) {
+	if t := c.take(msg); t != nil {
+		t.settle(publishFault(msg.Subject, err))
+	}
+}
 
 // say keeps err, the first time it is one by which the server ends a
 // connection (an -ERR before it closes it: credentials expired or
@@ -235,7 +289,7 @@ func (p *Publisher) Connect(ctx context.Context) error {
 
 	ctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
 	defer cancel()
-	c := &conn{server: redact(server), lost: make(chan struct{})}
+	c := &conn{server: redact(server), lost: make(chan struct{}), inFlight: make(map[*nats.Msg]*token)}
 	opts := append([]nats.Option{
 		nats.NoReconnect(),
 		nats.ReconnectBufSize(-1),
@@ -268,7 +322,8 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	}
 	// The relay's window bounds what is in flight; nats.go's own bound
 	// (4,000 by default) would stall a larger one.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(maxInFlight))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(maxInFlight),
+		jetstream.WithPublishAsyncAckHandler(c.acked), jetstream.WithPublishAsyncErrHandler(c.failed))
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("natsjs: %s: %w", c.server, err)
@@ -462,16 +517,18 @@ func (p *Publisher) publish(topic string, payload []byte, props *outbox.PublishP
 			}
 		}
 	}
-	paf, err := c.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if !c.add(msg, t) {
+		return t.fail(fmt.Errorf("natsjs: connection to %s lost: %w", c.server, outbox.ErrNotConnected))
+	}
+	_, err = c.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0))
+	if err == nil || c.take(msg) == nil {
+		return t // answered by acked or failed, or lost by end
+	}
 	if errors.Is(err, nats.ErrMaxPayload) {
 		n := msg.Size() - len(msg.Subject) - len(msg.Reply)
 		return t.fail(&outbox.Refusal{Reason: tooLarge(int64(n), c.nc.MaxPayload()).Error(), Permanent: true})
 	}
-	if err != nil {
-		return t.fail(publishFault(subject, err))
-	}
-	go t.await(c, subject, paf)
-	return t
+	return t.fail(publishFault(subject, err))
 }
 
 // structuredIDPrefix is how the relay's CloudEvents structured mode opens.
@@ -484,11 +541,30 @@ func structuredID(payload []byte) string {
 	if !ok {
 		return ""
 	}
+	// An id with nothing to unescape is its bytes: no decoder a message.
+	if len(rest) > 0 && rest[0] == '"' {
+		if n := bytes.IndexByte(rest[1:], '"'); n >= 0 {
+			if s := rest[1 : 1+n]; plainJSON(s) {
+				return string(s)
+			}
+		}
+	}
 	var id string
 	if err := json.NewDecoder(bytes.NewReader(rest)).Decode(&id); err != nil {
 		return ""
 	}
 	return id
+}
+
+// plainJSON reports whether s, the inside of a JSON string, is its own
+// value: valid UTF-8 with no escape and no control character.
+func plainJSON(s []byte) bool {
+	for _, c := range s {
+		if c < 0x20 || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(s)
 }
 
 // token is one publish.
@@ -503,23 +579,15 @@ func (t *token) Done() <-chan struct{} { return t.done }
 func (t *token) Error() error          { return t.err }
 
 func (t *token) fail(err error) *token {
-	t.err = err
-	close(t.done)
+	t.settle(err)
 	return t
 }
 
-// await completes t with the stream's answer, or fails it when the
-// connection ends first.
-func (t *token) await(c *conn, subject string, paf jetstream.PubAckFuture) {
-	select {
-	case <-paf.Ok():
-		// A duplicate is already stored: sent.
-		t.err = nil
-	case err := <-paf.Err():
-		t.err = publishFault(subject, err)
-	case <-c.lost:
-		t.err = fmt.Errorf("natsjs: connection to %s lost before the PubAck", c.server)
-	}
+// settle completes t with err (nil: stored); called once, by whoever
+// took t from the connection's in-flight tokens, or before it was put
+// there.
+func (t *token) settle(err error) {
+	t.err = err
 	close(t.done)
 }
 

@@ -87,7 +87,7 @@ func TestOutboxReadsSnapshot(t *testing.T) {
 	for _, f := range fs {
 		switch f.Name {
 		case "outbox_info":
-			require.Equal(t, []string{"3.1.1", "/till/\uFFFD7", "v9"}, f.Samples[0].LabelValues, "valid UTF-8 whatever the source")
+			require.Equal(t, []string{"MQTT 3.1.1", "/till/\uFFFD7", "v9"}, f.Samples[0].LabelValues, "valid UTF-8 whatever the source")
 		case "outbox_priority_pending_messages":
 			require.Equal(t, []string{"priority"}, f.Labels)
 			require.Equal(t, []Sample{{LabelValues: []string{"9"}, Value: 7}, {LabelValues: []string{"0"}, Value: 8}}, f.Samples)

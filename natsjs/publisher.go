@@ -69,8 +69,9 @@ type Publisher struct {
 	clientCert bool
 
 	mu   sync.Mutex
-	next int   // the server the next Connect tries
-	conn *conn // nil while not connected
+	next int    // the server the next Connect tries
+	last string // the server of the last Connect, redacted
+	conn *conn  // nil while not connected
 }
 
 // maxInFlight is above any window the relay allows.
@@ -262,14 +263,12 @@ func (p *Publisher) Protocol() string {
 	return "NATS JetStream"
 }
 
-// Broker is the server of the last Connect, without credentials.
+// Broker is the server of the last Connect, connected or not, without
+// credentials; "" before the first.
 func (p *Publisher) Broker() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn == nil {
-		return ""
-	}
-	return p.conn.server
+	return p.last
 }
 
 // ctxDialer dials within a Connect's context.
@@ -285,6 +284,7 @@ func (p *Publisher) Connect(ctx context.Context) error {
 	p.mu.Lock()
 	server := p.opts.Servers[p.next%len(p.opts.Servers)]
 	p.next++
+	p.last = redact(server)
 	p.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)

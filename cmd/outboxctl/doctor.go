@@ -10,12 +10,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/edgeoutbox/outbox"
 	"github.com/edgeoutbox/outbox/internal/cli"
 	"github.com/edgeoutbox/outbox/internal/lease"
+	"github.com/edgeoutbox/outbox/internal/metrics"
 	"github.com/edgeoutbox/outbox/internal/reserve"
+	"github.com/edgeoutbox/outbox/natsjs"
 )
 
 // doctor answers a technician's "it stopped sending" with findings, each
@@ -59,6 +62,7 @@ type doctorFlags struct {
 
 func doctorCmd(a *cli.App) *cobra.Command {
 	var f doctorFlags
+	f.relay.stream.replicas = 1 // the relay's default: doctor creates no stream
 	cmd := &cobra.Command{
 		Use:   "doctor --db PATH [--broker URL] [--json]",
 		Short: "Say what is wrong with a till that stopped sending, and what to do",
@@ -69,7 +73,8 @@ schema version, the WAL's size, the free disk space and the disk reserve,
 the relay lease (who holds it, and whether that process still runs), and
 the pending, dead and expired messages with the oldest pending. With
 --broker it also tries one connection to the broker (as the relay would,
-with the same connection flags) and says in words how it went.
+with the same connection flags; nats:// for NATS JetStream) and says in
+words how it went.
 
 It opens the database read-only and creates nothing: no -wal, -shm or
 -reserve file; it may run beside a running relay.
@@ -87,21 +92,44 @@ found, do}.`,
 			if f.relay.db.path == "" {
 				return cli.Usagef("--db is required")
 			}
-			var mopts outbox.MQTTOptions
+			var try func() finding
 			if len(f.relay.brokers) > 0 {
-				var err error
-				if mopts, err = f.relay.mqttOptions(); err != nil {
-					return cli.UsageError{Err: err}
-				}
 				if f.connectWait <= 0 {
 					return cli.Usagef("--connect-timeout must be positive")
 				}
-				mopts.ConnectTimeout = f.connectWait
+				jsOpts, onNATS, err := f.relay.natsOptions()
+				switch {
+				case err != nil:
+					return cli.UsageError{Err: err}
+				case onNATS:
+					jsOpts.ConnectTimeout = f.connectWait
+					try = func() finding {
+						pub, err := natsjs.New(jsOpts)
+						if err != nil {
+							return finding{Check: "broker", Level: levelAct, Found: err.Error()}
+						}
+						return tryBroker(cmd.Context(), pub, len(jsOpts.Servers), f.connectWait)
+					}
+				default:
+					mopts, err := f.relay.mqttOptions()
+					if err != nil {
+						return cli.UsageError{Err: err}
+					}
+					mopts.ConnectTimeout, mopts.Logger = f.connectWait, a.Logger
+					try = func() finding {
+						pub, err := outbox.NewMQTTPublisher(mopts)
+						if err != nil {
+							return finding{Check: "broker", Level: levelAct, Found: err.Error()}
+						}
+						defer pub.Close()
+						return tryBroker(cmd.Context(), pub, len(mopts.Brokers), f.connectWait)
+					}
+				}
 			}
 			out := doctorJSON{DB: f.relay.db.path, OK: true}
 			out.Findings = examine(cmd.Context(), a, &f)
-			if len(f.relay.brokers) > 0 {
-				out.Findings = append(out.Findings, tryBroker(cmd.Context(), a, mopts, f.connectWait))
+			if try != nil {
+				out.Findings = append(out.Findings, try())
 			}
 			acts := 0
 			for _, x := range out.Findings {
@@ -143,6 +171,9 @@ found, do}.`,
 	fl.StringVar(&f.relay.certFile, "cert-file", "", "PEM client certificate for mutual TLS")
 	fl.StringVar(&f.relay.keyFile, "key-file", "", "PEM private key of the client certificate")
 	fl.StringVar(&f.relay.serverName, "tls-server-name", "", "name to verify in the broker's certificate (default: the URL's host)")
+	fl.StringVar(&f.relay.natsToken, "nats-token-file", "", "with nats://: log in with the token in this file (trailing newline ignored)")
+	fl.StringVar(&f.relay.natsNKey, "nats-nkey-file", "", "with nats://: log in with the NKey seed in this file")
+	fl.StringVar(&f.relay.natsCreds, "nats-creds-file", "", "with nats://: log in with this credentials file")
 	fl.StringVar(&f.relay.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1), 5 or 3.1.1")
 	fl.DurationVar(&f.connectWait, "connect-timeout", 10*time.Second, "how long the test connection may take")
 	return cmd
@@ -352,23 +383,27 @@ func backlogFindings(path string, st outbox.Stats, stale time.Duration) []findin
 	return []finding{p, d, e}
 }
 
-// tryBroker makes one connection attempt per broker and says how it went.
-func tryBroker(ctx context.Context, a *cli.App, mopts outbox.MQTTOptions, wait time.Duration) finding {
-	mopts.Logger = a.Logger
+// testConnection is what doctor needs of a publisher to try its brokers:
+// MQTT's and NATS JetStream's.
+type testConnection interface {
+	Connect(context.Context) error
+	Disconnect()
+	Broker() string
+	Protocol() string
+}
+
+// tryBroker makes one connection attempt for each of n brokers, each
+// Connect trying the next, and says how it went.
+func tryBroker(ctx context.Context, pub testConnection, n int, wait time.Duration) finding {
 	x := finding{Check: "broker"}
-	pub, err := outbox.NewMQTTPublisher(mopts)
-	if err != nil {
-		x.Level, x.Found = levelAct, err.Error()
-		return x
-	}
-	defer pub.Close()
+	var err error
 	var errs []string
-	for range mopts.Brokers {
+	for range n {
 		cctx, cancel := context.WithTimeout(ctx, wait)
 		err = pub.Connect(cctx)
 		cancel()
 		if err == nil {
-			x.Level, x.Found = levelOK, fmt.Sprintf("connected to %s (MQTT %s)", pub.Broker(), pub.Protocol())
+			x.Level, x.Found = levelOK, fmt.Sprintf("connected to %s (%s)", pub.Broker(), metrics.ProtocolName(pub.Protocol()))
 			pub.Disconnect()
 			return x
 		}
@@ -376,6 +411,8 @@ func tryBroker(ctx context.Context, a *cli.App, mopts outbox.MQTTOptions, wait t
 		msg := err.Error()
 		if _, rest, ok := strings.Cut(msg, pub.Broker()+": "); ok {
 			msg = rest
+		} else if _, rest, ok := strings.Cut(msg, pub.Broker()+", "); ok {
+			msg = rest // natsjs: "…, logging in with …: …"
 		}
 		errs = append(errs, pub.Broker()+": "+msg)
 	}
@@ -401,6 +438,8 @@ func brokerAdvice(err error) string {
 		return "check --ca-file, --cert-file, --key-file and --tls-server-name, and this till's clock"
 	case strings.Contains(msg, "user name or password"), strings.Contains(msg, "not authori"):
 		return "check --username and the password file, and the broker's ACL for this client"
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return "the NATS server refused the login named: check that credential's file (--username and --password-file, --nats-token-file, --nats-nkey-file or --nats-creds-file) and the account's rights"
 	case errors.Is(err, outbox.ErrBrokerUnavailable):
 		return "the broker says it cannot take clients now: ask whoever runs it"
 	}

@@ -256,3 +256,26 @@ func nkeyOption(t *testing.T, seedFile string) nats.Option {
 	require.NoError(t, err)
 	return o
 }
+
+// TestDoctorNATS: doctor --broker nats://… tries the NATS servers as the
+// relay would, with its credentials: it says it connected and speaks NATS
+// JetStream, or why not, naming the credential but never the secret.
+func TestDoctorNATS(t *testing.T) {
+	n := harness.StartNATSWith(t, []string{`authorization { token: "t0ken-s3cret" }`})
+	path := closedOutbox(t)
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	require.NoError(t, os.WriteFile(good, []byte("t0ken-s3cret\n"), 0o600))
+	require.NoError(t, os.WriteFile(bad, []byte("wr0ng-s3cret\n"), 0o600))
+
+	code, _, by := doctorFindings(t, "--db", path, "--broker", "nats://127.0.0.1:1", "--broker", "nats://"+n.Addr, "--nats-token-file", good)
+	require.Equal(t, levelOK, by["broker"].Level, "%+v", by["broker"])
+	require.Equal(t, "connected to nats://"+n.Addr+" (NATS JetStream)", by["broker"].Found)
+	require.Zero(t, code)
+
+	code, _, by = doctorFindings(t, "--db", path, "--broker", "nats://"+n.Addr, "--nats-token-file", bad)
+	require.Equal(t, 1, code)
+	require.Equal(t, levelAct, by["broker"].Level)
+	require.Equal(t, "cannot connect to nats://"+n.Addr+": logging in with a token: nats: Authorization Violation", by["broker"].Found)
+	require.Contains(t, by["broker"].Do, "refused the login")
+}

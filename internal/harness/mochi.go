@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +51,7 @@ type Mochi struct {
 
 	mu   sync.Mutex
 	srv  *mochi.Server
+	ln   *ownedListener // srv's, while it runs
 	subs []subscription
 }
 
@@ -137,11 +139,10 @@ func (m *Mochi) Resume() error {
 		}
 	}
 	// Right after a stop the port may take a moment to be free again.
-	var l *listeners.TCP
+	var owned *ownedListener
 	var err error
 	for i := 0; i < 100; i++ {
-		l = listeners.NewTCP(listeners.Config{ID: "tcp", Address: m.addr, TLSConfig: m.opts.TLS})
-		if err = srv.AddListener(l); err == nil {
+		if owned, err = listenOwned(m.addr); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -149,50 +150,43 @@ func (m *Mochi) Resume() error {
 	if err != nil {
 		return err
 	}
-	m.addr = l.Address()
+	var ln net.Listener = owned
+	if m.opts.TLS != nil {
+		ln = tls.NewListener(owned, m.opts.TLS)
+	}
+	if err := srv.AddListener(listeners.NewNet("tcp", ln)); err != nil {
+		owned.Close()
+		return err
+	}
+	m.addr = owned.Addr().String()
 	// Subscribed before it serves: no publish can get past a subscriber.
 	for i := range m.subs {
 		if err := m.subscribe(srv, i); err != nil {
+			owned.end()
 			srv.Close()
 			return err
 		}
 	}
 	if err := srv.Serve(); err != nil {
+		owned.end()
 		srv.Close()
 		return err
 	}
-	m.srv = srv
+	m.srv, m.ln = srv, owned
 	return nil
 }
 
 // Stop takes the broker away: connections drop, new ones are refused.
 func (m *Mochi) Stop() {
 	m.mu.Lock()
-	srv := m.srv
-	m.srv = nil
+	srv, ln := m.srv, m.ln
+	m.srv, m.ln = nil, nil
 	m.mu.Unlock()
 	if srv == nil {
 		return
 	}
-	// mochi's Close disconnects the clients it knows of, then waits for
-	// every client's goroutine; one whose CONNECT it was still handling is
-	// not among them, reads on, and Close would wait for it forever (a
-	// client that reconnects at once gets there). So the clients are
-	// disconnected again until Close returns.
-	closed := make(chan struct{})
-	go func() { srv.Close(); close(closed) }()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-closed:
-			return
-		case <-tick.C:
-			for _, cl := range srv.Clients.GetAll() {
-				cl.Stop(packets.ErrServerShuttingDown)
-			}
-		}
-	}
+	ln.end() // see ownedListener
+	srv.Close()
 }
 
 // Close stops the broker for good.

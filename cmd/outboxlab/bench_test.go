@@ -173,13 +173,13 @@ func TestBenchSmoke(t *testing.T) {
 			"jetstream_drain_r1_w64_library_cpu_us_per_msg", "jetstream_drain_r1_w64_raw_nats_cpu_us_per_msg",
 			"jetstream_drain_instant_msgs_per_s", "jetstream_drain_instant_cpu_us_per_msg"} {
 			v, ok := rep[k].(float64)
-			require.True(t, ok && v > 0, "%s = %v", k, rep[k])
+			require.True(t, ok && measured(k, v), "%s = %v", k, rep[k])
 		}
 		if harness.PostgresBinDir() != "" {
 			for _, k := range []string{"jetstream_consumer_m1_events_per_s", "jetstream_consumer_m2_vs_m1", "jetstream_consumer_m4_vs_m1",
 				"jetstream_consumer_m1_postgres_cpu_us_per_event", "jetstream_consumer_m4_cpu_share"} {
 				v, ok := rep[k].(float64)
-				require.True(t, ok && v > 0, "%s = %v", k, rep[k])
+				require.True(t, ok && measured(k, v), "%s = %v", k, rep[k])
 			}
 		}
 	} else {
@@ -205,4 +205,15 @@ func TestBenchSmoke(t *testing.T) {
 	require.Nil(t, one["drain_mochi_w64_ratio"])
 	r = lab(t, "bench", "--windows", "0")
 	require.Equal(t, 2, r.Code, r.Stderr)
+}
+
+// measured reports whether v is a figure of key k as smoke mode gives it:
+// a rate or a ratio above 0; a CPU reading at least 0, since another
+// process's CPU is counted in ticks of /proc (10 ms), which a smoke run's
+// few messages may not reach.
+func measured(k string, v float64) bool {
+	if strings.Contains(k, "_cpu_") {
+		return v >= 0
+	}
+	return v > 0
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -191,6 +192,51 @@ func (in *Inbox) Quarantine(ctx context.Context, topic string, payload []byte, r
 		return fmt.Errorf("outbox: quarantine: %w", writeErr(err))
 	}
 	return nil
+}
+
+// applyRetrying applies ev through the Inbox with h, trying a failing
+// handler again after each failure (reported to failed with the delay
+// before the next try) with backoff bo, and calling beforeRetry, if set,
+// before each try again: Applied or Duplicate, or Quarantined with the
+// reason when retrying cannot help; ok is false when ctx ended first.
+func (in *Inbox) applyRetrying(ctx context.Context, bo outbox.Backoff, ev outbox.Event, h Handler,
+	failed func(err error, retryIn time.Duration), beforeRetry func()) (outcome Outcome, cause error, ok bool) {
+	retry := wait.Backoff(bo).Sequence()
+	for {
+		err := in.Apply(ctx, ev, h)
+		switch {
+		case err == nil:
+			return Applied, nil, true
+		case errors.Is(err, outbox.ErrDuplicate):
+			return Duplicate, nil, true
+		case errors.Is(err, outbox.ErrInvalidMessage):
+			// The event is unusable (or the handler said so by wrapping
+			// ErrInvalidMessage): retrying cannot help.
+			return Quarantined, err, true
+		}
+		if ctx.Err() != nil {
+			return 0, nil, false
+		}
+		delay := retry.NextBackOff()
+		failed(err, delay)
+		if !wait.Sleep(ctx, delay, nil) {
+			return 0, nil, false
+		}
+		if beforeRetry != nil {
+			beforeRetry()
+		}
+	}
+}
+
+// countApplied counts an outcome of applyRetrying in a consumer's
+// counters.
+func countApplied(outcome Outcome, ok bool, applied, duplicates *atomic.Int64) {
+	switch {
+	case ok && outcome == Applied:
+		applied.Add(1)
+	case ok && outcome == Duplicate:
+		duplicates.Add(1)
+	}
 }
 
 // quarantineRetrying stores payload in the quarantine, trying again after

@@ -508,35 +508,19 @@ func natsProperties(h nats.Header) (contentType string, user []outbox.UserProper
 // that the consumer does not give it to another member; ok is false when
 // ctx ended first.
 func (c *JetStreamConsumer) apply(ctx context.Context, m jetstream.Msg, ev outbox.Event) (outcome Outcome, cause error, ok bool) {
-	retry := wait.Backoff(c.opts.HandlerBackoff).Sequence()
 	touched := time.Now()
-	for {
-		err := c.in.Apply(ctx, ev, c.h)
-		switch {
-		case err == nil:
-			c.applied.Add(1)
-			return Applied, nil, true
-		case errors.Is(err, outbox.ErrDuplicate):
-			c.duplicates.Add(1)
-			return Duplicate, nil, true
-		case errors.Is(err, outbox.ErrInvalidMessage):
-			return Quarantined, err, true
-		}
-		if ctx.Err() != nil {
-			return 0, nil, false
-		}
+	outcome, cause, ok = c.in.applyRetrying(ctx, c.opts.HandlerBackoff, ev, c.h, func(err error, retryIn time.Duration) {
 		c.failures.Add(1)
 		c.setErr(err)
-		delay := retry.NextBackOff()
-		c.log.Warn("outbox jetstream consumer handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", delay.Round(time.Millisecond))
-		if !wait.Sleep(ctx, delay, nil) {
-			return 0, nil, false
-		}
+		c.log.Warn("outbox jetstream consumer handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", retryIn.Round(time.Millisecond))
+	}, func() {
 		if time.Since(touched) > c.opts.AckWait/3 {
 			_ = m.InProgress()
 			touched = time.Now()
 		}
-	}
+	})
+	countApplied(outcome, ok, &c.applied, &c.duplicates)
+	return outcome, cause, ok
 }
 
 // quarantine keeps a whole message that is not a valid event and

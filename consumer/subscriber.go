@@ -375,32 +375,13 @@ func (s *Subscriber) decode(m mqtt.Message) ([]outbox.EventPart, error) {
 // with the reason when retrying cannot help; ok is false when ctx ended
 // first.
 func (s *Subscriber) apply(ctx context.Context, ev outbox.Event) (outcome Outcome, cause error, ok bool) {
-	retry := wait.Backoff(s.opts.HandlerBackoff).Sequence()
-	for {
-		err := s.in.Apply(ctx, ev, s.h)
-		switch {
-		case err == nil:
-			s.applied.Add(1)
-			return Applied, nil, true
-		case errors.Is(err, outbox.ErrDuplicate):
-			s.duplicates.Add(1)
-			return Duplicate, nil, true
-		case errors.Is(err, outbox.ErrInvalidMessage):
-			// The event is unusable (or the handler said so by wrapping
-			// ErrInvalidMessage): retrying cannot help.
-			return Quarantined, err, true
-		}
-		if ctx.Err() != nil {
-			return 0, nil, false
-		}
+	outcome, cause, ok = s.in.applyRetrying(ctx, s.opts.HandlerBackoff, ev, s.h, func(err error, retryIn time.Duration) {
 		s.failures.Add(1)
 		s.setErr(err)
-		delay := retry.NextBackOff()
-		s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", delay.Round(time.Millisecond))
-		if !wait.Sleep(ctx, delay, nil) {
-			return 0, nil, false
-		}
-	}
+		s.log.Warn("outbox subscriber handler failed", "id", ev.ID, "source", ev.Source, "err", err, "retry_in", retryIn.Round(time.Millisecond))
+	}, nil)
+	countApplied(outcome, ok, &s.applied, &s.duplicates)
+	return outcome, cause, ok
 }
 
 // quarantine keeps a whole message that is not a valid event and

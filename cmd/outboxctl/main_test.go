@@ -48,6 +48,21 @@ func newOutbox(t *testing.T) (path string, ob *outbox.Outbox) {
 	return path, ob
 }
 
+// openCreated opens path as a plain-SQL writer would, once the relay
+// started on it (its log in logs) has created the schema; closed when the
+// test ends.
+func openCreated(t *testing.T, path string, logs *harness.LogBuffer) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	require.True(t, harness.WaitFor(10*time.Second, func() bool {
+		_, err := db.Exec(`SELECT 1 FROM outbox LIMIT 1`)
+		return err == nil
+	}), "schema never created: %s", logs.String())
+	return db
+}
+
 func enqueue(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) {
 	t.Helper()
 	ctx := context.Background()
@@ -551,20 +566,7 @@ func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 
 	// The relay creates the schema; wait for it, then write as another
 	// program would: plain SQL in its own transaction.
-	var db *sql.DB
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var err error
-		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-		require.NoError(t, err)
-		if _, err = db.Exec(`SELECT 1 FROM outbox LIMIT 1`); err == nil {
-			break
-		}
-		db.Close()
-		require.True(t, time.Now().Before(deadline), "schema never created: %s", stderr.String())
-		time.Sleep(10 * time.Millisecond)
-	}
-	defer db.Close()
+	db := openCreated(t, path, &stderr)
 	_, err := db.Exec(`CREATE TABLE sales (id INTEGER PRIMARY KEY, amount INTEGER)`)
 	require.NoError(t, err)
 	for i := 0; i < 20; i++ {
@@ -579,7 +581,7 @@ func testRelaySidecar(t *testing.T, version, speaks string, writersFull bool) {
 	// Another shop's topic: outside --topic-prefix, parked as dead.
 	_, err = db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/8/sales', '{}')`)
 	require.NoError(t, err)
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for dead := 0; b.count() < 20 || dead < 1; {
 		require.True(t, time.Now().Before(deadline), "not delivered: %s", stderr.String())
 		time.Sleep(5 * time.Millisecond)
@@ -774,17 +776,7 @@ func TestRelaySeveralBrokers(t *testing.T) {
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	var db *sql.DB
-	require.True(t, harness.WaitFor(10*time.Second, func() bool {
-		var err error
-		if db == nil {
-			db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-			require.NoError(t, err)
-		}
-		_, err = db.Exec(`SELECT 1 FROM outbox LIMIT 1`)
-		return err == nil
-	}), "schema never created: %s", stderr.String())
-	defer db.Close()
+	db := openCreated(t, path, &stderr)
 	for i := range 5 {
 		_, err := db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/sales', ?)`, fmt.Sprintf(`{"sale":%d}`, i))
 		require.NoError(t, err)

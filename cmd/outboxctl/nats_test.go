@@ -42,16 +42,7 @@ func TestRelayToNATS(t *testing.T) {
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	var db *sql.DB
-	require.True(t, harness.WaitFor(10*time.Second, func() bool {
-		if db == nil {
-			db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-			require.NoError(t, err)
-		}
-		_, err = db.Exec(`SELECT 1 FROM outbox LIMIT 1`)
-		return err == nil
-	}), "schema never created: %s", stderr.String())
-	defer db.Close()
+	db := openCreated(t, path, &stderr)
 	for i := range 5 {
 		_, err := db.Exec(`INSERT INTO outbox (topic, payload) VALUES ('shop/sales', ?)`, fmt.Sprintf(`{"sale":%d}`, i))
 		require.NoError(t, err)

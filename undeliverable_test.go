@@ -217,7 +217,7 @@ func TestOversizedRowParkedWithoutLoading(t *testing.T) {
 	var why string
 	require.NoError(t, ob.DB().QueryRow(`SELECT last_error FROM outbox_messages WHERE id = ? AND state = 'dead'`, ids[1]).Scan(&why))
 	require.Contains(t, why, "payload too large")
-	require.Contains(t, why, fmt.Sprint(big))
+	require.Contains(t, why, fmt.Sprintf("%d bytes, over the limit of %d", big, 1<<20))
 }
 
 // TestPayloadCapFitsTheTransport: the largest payload limit an Outbox

@@ -57,8 +57,10 @@ func (s *session) markLoop() {
 	// A mark costs about the same however many messages it records
 	// (BenchmarkMarkSent64): when few acknowledgements are queued, wait a
 	// moment for more, so that a fast stream is recorded in batches, not
-	// one mark per PUBACK. Nothing waits on a mark but the unmarked slots,
-	// of which half stay free.
+	// one mark per PUBACK. The wait is one timer, not a receive per
+	// acknowledgement: acknowledgements that trickle in (a broker's, one
+	// or a few per read) woke this goroutine once each. Nothing waits on a
+	// mark but the unmarked slots, of which half stay free.
 	enough := max(cap(s.unmarked)/2, 1)
 	wait := time.NewTimer(0)
 	defer wait.Stop()
@@ -68,35 +70,29 @@ func (s *session) markLoop() {
 			ends++
 		}
 	}
-	for m := range s.marks {
-		batch, ends = batch[:0], 0
-		add(m)
-		wait.Reset(markDelay)
-	more:
+	// gather adds the marks queued, up to maxMarkBatch.
+	gather := func() {
 		for len(batch) < maxMarkBatch {
 			select {
 			case m, ok := <-s.marks:
 				if !ok {
-					break more
+					return
 				}
 				add(m)
-				continue
 			default:
-			}
-			if len(batch) >= enough {
-				break
-			}
-			select {
-			case m, ok := <-s.marks:
-				if !ok {
-					break more
-				}
-				add(m)
-			case <-wait.C:
-				break more
+				return
 			}
 		}
-		wait.Stop()
+	}
+	for m := range s.marks {
+		batch, ends = batch[:0], 0
+		add(m)
+		gather()
+		if len(batch) < enough {
+			wait.Reset(markDelay)
+			<-wait.C
+			gather()
+		}
 		for attempt := 0; ; attempt++ {
 			// Marks arrive in sequence order within each priority, and
 			// only while nothing before them failed: everything of a

@@ -181,33 +181,14 @@ func (r *commandReceiver) setErr(err error) {
 
 // run is MQTTCommandReceiver.Run.
 func (r *commandReceiver) run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.expireLoop(ctx)
-	}()
-	bo := wait.Backoff(r.opts.Reconnect).Sequence()
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := r.session(ctx)
-		r.connected.Store(false)
-		if ctx.Err() != nil {
-			break
-		}
+	wait.Reconnect(ctx, wait.Backoff(r.opts.Reconnect), func(ctx context.Context) error {
+		defer r.connected.Store(false)
+		return r.session(ctx)
+	}, r.expireLoop, func(err error, retryIn time.Duration) bool {
 		r.setErr(err)
-		if time.Since(start) > wait.Backoff(r.opts.Reconnect).WithDefaults().Max {
-			bo.Reset()
-		}
-		delay := bo.NextBackOff()
-		r.log.Warn("outbox commands disconnected", "err", err, "retry_in", delay.Round(time.Millisecond))
-		if !wait.Sleep(ctx, delay, nil) {
-			break
-		}
-	}
+		r.log.Warn("outbox commands disconnected", "err", err, "retry_in", retryIn.Round(time.Millisecond))
+		return true
+	})
 	return nil
 }
 

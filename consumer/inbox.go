@@ -277,6 +277,17 @@ func (in *Inbox) PurgeExpired(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// purgeLoop purges now and then (a 24th of the dedupe window, between a
+// second and an hour) until ctx ends: a consumer's companion to its
+// connection.
+func (in *Inbox) purgeLoop(ctx context.Context, log *slog.Logger) {
+	wait.Every(ctx, min(max(in.window/24, time.Second), time.Hour), nil, func() {
+		if _, err := in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("outbox inbox purge failed", "err", err)
+		}
+	})
+}
+
 // InboxStats counts what an Inbox holds.
 type InboxStats struct {
 	Applied     int64 // events remembered (within the dedupe window)

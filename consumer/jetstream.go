@@ -209,37 +209,17 @@ func (c *JetStreamConsumer) setErr(err error) {
 // ends; it reconnects with backoff for as long as it takes and forgets
 // expired inbox entries along the way. It returns nil when ctx ends.
 func (c *JetStreamConsumer) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		wait.Every(ctx, min(max(c.in.window/24, time.Second), time.Hour), nil, func() {
-			if _, err := c.in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
-				c.log.Warn("outbox inbox purge failed", "err", err)
-			}
-		})
-	}()
-	bo := wait.Backoff(c.opts.Reconnect).Sequence()
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := c.session(ctx)
-		c.connected.Store(false)
-		if errors.Is(err, errCrashed) || ctx.Err() != nil {
-			break
+	wait.Reconnect(ctx, wait.Backoff(c.opts.Reconnect), func(ctx context.Context) error {
+		defer c.connected.Store(false)
+		return c.session(ctx)
+	}, func(ctx context.Context) { c.in.purgeLoop(ctx, c.log) }, func(err error, retryIn time.Duration) bool {
+		if errors.Is(err, errCrashed) {
+			return false
 		}
 		c.setErr(err)
-		if time.Since(start) > wait.Backoff(c.opts.Reconnect).WithDefaults().Max {
-			bo.Reset()
-		}
-		delay := bo.NextBackOff()
-		c.log.Warn("outbox jetstream consumer disconnected", "err", err, "retry_in", delay.Round(time.Millisecond))
-		if !wait.Sleep(ctx, delay, nil) {
-			break
-		}
-	}
+		c.log.Warn("outbox jetstream consumer disconnected", "err", err, "retry_in", retryIn.Round(time.Millisecond))
+		return true
+	})
 	return nil
 }
 

@@ -267,42 +267,15 @@ func (s *Subscriber) setErr(err error) {
 // with backoff for as long as it takes and forgets expired inbox entries
 // along the way. It returns nil when ctx ends.
 func (s *Subscriber) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.purgeLoop(ctx)
-	}()
-	bo := wait.Backoff(s.opts.Reconnect).Sequence()
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := s.session(ctx)
-		s.connected.Store(false)
-		if ctx.Err() != nil {
-			break
-		}
+	wait.Reconnect(ctx, wait.Backoff(s.opts.Reconnect), func(ctx context.Context) error {
+		defer s.connected.Store(false)
+		return s.session(ctx)
+	}, func(ctx context.Context) { s.in.purgeLoop(ctx, s.log) }, func(err error, retryIn time.Duration) bool {
 		s.setErr(err)
-		if time.Since(start) > wait.Backoff(s.opts.Reconnect).WithDefaults().Max {
-			bo.Reset()
-		}
-		delay := bo.NextBackOff()
-		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", delay.Round(time.Millisecond))
-		if !wait.Sleep(ctx, delay, nil) {
-			break
-		}
-	}
-	return nil
-}
-
-func (s *Subscriber) purgeLoop(ctx context.Context) {
-	wait.Every(ctx, min(max(s.in.window/24, time.Second), time.Hour), nil, func() {
-		if _, err := s.in.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("outbox inbox purge failed", "err", err)
-		}
+		s.log.Warn("outbox subscriber disconnected", "err", err, "retry_in", retryIn.Round(time.Millisecond))
+		return true
 	})
+	return nil
 }
 
 // session runs one connection to the next address until it is lost or ctx

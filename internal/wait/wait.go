@@ -105,3 +105,39 @@ func (b Backoff) Sequence() *backoff.ExponentialBackOff {
 	eb.Reset()
 	return eb
 }
+
+// Reconnect runs session until ctx ends, and again after each failure, the
+// backoff b apart: a session that lasted longer than b's longest wait was
+// a working connection, and the next failure starts the sequence afresh.
+// beside, if not nil, runs alongside for as long (a purge, an expiry), and
+// has ended when Reconnect returns. failed hears each failure with the wait
+// before the next session; it returns false to stop.
+func Reconnect(ctx context.Context, b Backoff, session func(context.Context) error, beside func(context.Context), failed func(err error, retryIn time.Duration) bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if beside != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go func() {
+			defer close(done)
+			beside(ctx)
+		}()
+		// Runs before the wait above: beside ends with ctx.
+		defer cancel()
+	}
+	seq, longest := b.Sequence(), b.WithDefaults().Max
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > longest {
+			seq.Reset()
+		}
+		delay := seq.NextBackOff()
+		if !failed(err, delay) || !Sleep(ctx, delay, nil) {
+			return
+		}
+	}
+}

@@ -350,10 +350,17 @@ func (r *Relay) markPriorities(ctx context.Context, conn *sqlconn.Conn, c *sql.C
 // markPriority makes the mark of priority p up to seq, of n acknowledged
 // messages: the fast statement, else the full one, else the slow road
 // (inTx: within markPriorities' transaction). The statements are prepared
-// once per connection: markSQLs' take longer to prepare than to run.
+// once per connection: markSQLs' take longer to prepare than to run. The
+// fast one is not tried when p's acknowledged numbers have gaps, which it
+// never marks: as a statement of its own, even one that changes nothing
+// takes the write lock, and cost about half a mark.
 func (r *Relay) markPriority(ctx context.Context, conn *sqlconn.Conn, c *sql.Conn, p uint8, seq int64, n int, acked []mark, inTx bool) error {
 	args := r.markArgs(seq, n)
-	marked, err := conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
+	var marked int64
+	var err error
+	if first := firstOf(acked, p); seq-first+1 == int64(n) {
+		marked, err = conn.ExecPollingCount(ctx, c, fastMarkSQLs[p], args...)
+	}
 	if err == nil && marked == 0 {
 		marked, err = conn.ExecPollingCount(ctx, c, markSQLs[p], args...)
 	}
@@ -361,6 +368,16 @@ func (r *Relay) markPriority(ctx context.Context, conn *sqlconn.Conn, c *sql.Con
 		return err
 	}
 	return r.markPastIntruders(ctx, conn, c, p, acked, inTx)
+}
+
+// firstOf is the seq of the first of acked of priority p (acked holds one).
+func firstOf(acked []mark, p uint8) int64 {
+	for _, m := range acked {
+		if m.priority == p {
+			return m.seq
+		}
+	}
+	return 0
 }
 
 // endTx commits a transaction, or rolls it back after err.

@@ -233,18 +233,23 @@ type batch struct {
 	parcels []parcel // rows as they are published
 	rules   parcelRules
 	err     error
+	// ticket is the gate's after the read: a sync numbered above it makes
+	// the rows durable (makeDurable).
+	ticket int64
 }
 
-// fetch reads up to limit pending rows of prio after cursor, and packs them.
-func (s *session) fetch(prio int, cursor int64, limit int, rules parcelRules) batch {
+// fetch reads up to limit pending rows of prio after cursor, ahead of
+// their turn, packs them, and makes them durable by the time dispatch
+// wants them (need closed): makeDurable.
+func (s *session) fetch(prio int, cursor int64, limit int, rules parcelRules, need <-chan struct{}) batch {
 	b := s.read(prio, cursor, limit)
 	s.pack(&b, rules)
+	s.makeDurable(&b, need)
 	return b
 }
 
-// pack makes b's rows durable and packs them.
+// pack packs b's rows.
 func (s *session) pack(b *batch, rules parcelRules) {
-	s.makeDurable(b)
 	if b.err == nil {
 		b.parcels = s.r.pack(b.rows, rules)
 		b.rules = rules
@@ -255,23 +260,48 @@ func (s *session) pack(b *batch, rules parcelRules) {
 func (s *session) read(prio int, cursor int64, limit int) batch {
 	b := batch{prio: prio, wake: s.r.ob.wake.wait()}
 	b.version, b.rows, b.more, b.err = s.r.fetch(s.dctx, s.r.reader, prio, cursor, limit, s.props != nil)
+	b.ticket = s.gate.Ticket()
 	return b
 }
 
-// makeDurable makes b's rows durable before they are published.
-func (s *session) makeDurable(b *batch) {
-	if b.err == nil && len(b.rows) > 0 && !s.r.ob.durable.Covers(rowBatch(b.rows)) && !s.r.opts.WritersAtFull {
-		// Durable before publish: a commit made at synchronous=NORMAL is
-		// in the WAL but not yet on the disk, and a power cut would undo
-		// it after the broker had its event (a phantom, and its seq given
-		// to the next commit). One fsync per batch read makes every row of
-		// the batch, and the relay's own marks before it, durable. Rows
-		// that Transact committed at FULL are durable already, and so is
-		// every row when all writers are declared at FULL; the marks are
-		// then the gate's to sync. (covers is asked first either way: it
-		// forgets the ranges the relay has read past.)
-		if err := s.gate.SyncNow(); err != nil {
-			b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
+// makeDurable makes b's rows durable before they are published, by the
+// time need is closed (at once if need is nil).
+//
+// Durable before publish: a commit made at synchronous=NORMAL is in the WAL
+// but not yet on the disk, and a power cut would undo it after the broker
+// had its event (a phantom, and its seq given to the next commit). An fsync
+// of the WAL begun after the read makes every row it saw durable, and the
+// relay's own marks before it. A batch read ahead waits for the gate's next
+// sync of the marks (each sync is numbered: durable.Gate.Covered), which
+// usually comes while the batch before it is published, and syncs itself
+// only if dispatch wants it first: a drain made one sync per batch read
+// besides the marks' syncs. Rows that Transact committed at FULL are
+// durable already, and so is every row when all writers are declared at
+// FULL; the marks are then the gate's to sync. (Covers is asked first
+// either way: it forgets the ranges the relay has read past.)
+func (s *session) makeDurable(b *batch, need <-chan struct{}) {
+	if b.err != nil || len(b.rows) == 0 || s.r.ob.durable.Covers(rowBatch(b.rows)) || s.r.opts.WritersAtFull {
+		return
+	}
+	for need != nil && !s.gate.Covered(b.ticket) {
+		synced := s.gate.Synced()
+		if s.gate.Covered(b.ticket) {
+			return
 		}
+		select {
+		case <-synced:
+		case <-need:
+			need = nil
+		case <-s.dctx.Done():
+			// Never published: the session is over.
+			b.rows, b.err = nil, context.Cause(s.dctx)
+			return
+		}
+	}
+	if s.gate.Covered(b.ticket) {
+		return
+	}
+	if err := s.gate.SyncNow(); err != nil {
+		b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)
 	}
 }

@@ -334,6 +334,14 @@ func (s *session) dispatch() error {
 	// takes to be acknowledged on loopback, so reading in turn let the
 	// window run dry once per batch.
 	var ahead chan batch
+	// aheadNeeded is closed when dispatch wants the batch read ahead: it
+	// must then be durable (makeDurable).
+	var aheadNeeded chan struct{}
+	defer func() {
+		if aheadNeeded != nil {
+			close(aheadNeeded)
+		}
+	}()
 	woke := false   // the last pick followed a wait for work
 	stale := true   // what the lanes know of the outbox must be read again
 	asking := false // a commit was seen, and the lanes not yet asked
@@ -416,7 +424,8 @@ func (s *session) dispatch() error {
 		if len(ln.queue) == 0 {
 			var b batch
 			if ls.aheadFor == p {
-				b, ahead, ls.aheadFor = <-ahead, nil, -1
+				close(aheadNeeded)
+				b, ahead, aheadNeeded, ls.aheadFor = <-ahead, nil, nil, -1
 			} else {
 				// A suspect goes out alone and first: read just that row,
 				// so that the window in which a network fault is blamed on
@@ -433,6 +442,7 @@ func (s *session) dispatch() error {
 					b = s.linger(b, ln.cursor, limit)
 				}
 				s.pack(&b, s.rules(probe))
+				s.makeDurable(&b, nil)
 			}
 			if b.err != nil {
 				if !s.readFailed(b.err) {
@@ -449,12 +459,12 @@ func (s *session) dispatch() error {
 			r.notIdle()
 			last := b.rows[len(b.rows)-1].seq
 			if b.more && !probe && ahead == nil && p == ls.top() {
-				ahead, ls.aheadFor = make(chan batch, 1), p
+				ahead, aheadNeeded, ls.aheadFor = make(chan batch, 1), make(chan struct{}), p
 				s.readers.Add(1)
-				go func(after int64) {
+				go func(after int64, need <-chan struct{}) {
 					defer s.readers.Done()
-					ahead <- s.fetch(p, after, r.readSize(), s.rules(false))
-				}(last)
+					ahead <- s.fetch(p, after, r.readSize(), s.rules(false), need)
+				}(last, aheadNeeded)
 			}
 			ln.cursor = max(ln.cursor, last)
 			s.ledgers[p].add(b.rows)

@@ -222,8 +222,8 @@ func (w *Syncer) Close() {
 // Gate keeps a power cut's duplicates within a crash's bound: the messages
 // in flight plus those awaiting their mark (its bound). The relay writes its
 // marks at synchronous=NORMAL, so a cut undoes the marks made since the
-// WAL's last fsync, and the next relay sends those messages again. The
-// fsync of each batch read covers the marks before it, but a batch is read
+// WAL's last fsync, and the next relay sends those messages again. An
+// fsync for a batch read covers the marks before it, but a batch is read
 // ahead of the one being published, so on its own it lets up to two batches
 // more run ahead of the durable mark. The gate counts the messages handed
 // to the publisher that no completed sync covers; near the bound it asks a
@@ -256,6 +256,13 @@ type Gate struct {
 
 	kick   chan struct{} // asks syncLoop for a sync
 	synced chan struct{} // told when durable moves
+
+	// begun numbers the syncs as they begin, completed is the highest
+	// number of one that succeeded, and next is closed at the next success:
+	// a sync numbered above a Ticket began after it was taken (Covered).
+	begun, completed atomic.Int64
+	mu               sync.Mutex
+	next             chan struct{}
 }
 
 // NewGate is a gate for one session: sync makes the WAL durable, count
@@ -265,6 +272,7 @@ func NewGate(sync func() error, count *atomic.Int64, bound int64) *Gate {
 	g := &Gate{
 		sync: sync, count: count, bound: bound,
 		kick: make(chan struct{}, 1), synced: make(chan struct{}, 1),
+		next: make(chan struct{}),
 	}
 	g.syncAt.Store(bound / 2) // until a sync has been timed
 	return g
@@ -278,9 +286,20 @@ const minSyncLead = 8
 func (g *Gate) SyncNow() error {
 	covered := g.settled.Load()
 	before := g.handedOff.Load()
+	n := g.begun.Add(1)
 	if err := g.sync(); err != nil {
 		return err
 	}
+	for {
+		c := g.completed.Load()
+		if n <= c || g.completed.CompareAndSwap(c, n) {
+			break
+		}
+	}
+	g.mu.Lock()
+	close(g.next)
+	g.next = make(chan struct{})
+	g.mu.Unlock()
 	lead := 2*(g.handedOff.Load()-before) + minSyncLead
 	g.syncAt.Store(max(g.bound-lead, g.bound/2))
 	for {
@@ -294,6 +313,26 @@ func (g *Gate) SyncNow() error {
 	default:
 	}
 	return nil
+}
+
+// Ticket is taken after a read: every row the read saw is durable once a
+// sync numbered above it has succeeded, since that sync began after the
+// rows were committed (Covered).
+func (g *Gate) Ticket() int64 { return g.begun.Load() }
+
+// Covered reports whether a sync that began after ticket was taken has
+// succeeded.
+func (g *Gate) Covered(ticket int64) bool { return g.completed.Load() > ticket }
+
+// Begun reports whether a sync began after ticket was taken (it may not
+// have ended, or may have failed).
+func (g *Gate) Begun(ticket int64) bool { return g.begun.Load() > ticket }
+
+// Synced is closed when the next sync succeeds.
+func (g *Gate) Synced() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.next
 }
 
 // ahead is how many messages handed off no sync covers.

@@ -96,3 +96,57 @@ func TestCommitsRanges(t *testing.T) {
 	require.False(t, d.Covers(batch(1)), "ranges that end before a batch are forgotten")
 	require.False(t, (&Commits{}).Covers(batch(1)), "at NORMAL nothing is known")
 }
+
+// TestGateTickets: a read's rows are covered only by a sync that began
+// after the read's ticket and succeeded — not by one already running when
+// the ticket was taken, nor by one that failed — and Synced tells of each
+// success.
+func TestGateTickets(t *testing.T) {
+	var count atomic.Int64
+	entered, release := make(chan struct{}), make(chan struct{})
+	var fail atomic.Bool
+	g := NewGate(func() error {
+		entered <- struct{}{}
+		<-release
+		if fail.Load() {
+			return fmt.Errorf("input/output error")
+		}
+		return nil
+	}, &count, 100)
+
+	// A sync under way when the ticket is taken does not cover it.
+	done := make(chan error, 1)
+	go func() { done <- g.SyncNow() }()
+	<-entered
+	ticket := g.Ticket()
+	synced := g.Synced()
+	release <- struct{}{}
+	require.NoError(t, <-done)
+	<-synced
+	require.False(t, g.Covered(ticket), "that sync began before the ticket")
+	require.False(t, g.Begun(ticket))
+
+	// One that fails neither covers it nor tells Synced.
+	fail.Store(true)
+	go func() { done <- g.SyncNow() }()
+	<-entered
+	require.True(t, g.Begun(ticket))
+	synced = g.Synced()
+	release <- struct{}{}
+	require.Error(t, <-done)
+	require.False(t, g.Covered(ticket))
+	select {
+	case <-synced:
+		t.Fatal("a failed sync told Synced")
+	default:
+	}
+
+	// The next that succeeds does.
+	fail.Store(false)
+	go func() { done <- g.SyncNow() }()
+	<-entered
+	release <- struct{}{}
+	require.NoError(t, <-done)
+	<-synced
+	require.True(t, g.Covered(ticket))
+}

@@ -365,8 +365,9 @@ type RelayStats struct {
 	// publishing since Run started, failed ones included (durable before
 	// publish: a commit made at synchronous=NORMAL must be on the disk before
 	// the broker has its event). It is there to show what that guarantee
-	// costs: one per batch read, so one per event under a trickle and one
-	// per ReadSize events in a backlog, plus MarkSyncs.
+	// costs: at most one per batch read, so one per event under a trickle;
+	// in a backlog a batch read ahead is made durable by the next of
+	// MarkSyncs, which are counted here too.
 	WALSyncs int64
 	// MarkSyncs is how many of WALSyncs were made to keep the relay's own
 	// marks durable, so that a power cut duplicates at most Window +

@@ -383,8 +383,9 @@ func TestRowIntoAGapBelowTransactsIsSynced(t *testing.T) {
 
 // TestReadAheadWaitsForTheMarksSync: a batch read ahead is made durable by
 // the gate's next sync of the marks if one begins after the read, and
-// syncs itself only when dispatch wants it first; a sync already under way
-// at the read covers nothing of it. Before, each batch read made a sync of
+// syncs itself only when dispatch wants it first and no such sync is under
+// way (or that one failed); a sync already under way at the read covers
+// nothing of it. Before, each batch read made a sync of
 // its own (a backlog's drain: 4 per 1,000 events besides the marks' 4.5).
 func TestReadAheadWaitsForTheMarksSync(t *testing.T) {
 	ob := openTest(t, Options{Synchronous: SyncNormal})
@@ -392,12 +393,15 @@ func TestReadAheadWaitsForTheMarksSync(t *testing.T) {
 	require.NoError(t, err)
 	var syncs atomic.Int64
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var holding atomic.Bool
+	var holding, failing atomic.Bool
 	r.hooks.syncWAL = func() error {
 		syncs.Add(1)
 		if holding.Load() {
 			entered <- struct{}{}
 			<-release
+			if failing.Load() {
+				return errors.New("input/output error")
+			}
 		}
 		return nil
 	}
@@ -446,4 +450,28 @@ func TestReadAheadWaitsForTheMarksSync(t *testing.T) {
 	<-done
 	require.NoError(t, b.err)
 	require.Equal(t, int64(2), syncs.Load(), "the marks' sync, then the batch's own")
+
+	// Wanted while the marks' sync begun after the read is under way: it
+	// waits for that one; and syncs itself if that one fails.
+	for _, fails := range []bool{false, true} {
+		syncs.Store(0)
+		b, need = read(), make(chan struct{})
+		done = ready(&b, need)
+		holding.Store(true)
+		go func() { marks <- s.gate.SyncNow() }()
+		<-entered
+		holding.Store(false)
+		close(need)
+		failing.Store(fails)
+		release <- struct{}{}
+		if fails {
+			require.Error(t, <-marks)
+		} else {
+			require.NoError(t, <-marks)
+		}
+		failing.Store(false)
+		<-done
+		require.NoError(t, b.err)
+		require.Equal(t, map[bool]int64{false: 1, true: 2}[fails], syncs.Load(), "failed: %v", fails)
+	}
 }

@@ -274,8 +274,8 @@ func (s *session) read(prio int, cursor int64, limit int) batch {
 // relay's own marks before it. A batch read ahead waits for the gate's next
 // sync of the marks (each sync is numbered: durable.Gate.Covered), which
 // usually comes while the batch before it is published, and syncs itself
-// only if dispatch wants it first: a drain made one sync per batch read
-// besides the marks' syncs. Rows that Transact committed at FULL are
+// only if dispatch wants it first and none is under way: a drain made one
+// sync per batch read besides the marks' syncs. Rows that Transact committed at FULL are
 // durable already, and so is every row when all writers are declared at
 // FULL; the marks are then the gate's to sync. (Covers is asked first
 // either way: it forgets the ranges the relay has read past.)
@@ -283,23 +283,24 @@ func (s *session) makeDurable(b *batch, need <-chan struct{}) {
 	if b.err != nil || len(b.rows) == 0 || s.r.ob.durable.Covers(rowBatch(b.rows)) || s.r.opts.WritersAtFull {
 		return
 	}
-	for need != nil && !s.gate.Covered(b.ticket) {
-		synced := s.gate.Synced()
+	wanted := need == nil
+	for {
+		ended := s.gate.Ended()
 		if s.gate.Covered(b.ticket) {
 			return
 		}
+		if wanted && !s.gate.Running(b.ticket) {
+			break
+		}
 		select {
-		case <-synced:
+		case <-ended:
 		case <-need:
-			need = nil
+			wanted, need = true, nil
 		case <-s.dctx.Done():
 			// Never published: the session is over.
 			b.rows, b.err = nil, context.Cause(s.dctx)
 			return
 		}
-	}
-	if s.gate.Covered(b.ticket) {
-		return
 	}
 	if err := s.gate.SyncNow(); err != nil {
 		b.rows, b.err = nil, fmt.Errorf("outbox: relay: making the outbox durable before publishing: %w", err)

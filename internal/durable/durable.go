@@ -258,11 +258,12 @@ type Gate struct {
 	synced chan struct{} // told when durable moves
 
 	// begun numbers the syncs as they begin, completed is the highest
-	// number of one that succeeded, and next is closed at the next success:
-	// a sync numbered above a Ticket began after it was taken (Covered).
-	begun, completed atomic.Int64
-	mu               sync.Mutex
-	next             chan struct{}
+	// number of one that succeeded, ended of one that ended, and next is
+	// closed when the next one ends: a sync numbered above a Ticket began
+	// after it was taken (Covered).
+	begun, completed, ended atomic.Int64
+	mu                      sync.Mutex
+	next                    chan struct{}
 }
 
 // NewGate is a gate for one session: sync makes the WAL durable, count
@@ -287,32 +288,36 @@ func (g *Gate) SyncNow() error {
 	covered := g.settled.Load()
 	before := g.handedOff.Load()
 	n := g.begun.Add(1)
-	if err := g.sync(); err != nil {
-		return err
+	err := g.sync()
+	if err == nil {
+		raise(&g.completed, n)
 	}
-	for {
-		c := g.completed.Load()
-		if n <= c || g.completed.CompareAndSwap(c, n) {
-			break
-		}
-	}
+	raise(&g.ended, n)
 	g.mu.Lock()
 	close(g.next)
 	g.next = make(chan struct{})
 	g.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	lead := 2*(g.handedOff.Load()-before) + minSyncLead
 	g.syncAt.Store(max(g.bound-lead, g.bound/2))
-	for {
-		d := g.durable.Load()
-		if covered <= d || g.durable.CompareAndSwap(d, covered) {
-			break
-		}
-	}
+	raise(&g.durable, covered)
 	select {
 	case g.synced <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// raise sets v to n if n is higher.
+func raise(v *atomic.Int64, n int64) {
+	for {
+		c := v.Load()
+		if n <= c || v.CompareAndSwap(c, n) {
+			return
+		}
+	}
 }
 
 // Ticket is taken after a read: every row the read saw is durable once a
@@ -324,12 +329,15 @@ func (g *Gate) Ticket() int64 { return g.begun.Load() }
 // succeeded.
 func (g *Gate) Covered(ticket int64) bool { return g.completed.Load() > ticket }
 
-// Begun reports whether a sync began after ticket was taken (it may not
-// have ended, or may have failed).
-func (g *Gate) Begun(ticket int64) bool { return g.begun.Load() > ticket }
+// Running reports whether a sync that began after ticket was taken may
+// still be under way.
+func (g *Gate) Running(ticket int64) bool {
+	b := g.begun.Load()
+	return b > ticket && g.ended.Load() < b
+}
 
-// Synced is closed when the next sync succeeds.
-func (g *Gate) Synced() <-chan struct{} {
+// Ended is closed when the next sync ends, whether it succeeded or not.
+func (g *Gate) Ended() <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.next

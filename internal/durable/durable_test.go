@@ -99,8 +99,8 @@ func TestCommitsRanges(t *testing.T) {
 
 // TestGateTickets: a read's rows are covered only by a sync that began
 // after the read's ticket and succeeded — not by one already running when
-// the ticket was taken, nor by one that failed — and Synced tells of each
-// success.
+// the ticket was taken, nor by one that failed — and Ended tells of each
+// end; Running tells whether one begun after the ticket is under way.
 func TestGateTickets(t *testing.T) {
 	var count atomic.Int64
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -113,40 +113,40 @@ func TestGateTickets(t *testing.T) {
 		}
 		return nil
 	}, &count, 100)
+	sync := func() chan error {
+		done := make(chan error, 1)
+		go func() { done <- g.SyncNow() }()
+		<-entered
+		return done
+	}
 
 	// A sync under way when the ticket is taken does not cover it.
-	done := make(chan error, 1)
-	go func() { done <- g.SyncNow() }()
-	<-entered
+	done := sync()
 	ticket := g.Ticket()
-	synced := g.Synced()
+	ended := g.Ended()
+	require.False(t, g.Running(ticket))
 	release <- struct{}{}
 	require.NoError(t, <-done)
-	<-synced
+	<-ended
 	require.False(t, g.Covered(ticket), "that sync began before the ticket")
-	require.False(t, g.Begun(ticket))
 
-	// One that fails neither covers it nor tells Synced.
+	// One that fails does not cover it, and ends.
 	fail.Store(true)
-	go func() { done <- g.SyncNow() }()
-	<-entered
-	require.True(t, g.Begun(ticket))
-	synced = g.Synced()
+	done = sync()
+	require.True(t, g.Running(ticket))
+	ended = g.Ended()
 	release <- struct{}{}
 	require.Error(t, <-done)
+	<-ended
 	require.False(t, g.Covered(ticket))
-	select {
-	case <-synced:
-		t.Fatal("a failed sync told Synced")
-	default:
-	}
+	require.False(t, g.Running(ticket))
 
 	// The next that succeeds does.
 	fail.Store(false)
-	go func() { done <- g.SyncNow() }()
-	<-entered
+	done = sync()
+	require.True(t, g.Running(ticket))
 	release <- struct{}{}
 	require.NoError(t, <-done)
-	<-synced
 	require.True(t, g.Covered(ticket))
+	require.False(t, g.Running(ticket))
 }

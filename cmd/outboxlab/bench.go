@@ -65,7 +65,7 @@ fast it empties, each beside the physical limit measured the same way:
 
 It prints Markdown tables (with --json, one JSON object with one key per
 figure, listed by --keys), with the machine, Go and SQLite versions. Each
-target is marked met or MISSED. Quick by default (under 2 minutes; workloads
+target is marked met or MISSED. Quick by default (about 4 minutes on 2 cores; workloads
 scaled down and labelled so); --full runs the full sizes (about 21 minutes on 2 cores).
 Progress goes to stderr. Everything runs on loopback and in a temporary
 directory. bench compare compares the JSON reports of runs.`,

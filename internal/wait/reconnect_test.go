@@ -17,7 +17,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // that lasted past the longest wait starts them afresh, failed can stop
 // it, and beside runs alongside and has ended when Reconnect returns.
 func TestReconnect(t *testing.T) {
-	b := Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond, Jitter: -1}
+	// Max far above how long a failing session takes on a loaded machine,
+	// and the fourth session far longer than Max.
+	b := Backoff{Initial: time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}
 	var waits []time.Duration
 	sessions := 0
 	var besideRan, besideRunning atomic.Bool
@@ -26,7 +28,7 @@ func TestReconnect(t *testing.T) {
 		sessions++
 		if sessions == 4 {
 			// A working connection, lost after a while.
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond)
 		}
 		return boom
 	}, func(ctx context.Context) {

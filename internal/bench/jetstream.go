@@ -176,17 +176,29 @@ func jsOpenStream(ctx context.Context, t jsTarget) (string, *nats.Conn, error) {
 		nc.Close()
 		return "", nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	if err := js.DeleteStream(cctx, jsStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		nc.Close()
-		return "", nil, err
-	}
-	st, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: jsStream, Subjects: []string{"bench.>"},
-		Storage: jetstream.FileStorage, Replicas: t.replicas, Duplicates: 2 * time.Minute})
-	if err != nil {
-		nc.Close()
-		return "", nil, err
+	// A fresh cluster can leave a request unanswered, which would use the
+	// whole deadline (seen once in six runs): each try has 10 s, and they
+	// go on, as the cluster tests' do, until the stream is made.
+	var st jetstream.Stream
+	for {
+		tctx, tcancel := context.WithTimeout(cctx, 10*time.Second)
+		err = js.DeleteStream(tctx, jsStream)
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+			st, err = js.CreateStream(tctx, jetstream.StreamConfig{Name: jsStream, Subjects: []string{"bench.>"},
+				Storage: jetstream.FileStorage, Replicas: t.replicas, Duplicates: 2 * time.Minute})
+		}
+		tcancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-cctx.Done():
+			nc.Close()
+			return "", nil, fmt.Errorf("stream %s: %w", jsStream, err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	for {
 		info, err := st.Info(cctx)

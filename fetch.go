@@ -290,6 +290,10 @@ func (s *session) makeDurable(b *batch, need <-chan struct{}) {
 			return
 		}
 		if wanted && !s.gate.Running(b.ticket) {
+			// Asked again: one may have ended since the first look.
+			if s.gate.Covered(b.ticket) {
+				return
+			}
 			break
 		}
 		select {

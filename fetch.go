@@ -274,11 +274,11 @@ func (s *session) read(prio int, cursor int64, limit int) batch {
 // relay's own marks before it. A batch read ahead waits for the gate's next
 // sync of the marks (each sync is numbered: durable.Gate.Covered), which
 // usually comes while the batch before it is published, and syncs itself
-// only if dispatch wants it first and none is under way: a drain made one
-// sync per batch read besides the marks' syncs. Rows that Transact committed at FULL are
-// durable already, and so is every row when all writers are declared at
-// FULL; the marks are then the gate's to sync. (Covers is asked first
-// either way: it forgets the ranges the relay has read past.)
+// only if dispatch wants it first and none is under way. Rows that
+// Transact committed at FULL are durable already, and so is every row when
+// all writers are declared at FULL; the marks are then the gate's to sync.
+// (Covers is asked first either way: it forgets the ranges the relay has
+// read past.)
 func (s *session) makeDurable(b *batch, need <-chan struct{}) {
 	if b.err != nil || len(b.rows) == 0 || s.r.ob.durable.Covers(rowBatch(b.rows)) || s.r.opts.WritersAtFull {
 		return
@@ -286,14 +286,13 @@ func (s *session) makeDurable(b *batch, need <-chan struct{}) {
 	wanted := need == nil
 	for {
 		ended := s.gate.Ended()
+		// Running is asked first: a sync that ends between the two looks
+		// is then seen covering, not taken for none.
+		running := s.gate.Running(b.ticket)
 		if s.gate.Covered(b.ticket) {
 			return
 		}
-		if wanted && !s.gate.Running(b.ticket) {
-			// Asked again: one may have ended since the first look.
-			if s.gate.Covered(b.ticket) {
-				return
-			}
+		if wanted && !running {
 			break
 		}
 		select {

@@ -33,7 +33,8 @@ const (
 	// at most the bound less the messages in flight and those awaiting
 	// their mark.
 	minMarkSlots = 256
-	// markDelay is the longest a mark waits for more acknowledgements.
+	// markDelay is how long a mark waits for more acknowledgements when
+	// few are queued.
 	markDelay = time.Millisecond
 )
 
@@ -57,13 +58,11 @@ func (s *session) markLoop() {
 	// A mark costs about the same however many messages it records
 	// (BenchmarkMarkSent64): when few acknowledgements are queued, wait a
 	// moment for more, so that a fast stream is recorded in batches, not
-	// one mark per PUBACK. The wait is one timer, not a receive per
+	// one mark per PUBACK. The wait is one sleep, not a receive per
 	// acknowledgement: acknowledgements that trickle in (a broker's, one
 	// or a few per read) woke this goroutine once each. Nothing waits on a
 	// mark but the unmarked slots, of which half stay free.
 	enough := max(cap(s.unmarked)/2, 1)
-	wait := time.NewTimer(0)
-	defer wait.Stop()
 	add := func(m mark) {
 		batch = append(batch, m)
 		if m.ends {
@@ -89,8 +88,7 @@ func (s *session) markLoop() {
 		add(m)
 		gather()
 		if len(batch) < enough {
-			wait.Reset(markDelay)
-			<-wait.C
+			time.Sleep(markDelay)
 			gather()
 		}
 		for attempt := 0; ; attempt++ {

@@ -113,7 +113,7 @@ func TestGateTickets(t *testing.T) {
 		}
 		return nil
 	}, &count, 100)
-	sync := func() chan error {
+	begin := func() chan error {
 		done := make(chan error, 1)
 		go func() { done <- g.SyncNow() }()
 		<-entered
@@ -121,7 +121,7 @@ func TestGateTickets(t *testing.T) {
 	}
 
 	// A sync under way when the ticket is taken does not cover it.
-	done := sync()
+	done := begin()
 	ticket := g.Ticket()
 	ended := g.Ended()
 	require.False(t, g.Running(ticket))
@@ -132,7 +132,7 @@ func TestGateTickets(t *testing.T) {
 
 	// One that fails does not cover it, and ends.
 	fail.Store(true)
-	done = sync()
+	done = begin()
 	require.True(t, g.Running(ticket))
 	ended = g.Ended()
 	release <- struct{}{}
@@ -143,7 +143,7 @@ func TestGateTickets(t *testing.T) {
 
 	// The next that succeeds does.
 	fail.Store(false)
-	done = sync()
+	done = begin()
 	require.True(t, g.Running(ticket))
 	release <- struct{}{}
 	require.NoError(t, <-done)

@@ -4,6 +4,7 @@ package wait
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -114,16 +115,15 @@ func (b Backoff) Sequence() *backoff.ExponentialBackOff {
 // before the next session; it returns false to stop.
 func Reconnect(ctx context.Context, b Backoff, session func(context.Context) error, beside func(context.Context), failed func(err error, retryIn time.Duration) bool) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // before the Wait: beside ends with ctx
 	if beside != nil {
-		done := make(chan struct{})
-		defer func() { <-done }()
+		wg.Add(1)
 		go func() {
-			defer close(done)
+			defer wg.Done()
 			beside(ctx)
 		}()
-		// Runs before the wait above: beside ends with ctx.
-		defer cancel()
 	}
 	seq, longest := b.Sequence(), b.WithDefaults().Max
 	for ctx.Err() == nil {

@@ -6,7 +6,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/edgeoutbox/outbox/internal/migrate"
@@ -43,11 +42,8 @@ func migrateOutbox(ctx context.Context, db *sql.DB) error {
 
 // outboxNames are the names of the schema's tables and views.
 var outboxNames = func() []string {
-	var names []string
-	for _, m := range regexp.MustCompile(`(?m)^CREATE (?:TABLE|VIEW) (\w+)`).FindAllStringSubmatch(outboxSchema, -1) {
-		names = append(names, m[1])
-	}
-	return names
+	return append(migrate.NamesAfter(outboxSchema, "CREATE TABLE ", true, ""),
+		migrate.NamesAfter(outboxSchema, "CREATE VIEW ", true, "")...)
 }()
 
 // foreignTable returns an error matching ErrForeignTable when db has no

@@ -9,7 +9,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io/fs"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -133,10 +132,45 @@ func migrateLocked(ctx context.Context, conn *sql.Conn, table string, steps []st
 	return restoreTriggers(ctx, conn, table, kept)
 }
 
-var (
-	droppedTable = regexp.MustCompile(`(?m)^DROP TABLE (\w+);`)
-	ownTrigger   = regexp.MustCompile(`CREATE TRIGGER (?:IF NOT EXISTS )?(\w+)`)
-)
+// NamesAfter returns the names (SQL words: letters, digits, _) that follow
+// each prefix in sql, at the start of a line if lineStart, skipping an
+// optional "IF NOT EXISTS ", and followed by end if end is not empty. (Not
+// a regexp: the package would add about 30 KB to every program.)
+func NamesAfter(sql, prefix string, lineStart bool, end string) []string {
+	var names []string
+	for i := 0; ; {
+		j := strings.Index(sql[i:], prefix)
+		if j < 0 {
+			return names
+		}
+		at := i + j
+		i = at + len(prefix)
+		if lineStart && at > 0 && sql[at-1] != '\n' {
+			continue
+		}
+		rest, ok := strings.CutPrefix(sql[i:], "IF NOT EXISTS ")
+		name, found := nameAt(rest, end)
+		if !found && ok {
+			name, found = nameAt(sql[i:], end)
+		}
+		if found {
+			names = append(names, name)
+		}
+	}
+}
+
+// nameAt returns the name at the start of s, if end follows it.
+func nameAt(s, end string) (string, bool) {
+	n := 0
+	for n < len(s) && isWordByte(s[n]) {
+		n++
+	}
+	return s[:n], n > 0 && strings.HasPrefix(s[n:], end)
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
 
 // trigger is one trigger of the database, as sqlite_schema keeps it.
 type trigger struct{ name, table, sql string }
@@ -148,14 +182,10 @@ type trigger struct{ name, table, sql string }
 func foreignTriggers(ctx context.Context, conn *sql.Conn, steps []string, version int, fresh string) ([]trigger, error) {
 	var rebuilt, own []string
 	for _, s := range steps[version:] {
-		for _, m := range droppedTable.FindAllStringSubmatch(s, -1) {
-			rebuilt = append(rebuilt, m[1])
-		}
+		rebuilt = append(rebuilt, NamesAfter(s, "DROP TABLE ", true, ";")...)
 	}
 	for _, s := range append(slices.Clone(steps), fresh) {
-		for _, m := range ownTrigger.FindAllStringSubmatch(s, -1) {
-			own = append(own, m[1])
-		}
+		own = append(own, NamesAfter(s, "CREATE TRIGGER ", false, "")...)
 	}
 	if len(rebuilt) == 0 {
 		return nil, nil

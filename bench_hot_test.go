@@ -182,6 +182,48 @@ func BenchmarkFetchBatch(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(msgs, 1)), "ns/msg")
 }
 
+// BenchmarkFetchPriorities is the relay's reads of a 10,000-row backlog,
+// lane after lane, with a commit by another connection between reads as
+// the marks make (it empties the reader's page cache): all at priority 0,
+// and spread over 0, 5 and 9 in turn. A priority's rows spread over three
+// times the pages, read once per lane: the floor of what a spread backlog
+// costs the relay beyond one priority.
+func BenchmarkFetchPriorities(b *testing.B) {
+	b.Run("p0", func(b *testing.B) { benchFetchPriorities(b, 0) })
+	b.Run("spread", func(b *testing.B) { benchFetchPriorities(b, 0, 5, 9) })
+}
+
+func benchFetchPriorities(b *testing.B, priorities ...int) {
+	const n = 10_000
+	ob := backlogOutbox(b, n, priorities...)
+	r, rc := relayConnFor(b, ob)
+	ctx := context.Background()
+	msgs := 0
+	for b.Loop() {
+		for _, p := range slices.Backward(slices.Sorted(slices.Values(priorities))) {
+			cursor := int64(0)
+			for {
+				_, rows, more, err := r.fetch(ctx, rc, p, cursor, r.opts.ReadSize, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				msgs += len(rows)
+				if _, err := ob.DB().Exec(`UPDATE outbox_state SET sent_at = ? WHERE id = 1`, msgs); err != nil {
+					b.Fatal(err)
+				}
+				if !more {
+					break
+				}
+				cursor = rows[len(rows)-1].seq
+			}
+		}
+	}
+	if msgs != b.N*n {
+		b.Fatalf("read %d rows, want %d", msgs, b.N*n)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(msgs), "ns/msg")
+}
+
 // BenchmarkMarkSent64 and BenchmarkMarkSent512 mark acknowledged messages
 // sent, 64 and 512 per mark (the marks batch up to 512).
 func BenchmarkMarkSent64(b *testing.B)  { benchMarkSent(b, 64) }

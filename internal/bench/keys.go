@@ -239,6 +239,14 @@ var keys = func() []keyDoc {
 	add(9, "link_day_vs_limit", "the day: drain rate / the link's limit (--full only)", "ratio", "≥ 0.90")
 	add(9, "link_day_longest_gap_ms", "the day: longest pause between two deliveries (--full only)", "ms", "")
 
+	// 9, a backlog spread over priorities 0, 5 and 9, at window 64.
+	p := "link_drain_spread_structured5_w64_"
+	name := "spread over priorities 0, 5, 9 (structured, MQTT 5), window 64"
+	add(9, p+"events", name+": events drained", "count", "")
+	add(9, p+"msgs_per_s", name+": drain rate", "msg/s", "")
+	add(9, p+"vs_limit", name+": drain rate / the link's limit", "ratio", "≥ 0.90")
+	add(9, p+"vs_one_priority", name+": drain rate / the same drain all at priority 0", "ratio", "≥ 0.95")
+
 	// 9, priority 9 after an outage.
 	add(9, "link_prio_backlog", "priority 9 after an outage: events of priority 0 waiting", "count", "")
 	for _, c := range prioCases {

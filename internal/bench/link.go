@@ -168,6 +168,12 @@ func (r *runner) link(ctx context.Context) error {
 		recvMax = max(recvMax, res.recvMax)
 	}
 
+	// A backlog spread over priorities 0, 5 and 9, beside the same drain at
+	// priority 0: where the link is the limit, priorities cost nothing.
+	if err := r.linkSpread(ctx, b, bytesOf["structured5"], dayRun); err != nil {
+		return err
+	}
+
 	// 3. The day offline: 30,000 events at the relay's defaults.
 	day := bytesOf["structured5"]
 	dayLimit, _ := day.limit(linkDayWindow)
@@ -352,6 +358,7 @@ func (r *runner) linkBytesOfPayloads(ctx context.Context, b *mochiBroker, db str
 
 // linkRun is one drain over the link.
 type linkRun struct {
+	events  int           // the backlog drained
 	window  int           // effective: the broker's Receive Maximum may narrow it
 	recvMax int           // the broker's Receive Maximum (MQTT 5; 0: none or 3.1.1)
 	rate    float64       // deliveries per second: slope of the deliveries over time
@@ -372,10 +379,48 @@ func (r *runner) linkDrain(ctx context.Context, b *mochiBroker, tmpl string, n i
 	return r.linkDrainAt(ctx, b, tmpl, path, path, n, enc, window, outbox.RelayOptions{})
 }
 
+// linkSpread drains, at window 64, the events of the priority-0 drain
+// there (one) spread over priorities 0, 5 and 9 (section 2's mix), order
+// checked within each, and sets its rate beside the link's limit and
+// one's.
+func (r *runner) linkSpread(ctx context.Context, b *mochiBroker, lb linkBytes, one *linkRun) error {
+	if one == nil {
+		return nil
+	}
+	mix := drainPrioOf("mix")
+	n := one.events
+	tmpl, err := r.makeBacklogPrio(ctx, "link-spread.db", n, func(i int) []byte { return payload(i, payloadLen) },
+		func(i int) int { return mix.of(int64(i)) })
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(r.dir, "link-run.db")
+	res, err := r.linkDrainPrio(ctx, b, tmpl, path, path, n, linkEncodingOf("structured5"), linkDayWindow, outbox.RelayOptions{}, mix.of)
+	if err != nil {
+		return fmt.Errorf("link drain spread over priorities: %w", err)
+	}
+	limit, _ := lb.limit(res.window)
+	p := "link_drain_spread_structured5_w64_"
+	r.rep.set(p+"events", n)
+	r.rep.set(p+"msgs_per_s", res.rate)
+	r.rep.set(p+"vs_limit", res.rate/limit)
+	r.rep.check(p+"vs_limit", res.rate/limit >= 0.90)
+	r.rep.set(p+"vs_one_priority", res.rate/one.rate)
+	r.rep.check(p+"vs_one_priority", res.rate/one.rate >= 0.95)
+	r.progress("  spread over priorities 0, 5, 9, window 64: %.0f msg/s, %.2f of the limit, %.2f of priority 0's", res.rate, res.rate/limit, res.rate/one.rate)
+	return nil
+}
+
 // linkDrainAt is linkDrain with the copy made at copyTo and opened at
 // path (the same file, seen through a mount of it: section 10), and the
 // relay's options besides the window, source and envelope (batching).
 func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int, opts outbox.RelayOptions) (linkRun, error) {
+	return r.linkDrainPrio(ctx, b, tmpl, copyTo, path, n, enc, window, opts, nil)
+}
+
+// linkDrainPrio is linkDrainAt of a backlog whose event of sequence s has
+// priority prioOf(s), order checked within each (nil: all 0).
+func (r *runner) linkDrainPrio(ctx context.Context, b *mochiBroker, tmpl, copyTo, path string, n int, enc linkEncoding, window int, opts outbox.RelayOptions, prioOf func(int64) int) (linkRun, error) {
 	p, err := newShapedLink(b)
 	if err != nil {
 		return linkRun{}, err
@@ -391,6 +436,7 @@ func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, 
 	defer ob.Close()
 	tr := newOrderTracker(n)
 	tr.seqOf = parseSeqOrN
+	tr.streamOf = prioOf
 	tr.times = make([]time.Time, 0, n)
 	var messages atomic.Int64
 	each := eachEvent(tr.handle)
@@ -429,6 +475,7 @@ func (r *runner) linkDrainAt(ctx context.Context, b *mochiBroker, tmpl, copyTo, 
 		return linkRun{}, fmt.Errorf("%d duplicates, %d out of order", tr.dups, tr.disorder)
 	}
 	return linkRun{
+		events:    n,
 		messages:  int(messages.Load()),
 		window:    eff,
 		recvMax:   recvMax,

@@ -34,11 +34,12 @@ type flight struct {
 	// rows is a batch's rows, nil for one row.
 	rows   []*row
 	parked bool
+	bytes  int // the payload's, held in WindowBytes
 }
 
 func newFlight(p *parcel, tok Token, probe bool) flight {
 	m := p.first()
-	f := flight{seq: m.seq, prio: m.priority, id: m.id, topic: p.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts}
+	f := flight{seq: m.seq, prio: m.priority, id: m.id, topic: p.topic, tok: tok, sent: time.Now(), probe: probe, created: m.createdAt, attempts: m.attempts, bytes: len(p.payload)}
 	if len(p.rows) > 1 {
 		f.rows = p.rows
 	}
@@ -165,7 +166,7 @@ func (s *session) ackLoop() {
 			// Acknowledged after a message before it failed: it is sent
 			// again with that one (a duplicate after a failure).
 			r.inFlight.Add(-int64(f.n()))
-			<-s.slots
+			s.release(&f)
 			continue
 		}
 		if err == nil {
@@ -202,7 +203,7 @@ func (s *session) ackLoop() {
 			}
 		}
 		r.inFlight.Add(-int64(f.n()))
-		<-s.slots
+		s.release(&f)
 		if !abandoned {
 			s.setFail(failure{seq: f.seq, last: f.last(), prio: f.prio, err: err, probe: f.probe, fault: flt})
 		}
@@ -212,7 +213,7 @@ func (s *session) ackLoop() {
 // settled gives back the window slot of f, settled for good (sent or
 // dead), and, if f was the suspect sent alone, lets the rest follow.
 func (s *session) settled(f flight) {
-	<-s.slots
+	s.release(&f)
 	s.progress.Store(true)
 	s.r.brokerTakes()
 	if f.probe {

@@ -1,11 +1,13 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,4 +241,78 @@ func TestRelayPriorityPassesARefusedRetry(t *testing.T) {
 		st, err := ob.Stats(context.Background())
 		return err == nil && st.Pending == 3
 	})
+}
+
+// TestRelayWindowBytes: the relay stops handing off while WindowBytes of
+// payload await their acknowledgement, so that a priority-9 event committed
+// meanwhile waits behind them only, not behind a window of large messages;
+// a message larger than WindowBytes goes alone; WindowBytes < 0 leaves
+// Window alone.
+func TestRelayWindowBytes(t *testing.T) {
+	const pad = 100_000 // each message's payload is a little more
+	commitLarge := func(t *testing.T, ob *Outbox, n int) {
+		_, err := ob.DB().Exec(`INSERT INTO outbox (topic, payload) VALUES ('t', ?)`,
+			fmt.Sprintf(`{"P":0,"N":%d,"pad":"%s"}`, n, strings.Repeat("x", pad)))
+		require.NoError(t, err)
+	}
+	for _, tc := range []struct {
+		name        string
+		windowBytes int
+		first       int // published before the first acknowledgement
+	}{
+		{"default", 0, 3},             // 3 × ~100 KB ≥ 256 KiB
+		{"larger than it", 50_000, 1}, // each goes alone
+		{"off", -1, 10},               // Window (64) alone
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ob := openTest(t, Options{})
+			for n := range 10 {
+				commitLarge(t, ob, n)
+			}
+			pub := &fakePublisher{hold: true}
+			opts := fastRelay()
+			opts.WindowBytes = tc.windowBytes
+			r, err := ob.NewRelay(pub, opts)
+			require.NoError(t, err)
+			waits := make(chan int64, 100)
+			r.hooks.onWindowBytes = func(n int64) {
+				select {
+				case waits <- n:
+				default:
+				}
+			}
+			startRelay(t, r)
+			if tc.windowBytes < 0 {
+				eventually(t, 5*time.Second, "all held", func() bool { return pub.heldCount() == 10 })
+				require.Empty(t, waits, "no wait for bytes")
+			} else {
+				limit := int64(cmp.Or(tc.windowBytes, 256<<10))
+				select {
+				case n := <-waits:
+					require.GreaterOrEqual(t, n, limit)
+				case <-time.After(5 * time.Second):
+					t.Fatal("the relay never waited for WindowBytes")
+				}
+				// Dispatch is waiting: what it handed off is all it will.
+				require.Equal(t, tc.first, pub.publishedCount())
+				commitPriority(t, ob, 9, 100)
+				pub.release(1)
+				eventually(t, 5*time.Second, "the next publish", func() bool { return pub.publishedCount() > tc.first })
+				require.Equal(t, prioEvent{P: 9, N: 100}, publishedPriorities(t, pub)[tc.first], "the freed room's publish")
+			}
+			eventually(t, 10*time.Second, "the rest", func() bool {
+				pub.release(10)
+				st, err := ob.Stats(context.Background())
+				return err == nil && st.Pending == 0
+			})
+			want := map[int][]int{}
+			if tc.windowBytes >= 0 {
+				want[9] = []int{100}
+			}
+			for n := range 10 {
+				want[0] = append(want[0], n)
+			}
+			requireCommitOrderPerPriority(t, publishedPriorities(t, pub), want)
+		})
+	}
 }

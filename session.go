@@ -85,6 +85,10 @@ type session struct {
 	// taken before the publish, given back when the PUBACK (or a failure)
 	// comes — MQTT's in-flight window, as Window says.
 	slots chan struct{}
+	// bytes is the payload bytes of the messages holding a slot, and freed
+	// is signalled when it shrinks: WindowBytes.
+	bytes atomic.Int64
+	freed chan struct{}
 	// marks carries acknowledged messages to markLoop, which records them
 	// in batches. unmarked holds one token per acknowledged message not yet
 	// recorded (markSlots of them at most). A crash can only duplicate a
@@ -150,6 +154,7 @@ func (r *Relay) session(ctx context.Context, conn *sqlconn.Conn, l *lease.Lease,
 		ctx: ctx, sctx: sctx, cancel: cancel, dctx: dctx, halt: halt,
 		flights:  make(chan flight, window),
 		slots:    make(chan struct{}, window),
+		freed:    make(chan struct{}, 1),
 		marks:    make(chan mark, markSlots(r.opts.Window)),
 		unmarked: make(chan struct{}, markSlots(r.opts.Window)),
 		probeOK:  make(chan struct{}),
@@ -360,12 +365,10 @@ func (s *session) dispatch() error {
 		// wait that ends with nothing to read must not renew a lease
 		// that an idle relay let lapse (see keepLease).
 		if !slot && !stale {
-			select {
-			case s.slots <- struct{}{}:
-				slot = true
-			case <-s.dctx.Done():
+			if !s.takeSlot() {
 				return nil
 			}
+			slot = true
 		}
 		if stale || asking || s.committed() {
 			// A commit seen while the reader is busy with a read ahead is
@@ -498,12 +501,8 @@ func (s *session) dispatch() error {
 			s.flights <- flight{seq: m.seq, prio: m.priority, parked: true}
 			continue
 		}
-		if !slot {
-			select {
-			case s.slots <- struct{}{}:
-			case <-s.dctx.Done():
-				return nil
-			}
+		if !slot && !s.takeSlot() {
+			return nil
 		}
 		slot = false // the flight's now: the ack loop gives it back
 		if !s.gate.Admit(s.dctx) {
@@ -531,6 +530,7 @@ func (s *session) dispatch() error {
 				continue // parked expired (expiry.go)
 			}
 		}
+		s.bytes.Add(int64(len(pc.payload)))
 		tok := s.publish(pc)
 		r.inFlight.Add(int64(len(pc.rows)))
 		s.flights <- newFlight(pc, tok, probe)
@@ -544,6 +544,42 @@ func (s *session) dispatch() error {
 		}
 	}
 	return nil
+}
+
+// takeSlot takes a window slot, then waits until fewer than WindowBytes
+// payload bytes are in flight; false when dispatch ends first.
+func (s *session) takeSlot() bool {
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.dctx.Done():
+		return false
+	}
+	for limit := int64(s.r.opts.WindowBytes); limit > 0; {
+		n := s.bytes.Load()
+		if n < limit {
+			break
+		}
+		if h := s.r.hooks.onWindowBytes; h != nil {
+			h(n)
+		}
+		select {
+		case <-s.freed:
+		case <-s.dctx.Done():
+			<-s.slots
+			return false
+		}
+	}
+	return true
+}
+
+// release gives back the window slot and the bytes of f.
+func (s *session) release(f *flight) {
+	<-s.slots
+	s.bytes.Add(-int64(f.bytes))
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
 }
 
 // readFailed reports a failed read, and waits a second before the next

@@ -36,6 +36,7 @@ type relayFlags struct {
 	envelope      string
 	mqttVersion   string
 	window        int
+	windowBytes   int
 	backoffMax    time.Duration
 	pollInterval  time.Duration
 	retention     time.Duration
@@ -202,6 +203,7 @@ the creds file at every connection.`,
 				Envelope:        envelope,
 				Source:          f.source,
 				Window:          f.window,
+				WindowBytes:     f.windowBytes,
 				Reconnect:       outbox.Backoff{Max: f.backoffMax},
 				PollInterval:    f.pollInterval,
 				Retention:       f.retention,
@@ -258,6 +260,7 @@ the creds file at every connection.`,
 	fl.StringVar(&f.envelope, "envelope", "cloudevents", "cloudevents (structured), binary (CloudEvents binary mode: attributes as MQTT 5 user properties, the payload untouched; structured on 3.1.1) or raw (raw puts no id on the wire)")
 	fl.StringVar(&f.mqttVersion, "mqtt-version", "auto", "MQTT version: auto (5, falling back to 3.1.1 for a broker without 5), 5, or 3.1.1 (also written 4, its protocol level)")
 	fl.IntVar(&f.window, "window", 64, "publishes awaiting PUBACK at once (1-65535)")
+	fl.IntVar(&f.windowBytes, "window-bytes", 256<<10, "payload bytes awaiting PUBACK at once, beside --window (negative: --window alone)")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "cap on the wait between connection attempts")
 	fl.DurationVar(&f.pollInterval, "poll-interval", 2*time.Millisecond, "how often to check for other processes' commits")
 	fl.DurationVar(&f.retention, "retention", time.Hour, "how long sent messages are kept; negative deletes them at once")

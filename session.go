@@ -530,10 +530,11 @@ func (s *session) dispatch() error {
 				continue // parked expired (expiry.go)
 			}
 		}
-		s.bytes.Add(int64(len(pc.payload)))
-		tok := s.publish(pc)
+		f := newFlight(pc, s.publish(pc), probe)
+		// Before the ack loop has the flight, which gives the bytes back.
+		s.bytes.Add(int64(f.bytes))
 		r.inFlight.Add(int64(len(pc.rows)))
-		s.flights <- newFlight(pc, tok, probe)
+		s.flights <- f
 		if probe {
 			select {
 			case <-s.probeOK:
